@@ -2,6 +2,7 @@
 
 TRITON_INTERPRET must be set before any Triton kernel is defined, so it is set here, at
 collection time: every kernel test then runs on CPU through Triton's interpreter.
+The real shipped model is loaded once per test session (about 20 s) and shared.
 """
 
 import os
@@ -9,3 +10,97 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in one sentence what a transformer model is.",
+]
+
+
+@pytest.fixture(scope="session")
+def ckpt():
+    from veil.engine.loader import load_checkpoint
+
+    return load_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def full_model(ckpt):
+    from veil.engine.loader import build_model
+
+    return build_model(ckpt)
+
+
+@pytest.fixture(scope="session")
+def chat_prompts(ckpt):
+    """The test prompts as chat-formatted token ids."""
+    tok = ckpt.tokenizer
+    return [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]) for p in PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def local_greedy(full_model, chat_prompts):
+    """32-token greedy continuations of the whole model in one process (EOS ignored)."""
+    from veil.engine.generate import generate_local
+
+    return [generate_local(full_model, ids, 32) for ids in chat_prompts]
+
+
+class LiveServer:
+    """A real uvicorn server on a loopback port with two tenants, in this process."""
+
+    def __init__(self, ckpt, tmp, k=2, **cfg_kw):
+        from veil.engine.split import server_half_from
+        from veil.server.app import create_app
+        from veil.server.config import ServerConfig
+        from veil.server.runner import start_background
+        from veil.server.tenants import TenantStore
+
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tenants = TenantStore(tmp / "tenants.json")
+        self.keys = {
+            "alice": self.tenants.add("alice", ["plaintext"]),
+            "bob": self.tenants.add("bob", ["plaintext", "protected"]),
+            "carol": self.tenants.add("carol", ["protected"]),
+        }
+        self.cfg = ServerConfig(tenants_file=self.tenants.path, k=k, **cfg_kw)
+        self.half = server_half_from(ckpt, k)
+        self.app = create_app(self.cfg, self.half, self.tenants)
+        self.bg = start_background(self.app)
+        self.url = self.bg.url
+
+    def stop(self):
+        self.bg.stop()
+
+
+@pytest.fixture(scope="session")
+def live_server(ckpt, tmp_path_factory):
+    srv = LiveServer(ckpt, tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def make_server(ckpt, tmp_path):
+    """Start extra servers with their own settings (stopped after the test)."""
+    started = []
+
+    def make(**cfg_kw):
+        srv = LiveServer(ckpt, tmp_path / f"srv{len(started)}", **cfg_kw)
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def client_half(ckpt):
+    from veil.engine.split import client_half_from
+
+    return client_half_from(ckpt, 2)

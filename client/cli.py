@@ -1,0 +1,53 @@
+"""`veil chat`: stream a chat completion from a Veil server through the client SDK."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="chat with a Veil server through the client SDK")
+    p.add_argument("--server", required=True, help="server URL, e.g. https://provider:8443")
+    p.add_argument("--api-key", required=True)
+    p.add_argument("--mode", default="plaintext", choices=["plaintext"])
+    p.add_argument("--bundle", type=Path, help="client bundle directory (veil split); default: embedded model")
+    p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
+    p.add_argument("--prompt", help="one prompt; without it, an interactive loop reads stdin")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--cacert", help="CA certificate to trust (e.g. a self-signed dev cert)")
+    p.set_defaults(func=cmd_chat)
+
+
+def cmd_chat(args) -> int:
+    from veil.client.sdk import VeilClient, VeilError
+
+    client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
+                        verify=args.cacert or True)
+    history: list[dict] = []
+    prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
+    try:
+        for prompt in prompts:
+            if not prompt:
+                continue
+            history.append({"role": "user", "content": prompt})
+            answer = []
+            for piece in client.chat(history, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                     top_p=args.top_p, top_k=args.top_k, seed=args.seed, stream=True):
+                answer.append(piece)
+                print(piece, end="", flush=True)
+            print()
+            history.append({"role": "assistant", "content": "".join(answer)})
+            s = client.last_stats
+            print(f"[{s.output_tokens} tokens, TTFT {s.ttft_s:.3f} s, TPOT {s.tpot_s * 1000:.1f} ms]", file=sys.stderr)
+    except VeilError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0

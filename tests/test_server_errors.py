@@ -1,0 +1,159 @@
+"""Auth and bad input: each gets a clear 4xx, and no session loses its state."""
+
+import time
+
+import httpx
+import msgpack
+import pytest
+import torch
+
+from veil.client import VeilClient, VeilError
+from veil.crypto.wire import CONTENT_TYPE, HiddenStep
+
+
+def _post_session(url, key, **body):
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    return httpx.post(f"{url}/v1/sessions", json={"path": "plaintext", **body}, headers=headers)
+
+
+def _err(r):
+    return r.json()["error"]["code"]
+
+
+def test_missing_or_wrong_key_is_401(live_server):
+    assert _post_session(live_server.url, None).status_code == 401
+    r = _post_session(live_server.url, "veil_not-a-real-key")
+    assert r.status_code == 401 and _err(r) == "unauthorized"
+    r = httpx.post(f"{live_server.url}/v1/sessions", json={"path": "plaintext"},
+                   headers={"Authorization": "Basic " + live_server.keys["alice"]})
+    assert r.status_code == 401
+
+
+def test_wrong_scope_is_403(live_server):
+    r = _post_session(live_server.url, live_server.keys["carol"])  # protected-only tenant
+    assert r.status_code == 403 and _err(r) == "forbidden"
+    r = httpx.post(f"{live_server.url}/v1/sessions", json={"path": "protected"},
+                   headers={"Authorization": f"Bearer {live_server.keys['alice']}"})
+    assert r.status_code == 403
+
+
+def test_unknown_path_and_bad_json_are_400(live_server):
+    h = {"Authorization": f"Bearer {live_server.keys['alice']}"}
+    assert httpx.post(f"{live_server.url}/v1/sessions", json={"path": "telepathy"}, headers=h).status_code == 400
+    r = httpx.post(f"{live_server.url}/v1/sessions", content=b"{not json", headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 400
+
+
+def test_model_mismatch_is_409(live_server):
+    r = _post_session(live_server.url, live_server.keys["alice"], model_fingerprint="0" * 64)
+    assert r.status_code == 409 and _err(r) == "model_mismatch"
+    r = _post_session(live_server.url, live_server.keys["alice"], k=3)
+    assert r.status_code == 409 and _err(r) == "split_mismatch"
+
+
+@pytest.fixture()
+def alice(live_server, client_half):
+    c = VeilClient(live_server.url, live_server.keys["alice"], half=client_half)
+    yield c
+    c.close()
+
+
+def _raw_step(live_server, key, sid, body):
+    return httpx.post(f"{live_server.url}/v1/sessions/{sid}/steps", content=body,
+                      headers={"Authorization": f"Bearer {key}", "Content-Type": CONTENT_TYPE})
+
+
+def test_foreign_session_is_404(live_server, alice, chat_prompts):
+    sess = alice.open_session()
+    sess.forward(chat_prompts[0][:5])
+    bob = live_server.keys["bob"]
+    body = HiddenStep(sess.id, 2, torch.zeros(1, 576), [5]).to_bytes()
+    assert _raw_step(live_server, bob, sess.id, body).status_code == 404
+    r = httpx.delete(f"{live_server.url}/v1/sessions/{sess.id}", headers={"Authorization": f"Bearer {bob}"})
+    assert r.status_code == 404
+    assert _raw_step(live_server, bob, "no-such-session", body).status_code == 404
+    sess.forward([42])  # alice's session is untouched
+    sess.close()
+
+
+def test_malformed_steps_are_rejected_and_the_session_goes_on(live_server, alice, chat_prompts, local_greedy):
+    key = live_server.keys["alice"]
+    ids = chat_prompts[0]
+    sess = alice.open_session()
+    tokens = [int(sess.forward(ids).argmax())]
+    good = HiddenStep(sess.id, 2, torch.zeros(1, 576), [len(ids)])
+    bad_bodies = {
+        "garbage": b"\x00\xffnot msgpack at all",
+        "empty": b"",
+        "not a map": msgpack.packb([1, 2, 3]),
+        "wrong version": msgpack.packb({"v": 99, "session": sess.id, "step": 2, "kind": "hidden"}),
+        "wrong kind": msgpack.packb({"v": 1, "session": sess.id, "step": 2, "kind": "ciphertexts"}),
+        "short data": msgpack.packb({"v": 1, "session": sess.id, "step": 2, "kind": "hidden", "positions": [len(ids)],
+                                     "tensor": {"dtype": "float32", "shape": [1, 576], "data": b"\x00" * 100}}),
+        "wrong width": HiddenStep(sess.id, 2, torch.zeros(1, 575), [len(ids)]).to_bytes(),
+        "nan": HiddenStep(sess.id, 2, torch.full((1, 576), float("nan")), [len(ids)]).to_bytes(),
+        "bad dtype": msgpack.packb({"v": 1, "session": sess.id, "step": 2, "kind": "hidden", "positions": [len(ids)],
+                                    "tensor": {"dtype": "int64", "shape": [1, 576], "data": b"\x00" * 4608}}),
+        "huge shape": msgpack.packb({"v": 1, "session": sess.id, "step": 2, "kind": "hidden", "positions": [0],
+                                     "tensor": {"dtype": "float32", "shape": [1 << 40, 576], "data": b""}}),
+        "other session id": HiddenStep("someone-else", 2, torch.zeros(1, 576), [len(ids)]).to_bytes(),
+        "positions gap": HiddenStep(sess.id, 2, torch.zeros(1, 576), [len(ids) + 3]).to_bytes(),
+        "positions count": msgpack.packb({"v": 1, "session": sess.id, "step": 2, "kind": "hidden", "positions": [1, 2],
+                          "tensor": {"dtype": "float32", "shape": [1, 576], "data": b"\x00" * 2304}}),
+    }
+    for name, body in bad_bodies.items():
+        r = _raw_step(live_server, key, sess.id, body)
+        assert r.status_code == 400, (name, r.status_code, r.text)
+        assert r.json()["error"]["message"], name
+    # replayed and skipped step ids
+    replay = HiddenStep(sess.id, 1, torch.zeros(1, 576), [len(ids)]).to_bytes()
+    assert _raw_step(live_server, key, sess.id, replay).status_code == 409
+    skip = HiddenStep(sess.id, 3, torch.zeros(1, 576), [len(ids)]).to_bytes()
+    assert _raw_step(live_server, key, sess.id, skip).status_code == 409
+    assert good.step == sess.step + 1  # the session still expects step 2
+    # ... and it still generates exactly what the whole model does
+    for _ in range(7):
+        tokens.append(int(sess.forward([tokens[-1]]).argmax()))
+    assert tokens == local_greedy[0][:8]
+    sess.close()
+
+
+def test_oversized_body_is_413(make_server, client_half):
+    srv = make_server(max_body_bytes=80 * 1024, max_context=64)
+    key = srv.keys["alice"]
+    c = VeilClient(srv.url, key, half=client_half)
+    sess = c.open_session()
+    big = HiddenStep(sess.id, 1, torch.zeros(40, 576), list(range(40))).to_bytes()  # ~92 kB
+    r = _raw_step(srv, key, sess.id, big)
+    assert r.status_code == 413 and _err(r) == "body_too_large"
+    sess.forward(list(range(20)))
+    sess.forward(list(range(20)))
+    with pytest.raises(VeilError) as e:  # context limit: 40 + 30 > 64
+        sess.forward(list(range(30)))
+    assert e.value.status == 413 and e.value.code == "context_too_long"
+    sess.forward([1])  # still usable within the limit
+    c.close()
+
+
+def test_idle_sessions_expire(make_server, client_half):
+    srv = make_server(session_ttl_s=0.5, sweep_interval_s=0.1)
+    c = VeilClient(srv.url, srv.keys["alice"], half=client_half)
+    sess = c.open_session()
+    sess.forward([1, 2, 3])
+    assert len(srv.app.state.sessions) == 1
+    time.sleep(1.2)
+    assert len(srv.app.state.sessions) == 0
+    with pytest.raises(VeilError) as e:
+        sess.forward([4])
+    assert e.value.status == 404
+    c.close()
+
+
+def test_session_limit_per_tenant_is_429(make_server, client_half):
+    srv = make_server(max_sessions_per_tenant=2)
+    key = srv.keys["alice"]
+    assert _post_session(srv.url, key).status_code == 201
+    assert _post_session(srv.url, key).status_code == 201
+    r = _post_session(srv.url, key)
+    assert r.status_code == 429 and "max_sessions_per_tenant" in r.json()["error"]["message"]
+    assert _post_session(srv.url, srv.keys["bob"]).status_code == 201  # other tenants unaffected

@@ -1,0 +1,47 @@
+"""Wire format units: tensor records and step messages round-trip and reject bad input."""
+
+import msgpack
+import pytest
+import torch
+
+from veil.crypto.wire import HiddenReply, HiddenStep, WireError, decode_tensor, encode_tensor
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_tensor_round_trip(dtype):
+    t = torch.randn(3, 5).to(dtype)
+    back = decode_tensor(msgpack.unpackb(msgpack.packb(encode_tensor(t))), max_elements=100)
+    assert back.dtype == dtype and torch.equal(back, t)
+
+
+def test_step_round_trip():
+    h = torch.randn(4, 8)
+    msg = HiddenStep.from_bytes(HiddenStep("s", 3, h, [5, 6, 7, 8]).to_bytes(), max_bytes=1 << 20,
+                                hidden_size=8, max_tokens=16)
+    assert msg.session == "s" and msg.step == 3 and msg.positions == [5, 6, 7, 8] and torch.equal(msg.hidden, h)
+    reply = HiddenReply.from_bytes(HiddenReply("s", 3, h).to_bytes())
+    assert torch.equal(reply.hidden, h)
+
+
+@pytest.mark.parametrize("rec", [
+    None, [], {"dtype": "float64", "shape": [1], "data": b"\0" * 8},
+    {"dtype": "float32", "shape": [2], "data": b"\0" * 4},
+    {"dtype": "float32", "shape": [-1], "data": b""},
+    {"dtype": "float32", "shape": [True], "data": b"\0" * 4},
+    {"dtype": "float32", "shape": [10**9], "data": b""},
+    {"dtype": "float32", "shape": [1], "data": "abcd"},
+])
+def test_bad_tensor_records(rec):
+    with pytest.raises(WireError):
+        decode_tensor(rec, max_elements=1000)
+
+
+def test_limits_and_kinds():
+    body = HiddenStep("s", 1, torch.zeros(4, 8), [0, 1, 2, 3]).to_bytes()
+    with pytest.raises(WireError):
+        HiddenStep.from_bytes(body, max_bytes=10, hidden_size=8, max_tokens=16)
+    with pytest.raises(WireError):
+        HiddenStep.from_bytes(body, max_bytes=1 << 20, hidden_size=8, max_tokens=2)
+    with pytest.raises(WireError):
+        HiddenStep.from_bytes(msgpack.packb({"v": 1, "kind": "hidden", "session": 5, "step": 1}),
+                              max_bytes=1 << 20, hidden_size=8, max_tokens=16)
