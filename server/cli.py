@@ -18,6 +18,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--session-ttl", type=float, default=600.0, help="idle session TTL in seconds")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
+    p.add_argument("--tls-self-signed", type=Path, metavar="DIR",
+                   help="development only: make a self-signed cert.pem/key.pem in DIR and serve TLS with it")
     p.set_defaults(func=cmd_serve)
 
     t = sub.add_parser("tenants", help="manage tenants")
@@ -49,6 +51,12 @@ def cmd_serve(args) -> int:
     from veil.server.runner import serve_forever
     from veil.server.tenants import TenantStore
 
+    if args.tls_self_signed:
+        from veil.server.tls import make_self_signed
+
+        cert, key = make_self_signed(args.tls_self_signed, (args.host, "localhost"))
+        args.tls_cert, args.tls_key = str(cert), str(key)
+        print(f"self-signed certificate for {args.host}: {cert} (clients: --cacert {cert})", file=sys.stderr)
     if bool(args.tls_cert) != bool(args.tls_key):
         print("error: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2

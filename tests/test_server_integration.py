@@ -1,8 +1,15 @@
 """Split-plaintext generation over a real uvicorn server on loopback = local whole-model greedy."""
 
+import httpx
 import pytest
 
 from veil.client import VeilClient
+from veil.engine.split import server_half_from
+from veil.server.app import create_app
+from veil.server.config import ServerConfig
+from veil.server.runner import start_background
+from veil.server.tenants import TenantStore
+from veil.server.tls import make_self_signed
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +55,19 @@ def test_health(client, live_server):
     assert r.status_code == 200
     body = r.json()
     assert body["status"] == "ok" and body["k"] == 2 and body["model_fingerprint"] == live_server.half.fingerprint
+
+
+def test_tls_with_a_self_signed_pair(ckpt, client_half, tmp_path, chat_prompts, local_greedy):
+    cert, key = make_self_signed(tmp_path / "tls")
+    tenants = TenantStore(tmp_path / "tenants.json")
+    api_key = tenants.add("alice", ["plaintext"])
+    srv = start_background(create_app(ServerConfig(), server_half_from(ckpt, 2), tenants),
+                           ssl_certfile=str(cert), ssl_keyfile=str(key))
+    try:
+        assert srv.url.startswith("https://")
+        with pytest.raises(httpx.ConnectError):  # an untrusted certificate is refused by default
+            httpx.get(f"{srv.url}/health")
+        with VeilClient(srv.url, api_key, half=client_half, verify=str(cert)) as c:
+            assert c.generate(chat_prompts[0], 8, stop_at_eos=False).tokens == local_greedy[0][:8]
+    finally:
+        srv.stop()
