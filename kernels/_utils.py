@@ -1,0 +1,58 @@
+"""Small helpers shared by the kernel launchers."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton runs kernels on CPU through its interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_triton_device(*tensors: torch.Tensor) -> None:
+    """Fail early with a clear message instead of Triton's opaque pointer error.
+
+    Triton kernels read raw device pointers: the tensors must be on CUDA, unless the
+    interpreter is on (then they must be on CPU, where the interpreter can read them).
+    """
+    devices = {t.device.type for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"tensors are on different devices: {sorted(devices)}")
+    device = devices.pop()
+    if device == "cuda":
+        return
+    if device == "cpu" and interpreter_enabled():
+        return
+    raise RuntimeError(
+        f"Triton kernel called on {device} tensors; set TRITON_INTERPRET=1 before importing "
+        "veil.kernels to run Triton on CPU, or use the torch twin"
+    )
+
+
+def next_pow2(n: int) -> int:
+    """tl.arange needs power-of-two lengths: pad every tile dimension up to one."""
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def attention_dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
+    """(operand dtype, input_precision) for the tl.dot calls of the attention kernels.
+
+    The dots run in the activations' dtype (K/V are cast to it). fp32 asks for true fp32
+    ("ieee"; the default would be TF32 on Ampere+ GPUs). Exception: the Triton 3.x
+    interpreter's tl.dot multiplies bf16 operands as their raw uint16 bits, so under the
+    interpreter bf16 operands are upcast to fp32; on a GPU bf16 stays on tensor cores.
+    """
+    if dtype not in _TL_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype}")
+    dot_dtype = _TL_DTYPES[dtype]
+    if dtype == torch.bfloat16 and interpreter_enabled():
+        dot_dtype = tl.float32
+    return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"

@@ -1,0 +1,189 @@
+"""Public kernel API: each op runs its Triton kernel on CUDA tensors and its torch twin otherwise.
+
+``force_triton=True`` runs the Triton kernel whatever the device; on CPU tensors that needs
+``TRITON_INTERPRET=1`` set before ``veil.kernels`` is imported (the tests do this). The choice
+is made per call from the tensors, so there is no global device state.
+
+Tensor layouts (T = tokens, B = sequences, Hq / Hkv = query / KV heads, D = head_dim):
+
+* hidden states ``[..., hidden]``; MLP gate+up ``[..., 2*I]``
+* q ``[T, Hq, D]``, k/v ``[T, Hkv, D]`` (ragged batches packed along T, delimited by
+  ``cu_seqlens_q [B + 1]``); decode q ``[B, Hq, D]``
+* KV cache ``[num_blocks, block_size, Hkv, D]`` (one pair per layer)
+* RoPE tables cos, sin ``[max_positions, D/2]`` fp32 (from :func:`build_rope_cache`)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from veil.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
+from veil.kernels.kv_store import store_kv_torch, store_kv_triton
+from veil.kernels.paged_attention import (
+    DEFAULT_PARTITION_SIZE,
+    paged_decode_attention_torch,
+    paged_decode_attention_triton,
+)
+from veil.kernels.prefill_attention import (
+    paged_prefill_attention_torch,
+    paged_prefill_attention_triton,
+)
+from veil.kernels.rmsnorm import add_rms_norm_torch, add_rms_norm_triton
+from veil.kernels.rope import apply_rope_torch, apply_rope_triton, build_rope_cache
+
+__all__ = [
+    "DEFAULT_PARTITION_SIZE",
+    "add_rms_norm",
+    "apply_rope",
+    "build_rope_cache",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "rms_norm",
+    "silu_and_mul",
+    "store_kv",
+]
+
+
+def _use_triton(t: torch.Tensor, force_triton: bool) -> bool:
+    return force_triton or t.is_cuda
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    force_triton: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused ``new_residual = x + residual; normed = rms_norm(new_residual) * weight``.
+
+    x, residual: [..., hidden] (residual None -> plain RMSNorm and new_residual is x);
+    weight: [hidden]. Returns (normed, new_residual) in x's dtype; fp32 math inside.
+    """
+    if _use_triton(x, force_triton):
+        return add_rms_norm_triton(x, residual, weight, eps)
+    return add_rms_norm_torch(x, residual, weight, eps)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, force_triton: bool = False
+) -> torch.Tensor:
+    """Plain RMSNorm (e.g. the final norm): [..., hidden] -> [..., hidden]."""
+    return add_rms_norm(x, None, weight, eps, force_triton=force_triton)[0]
+
+
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    force_triton: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] **in place** (HF rotate_half convention).
+
+    positions: [T] int; cos, sin: [max_positions, D/2]. Returns (q, k) for chaining.
+    """
+    if _use_triton(q, force_triton):
+        apply_rope_triton(q, k, positions, cos, sin)
+    else:
+        apply_rope_torch(q, k, positions, cos, sin)
+    return q, k
+
+
+def silu_and_mul(x: torch.Tensor, *, force_triton: bool = False) -> torch.Tensor:
+    """SwiGLU activation: x [..., 2*I] (gate then up) -> [..., I] = silu(gate) * up."""
+    if _use_triton(x, force_triton):
+        return silu_and_mul_triton(x)
+    return silu_and_mul_torch(x)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    force_triton: bool = False,
+) -> None:
+    """Write k, v [T, Hkv, D] into the paged caches [num_blocks, block_size, Hkv, D] in place.
+
+    slot_mapping: [T] int, slot = block_id * block_size + offset; -1 skips the token.
+    """
+    if _use_triton(k, force_triton):
+        store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+    else:
+        store_kv_torch(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    partition_size: int = DEFAULT_PARTITION_SIZE,
+    max_context_len: int | None = None,
+    force_triton: bool = False,
+) -> torch.Tensor:
+    """Decode attention of one new token per sequence over its paged KV cache (GQA).
+
+    q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D];
+    block_tables: [B, max_blocks_per_seq] int32; context_lens: [B] int32, cached tokens
+    including the current one (already stored with store_kv). Returns [B, Hq, D].
+    partition_size / max_context_len only affect the Triton path (split-KV grid).
+    """
+    if _use_triton(q, force_triton):
+        return paged_decode_attention_triton(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            scale,
+            partition_size=partition_size,
+            max_context_len=max_context_len,
+        )
+    return paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_seqlen_q: int | None = None,
+    force_triton: bool = False,
+) -> torch.Tensor:
+    """Causal attention of packed new tokens over their sequences' paged KV cache (GQA).
+
+    q: [T, Hq, D], sequence b's new tokens at rows cu_seqlens_q[b]:cu_seqlens_q[b+1];
+    caches: [num_blocks, block_size, Hkv, D], the new tokens' K/V already stored;
+    block_tables: [B, max_blocks_per_seq] int32; cu_seqlens_q: [B + 1] int32;
+    context_lens: [B] int32, all cached tokens per sequence including the new ones (so a
+    chunk with a cached prefix, or a decode token, works). Returns [T, Hq, D].
+    max_seqlen_q (the longest chunk) only sizes the Triton grid; pass it to avoid a sync.
+    """
+    if _use_triton(q, force_triton):
+        return paged_prefill_attention_triton(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            cu_seqlens_q,
+            context_lens,
+            scale,
+            max_seqlen_q=max_seqlen_q,
+        )
+    return paged_prefill_attention_torch(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
+    )
