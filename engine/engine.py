@@ -1,0 +1,207 @@
+"""The engine loop: one thread that repeatedly schedules a batch, runs it, and hands results
+back. Everything else (HTTP handlers, tests, benchmarks) talks to it through thread-safe calls
+that enqueue work and register callbacks; callbacks run on the engine thread and must be quick
+(the server's just hop onto its event loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from veil.engine.kv_cache import PagedKVCache
+from veil.engine.model import LlamaModel
+from veil.engine.model_runner import ModelRunner
+from veil.engine.sampling import SamplingParams
+from veil.engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from veil.engine.sequence import SeqKind, Sequence
+
+log = logging.getLogger("veil.engine")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    kv_cache_bytes: int = 2 << 30  # memory budget of the paged KV pool
+    max_tokens_per_step: int = 512
+    max_seqs_per_step: int = 64
+    device: str = "cpu"
+
+
+@dataclass
+class StepStats:
+    num_seqs: int
+    num_tokens: int
+    num_decode: int
+    seconds: float
+    kv_utilization: float
+
+
+class EngineDead(RuntimeError):
+    pass
+
+
+class Engine:
+    def __init__(self, model: LlamaModel, k: int, cfg: EngineConfig = EngineConfig(),
+                 server_secret: bytes | None = None, on_step: Callable[[StepStats], None] | None = None):
+        mcfg = model.cfg
+        dtype = next(model.parameters()).dtype
+        num_layers = model.last - model.first
+        per_block = PagedKVCache.bytes_per_token(num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype) * cfg.block_size
+        num_blocks = max(1, cfg.kv_cache_bytes // per_block)
+        self.cfg, self.model_cfg, self.k = cfg, mcfg, k
+        self.cache = PagedKVCache(num_layers, num_blocks, cfg.block_size, mcfg.num_kv_heads, mcfg.head_dim,
+                                  dtype, cfg.device, server_secret)
+        self.scheduler = Scheduler(SchedulerConfig(cfg.max_tokens_per_step, cfg.max_seqs_per_step), self.cache)
+        self.runner = ModelRunner(model, k, self.cache, cfg.device)
+        self.full_model = self.runner.has_ends
+        self.on_step = on_step
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.steps = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._loop, name="veil-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread:
+            self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def _check_alive(self) -> None:
+        if self.error is not None or (self._thread is not None and not self._thread.is_alive()):
+            raise EngineDead(f"the engine loop has stopped: {self.error!r}")
+
+    # -- full-model requests ---------------------------------------------------------------------
+    def add_request(self, tenant: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+                    stop_ids: tuple[int, ...] = (), on_token=None, on_finish=None) -> Sequence:
+        if not self.full_model:
+            raise RuntimeError("this engine holds only the server half of the model")
+        if not prompt_ids or max_new_tokens < 1:
+            raise ValueError("a request needs a prompt and at least one new token")
+        seq = Sequence.tokens(tenant, prompt_ids, max_new_tokens, sampling, stop_ids, on_token, on_finish)
+        with self._cv:
+            self._check_alive()
+            self.scheduler.add(seq)
+            self._cv.notify()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        with self._cv:
+            if not seq.finished:
+                self._finish(seq, "abort")
+
+    # -- split sessions --------------------------------------------------------------------------
+    def open_hidden(self, tenant: str) -> Sequence:
+        seq = Sequence.hidden(tenant)
+        with self._cv:
+            self._check_alive()
+            self.scheduler.add(seq)
+        return seq
+
+    def submit_hidden(self, seq: Sequence, rows: torch.Tensor, on_done: Callable) -> None:
+        """Append a client step's input rows [T, d]; on_done(outputs [T, d] | exception)."""
+        with self._cv:
+            self._check_alive()
+            if seq.finished or seq.pending:
+                raise RuntimeError("the session is closed or has a step in flight")
+            seq.hidden_rows.append(rows)
+            seq.step_start, seq.num_hidden = seq.num_hidden, seq.num_hidden + rows.shape[0]
+            seq.on_step_done = on_done
+            self._cv.notify()
+
+    def close(self, seq: Sequence) -> None:
+        """End a split session and free its blocks."""
+        with self._cv:
+            if not seq.finished:
+                self._finish(seq, "closed")
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _finish(self, seq: Sequence, reason) -> None:
+        seq.finished = True
+        self.scheduler.remove(seq)
+        cb = seq.on_finish if seq.kind is SeqKind.TOKENS else None
+        if seq.kind is SeqKind.HIDDEN and seq.on_step_done and isinstance(reason, BaseException):
+            seq.on_step_done(reason)
+        if cb:
+            cb(reason)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._stop and not self.scheduler.has_work():
+                        self._cv.wait()
+                    if self._stop:
+                        return
+                    chunks = self.scheduler.schedule()
+                    # token chunks first (they also run layers [0, k)), stable otherwise
+                    chunks.sort(key=lambda c: c.seq.kind is not SeqKind.TOKENS)
+                if not chunks:
+                    time.sleep(0.001)
+                    continue
+                t0 = time.perf_counter()
+                logits, hidden = self.runner.run(chunks)
+                seconds = time.perf_counter() - t0
+                with self._cv:
+                    self._postprocess(chunks, logits, hidden)
+                self.steps += 1
+                if self.on_step:
+                    self.on_step(StepStats(len(chunks), sum(c.length for c in chunks),
+                                           sum(c.length == 1 for c in chunks), seconds, self.cache.utilization))
+        except BaseException as e:  # the loop is dead: fail everything that waits on it
+            log.exception("engine loop crashed")
+            self.error = e
+            with self._cv:
+                for seq in list(self.scheduler.seqs.values()):
+                    try:
+                        self._finish(seq, e)
+                    except Exception:
+                        log.exception("callback failed while failing sequence %d", seq.id)
+
+    def _postprocess(self, chunks: list[Chunk], logits: dict, hidden: dict) -> None:
+        for c in chunks:
+            seq = c.seq
+            if seq.finished or seq.num_computed != c.start:
+                continue  # aborted or preempted while the batch ran
+            seq.num_computed = c.end
+            if seq.kind is SeqKind.TOKENS:
+                self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, seq.num_computed)
+                if seq.id in logits:
+                    token = seq.sampler(logits[seq.id])
+                    seq.token_ids.append(token)
+                    if seq.first_token_time is None:
+                        seq.first_token_time = time.monotonic()
+                    if seq.on_token:
+                        seq.on_token(token)
+                    if token in seq.stop_ids:
+                        self._finish(seq, "stop")
+                    elif seq.num_output_tokens >= seq.max_new_tokens:
+                        self._finish(seq, "length")
+            else:
+                rows = hidden[seq.id]
+                skip = max(0, seq.step_start - c.start)  # rows recomputed after a preemption
+                if skip < rows.shape[0]:
+                    seq.step_out.append(rows[skip:].clone())
+                if seq.num_computed == seq.num_hidden:
+                    out = torch.cat(seq.step_out) if len(seq.step_out) > 1 else seq.step_out[0]
+                    seq.step_out.clear()
+                    done, seq.on_step_done = seq.on_step_done, None
+                    if done:
+                        done(out)

@@ -1,0 +1,116 @@
+"""Iteration-level (continuous) batching.
+
+Each engine step the scheduler picks work from every sequence that has some (a decode token,
+a prefill chunk, a client's split step), oldest first (FCFS), until the step's token budget or
+sequence cap is reached; long prefills are chunked to what is left of the budget, so they never
+stall running decodes for more than one step. When the KV pool cannot hold a chunk, the
+scheduler preempts by recompute: it frees a victim's blocks (idle split sessions first, least
+recently used; then the newest sequence) and the victim later recomputes its KV from its kept
+inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from veil.engine.kv_cache import PagedKVCache
+from veil.engine.sequence import SeqKind, Sequence
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_tokens_per_step: int = 512  # token budget of one batch (prefill chunks + decodes)
+    max_seqs_per_step: int = 64
+
+
+@dataclass
+class Chunk:
+    seq: Sequence
+    start: int  # first position computed in this step
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, cache: PagedKVCache):
+        self.cfg, self.cache = cfg, cache
+        self.seqs: dict[int, Sequence] = {}  # every live sequence, in arrival order
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.seqs[seq.id] = seq
+
+    def remove(self, seq: Sequence) -> None:
+        self.seqs.pop(seq.id, None)
+        self.cache.free_table(seq.table)
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(1 for s in self.seqs.values() if s.pending and not s.table.blocks)
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for s in self.seqs.values() if s.pending and s.table.blocks)
+
+    def has_work(self) -> bool:
+        return any(s.pending for s in self.seqs.values())
+
+    def _preempt(self, victim: Sequence) -> None:
+        self.cache.free_table(victim.table)
+        victim.num_computed = 0
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        if victim.kind is SeqKind.HIDDEN:
+            victim.step_out.clear()  # outputs of the pending step are recomputed too
+
+    def _victim(self, protect: set[int]) -> Sequence | None:
+        holders = [s for s in self.seqs.values() if s.table.blocks and s.id not in protect]
+        idle = [s for s in holders if not s.pending]
+        if idle:
+            return min(idle, key=lambda s: s.arrival)  # noqa: B023 - the oldest idle session
+        return max(holders, key=lambda s: s.arrival) if holders else None
+
+    def schedule(self) -> list[Chunk]:
+        budget = self.cfg.max_tokens_per_step
+        chunks: list[Chunk] = []
+        scheduled: set[int] = set()
+        for seq in sorted((s for s in self.seqs.values() if s.pending), key=lambda s: s.arrival):
+            if budget == 0 or len(chunks) == self.cfg.max_seqs_per_step:
+                break
+            if not seq.table.blocks and seq.num_computed == 0 and seq.kind is SeqKind.TOKENS:
+                # First allocation: reuse this tenant's cached prefix blocks. At least one input
+                # must still be computed to produce logits.
+                cached = self.cache.allocate_prefix(seq.table, seq.tenant, seq.token_ids)
+                seq.num_computed = min(cached, seq.num_inputs - 1)
+            n = min(seq.pending, budget)
+            end = seq.num_computed + n
+            extra = self.cache.blocks_for(end) - len(seq.table.blocks)
+            # Copy-on-write may need one more block if the first written block is shared.
+            extra += self._shared_write(seq)
+            while extra > self.cache.num_free:
+                victim = self._victim(scheduled | {seq.id})
+                if victim is None:
+                    break
+                self._preempt(victim)
+            if extra > self.cache.num_free:
+                if not chunks and not seq.table.blocks and extra > self.cache.num_blocks:
+                    raise MemoryError(f"a sequence of {end} tokens cannot fit the KV pool")
+                if seq.table.blocks:
+                    self._preempt(seq)  # it cannot progress now; give its blocks to older work
+                break  # FCFS: nothing younger jumps ahead
+            self.cache.ensure_writable(seq.table, seq.num_computed, end - 1)
+            self.cache.grow(seq.table, end)
+            chunks.append(Chunk(seq, seq.num_computed, n))
+            scheduled.add(seq.id)
+            budget -= n
+        return chunks
+
+    def _shared_write(self, seq: Sequence) -> int:
+        bs = self.cache.block_size
+        idx = seq.num_computed // bs
+        if idx < len(seq.table.blocks) and self.cache.blocks[seq.table.blocks[idx]].ref_count > 1:
+            return 1
+        return 0
