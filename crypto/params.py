@@ -1,0 +1,275 @@
+"""Named, versioned CKKS parameter sets.
+
+A parameter set is identified by its ``id`` string (``ckks-n16384-l6-v1``); both parties
+verify the id (and the numbers behind it) at session creation. Changing any number means a
+new id: an id never changes meaning.
+
+Security: the bound on ``log2 Q`` (the sum of the coefficient-modulus bit sizes, *including*
+the special key-switching prime) for 128-bit classical security with a ternary secret and
+error sigma ~3.2 is taken from the Homomorphic Encryption Standard (Albrecht et al., 2018,
+Table 1, "classical, uniform/ternary secret"), which is also what SEAL enforces for
+``sec_level_type.tc128``.
+
+Levels: the modulus chain ``[q_0, q_1, ..., q_L, p]`` has ``L+1`` data primes and one special
+prime ``p`` used only by key switching. A ciphertext at *level* ``l`` has the ``l+1`` primes
+``q_0..q_l``; a rescale goes from level ``l`` to ``l-1``. Level numbers equal SEAL's
+``chain_index`` of the data levels.
+
+Test-only parameter sets live in a separate registry that production lookups never consult:
+``get_params(id)`` refuses them; only ``get_params(id, allow_test_params=True)`` (used by the
+test-suite) returns them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "HE_STANDARD_MAX_LOG_Q_128",
+    "CkksParams",
+    "ParamsError",
+    "DEFAULT_PARAMS",
+    "DEFAULT_PARAMS_ID",
+    "TEST_PARAMS",
+    "TEST_PARAMS_ID",
+    "get_params",
+    "production_param_ids",
+]
+
+
+class ParamsError(ValueError):
+    """An unknown, refused or inconsistent CKKS parameter set."""
+
+
+#: HE Standard, 128-bit classical security, ternary secret: N -> max log2(Q) (with the
+#: special prime). SEAL's CoeffModulus::MaxBitCount(N, tc128) returns the same numbers.
+HE_STANDARD_MAX_LOG_Q_128: dict[int, int] = {
+    1024: 27,
+    2048: 54,
+    4096: 109,
+    8192: 218,
+    16384: 438,
+    32768: 881,
+}
+
+#: SEAL's NTT-friendly primes are at most 60 bits.
+_MAX_PRIME_BITS = 60
+
+
+@dataclass(frozen=True)
+class CkksParams:
+    """One named CKKS parameter set.
+
+    Attributes:
+        id: the name both parties verify (``ckks-n<N>-l<levels>-v<version>``).
+        poly_modulus_degree: ring dimension N; N/2 complex slots.
+        coeff_modulus_bits: bit sizes of the RNS primes ``[q_0, q_1..q_L, p]``; the last one is
+            the special (key-switching) prime.
+        scale_bits: log2 of the default encoding scale Delta.
+        security_level: 128 (checked against the HE Standard) or 0 for a set that is *not*
+            secure and is only valid with ``test_only=True``.
+        mask_lambda: statistical security parameter of the refresh mask: the mask is uniform
+            over ``2^(b + lambda + 1)`` integers where ``2^b`` bounds the coefficients of the
+            masked plaintext, so each coefficient leaks at most ``2^-(lambda+1)`` in statistical
+            distance and a whole polynomial at most ``N * 2^-(lambda+1)``.
+        mask_value_bits: assumed bound ``log2 max |slot value|`` of a value that is masked for a
+            refresh (the residual stream). Together with the scale it gives ``b``.
+        flood_log2_sigma: log2 of the standard deviation (in coefficient units) of the Gaussian
+            noise added to every ciphertext that leaves the server (circuit privacy).
+        test_only: True for sets that production code must never select.
+    """
+
+    id: str
+    poly_modulus_degree: int
+    coeff_modulus_bits: tuple[int, ...]
+    scale_bits: int
+    security_level: int = 128
+    mask_lambda: int = 54
+    mask_value_bits: int = 12
+    flood_log2_sigma: float = 30.0
+    test_only: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- derived numbers -------------------------------------------------------------
+    @property
+    def slot_count(self) -> int:
+        return self.poly_modulus_degree // 2
+
+    @property
+    def log_q(self) -> int:
+        """Total bits of the coefficient modulus including the special prime."""
+        return sum(self.coeff_modulus_bits)
+
+    @property
+    def data_prime_bits(self) -> tuple[int, ...]:
+        """Bit sizes of the data primes ``q_0..q_L`` (without the special prime)."""
+        return self.coeff_modulus_bits[:-1]
+
+    @property
+    def top_level(self) -> int:
+        """Level of a fresh ciphertext: ``L`` (number of data primes minus one)."""
+        return len(self.coeff_modulus_bits) - 2
+
+    @property
+    def scale(self) -> float:
+        return float(2**self.scale_bits)
+
+    def level_log_q(self, level: int) -> int:
+        """Nominal bits of the modulus ``q_0 * ... * q_level`` of a ciphertext at ``level``."""
+        if not 0 <= level <= self.top_level:
+            raise ParamsError(f"level {level} outside [0, {self.top_level}] for {self.id}")
+        return sum(self.data_prime_bits[: level + 1])
+
+    def mask_coeff_bits(self, scale: float | None = None) -> int:
+        """``b``: log2 bound of the plaintext coefficients of a masked value.
+
+        A slot vector z encoded at scale s has coefficients ``|m_i| <= 2 s max|z|`` (the
+        inverse canonical embedding averages N/2 slot values with weight 2/N), plus the
+        encryption/computation noise (far below s). One extra bit of margin.
+        """
+        s = self.scale if scale is None else scale
+        return math.ceil(math.log2(s)) + self.mask_value_bits + 2
+
+    def mask_bits(self, scale: float | None = None) -> int:
+        """Bits of the refresh mask: ``b + lambda``; mask uniform in ``[-2^bits, 2^bits)``."""
+        return self.mask_coeff_bits(scale) + self.mask_lambda
+
+    def min_mask_level(self, scale: float | None = None) -> int:
+        """Lowest level whose modulus holds ``x + rho`` without wrap-around.
+
+        Needs ``log2 Q_level >= mask_bits + 2`` (sign bit plus one bit of margin so that the
+        centred lift of ``x + rho`` is exact).
+        """
+        need = self.mask_bits(scale) + 2
+        for level in range(self.top_level + 1):
+            if self.level_log_q(level) - 1 >= need:  # primes are slightly below 2^bits
+                return level
+        raise ParamsError(f"{self.id}: no level can carry a {need}-bit refresh mask")
+
+    # ---- checks ----------------------------------------------------------------------
+    def validate(self) -> None:
+        n = self.poly_modulus_degree
+        if n not in HE_STANDARD_MAX_LOG_Q_128:
+            raise ParamsError(f"{self.id}: unsupported poly_modulus_degree {n}")
+        bits = self.coeff_modulus_bits
+        if len(bits) < 2:
+            raise ParamsError(f"{self.id}: need at least one data prime and the special prime")
+        if any(b < 20 or b > _MAX_PRIME_BITS for b in bits):
+            raise ParamsError(f"{self.id}: prime sizes must be in [20, 60] bits: {bits}")
+        if self.security_level == 128:
+            bound = HE_STANDARD_MAX_LOG_Q_128[n]
+            if self.log_q > bound:
+                raise ParamsError(
+                    f"{self.id}: log Q = {self.log_q} exceeds the HE Standard 128-bit bound "
+                    f"{bound} for N={n}"
+                )
+        elif self.security_level == 0:
+            if not self.test_only:
+                raise ParamsError(f"{self.id}: an insecure parameter set must be test_only")
+        else:
+            raise ParamsError(f"{self.id}: security_level must be 128 (or 0 for test sets)")
+        if self.scale_bits >= bits[0]:
+            raise ParamsError(f"{self.id}: q_0 ({bits[0]} bits) must exceed the scale")
+        if bits[-1] < max(bits[:-1]):
+            # SEAL: the special prime should be at least as large as the data primes or
+            # key-switching noise grows; allow it only for explicitly test-only sets.
+            if not self.test_only:
+                raise ParamsError(f"{self.id}: special prime smaller than a data prime")
+        if self.mask_lambda < 40 and not self.test_only:
+            raise ParamsError(f"{self.id}: mask_lambda below 40 bits")
+
+    def describe(self) -> dict:
+        return {
+            "id": self.id,
+            "poly_modulus_degree": self.poly_modulus_degree,
+            "coeff_modulus_bits": list(self.coeff_modulus_bits),
+            "scale_bits": self.scale_bits,
+            "security_level": self.security_level,
+            "log_q": self.log_q,
+            "top_level": self.top_level,
+            "mask_lambda": self.mask_lambda,
+            "mask_value_bits": self.mask_value_bits,
+            "flood_log2_sigma": self.flood_log2_sigma,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# Production sets
+# --------------------------------------------------------------------------------------
+
+#: Default. N=16384 gives 8192 slots (room for a 576-vector replicated for 1536x576
+#: diagonal products) and allows log Q <= 438. Chain [60, 50 x 6, 60] = 420 bits:
+#:  * q_0 = 60 bits, scale 2^50: 10 bits of headroom for the integer part of decrypted
+#:    values at level 0 (|values| < 2^9);
+#:  * six 50-bit primes = six rescales at scale 2^50 (~2^-25 relative precision after a
+#:    576-term product) between two refreshes;
+#:  * special prime 60 bits >= every data prime (key-switching noise stays below rescale
+#:    noise);
+#:  * refresh mask: b = 50 + 12 + 2 = 64 bits, lambda = 54 -> 118-bit mask, needs a level with
+#:    >= 120 bits, i.e. 3 data primes (level 2; see ``min_mask_level``). Statistical distance
+#:    of a masked polynomial <= 16384 * 2^-55 = 2^-41.
+#:  * flooding sigma 2^30 coefficient units: slot error ~ 2^30 * sqrt(N) / 2^50 = 2^-13 of
+#:    absolute error, against computation noise of ~2^10..2^20 coefficient units.
+DEFAULT_PARAMS = CkksParams(
+    id="ckks-n16384-l6-v1",
+    poly_modulus_degree=16384,
+    coeff_modulus_bits=(60, 50, 50, 50, 50, 50, 50, 60),
+    scale_bits=50,
+    security_level=128,
+    mask_lambda=54,
+    mask_value_bits=12,
+    flood_log2_sigma=30.0,
+)
+DEFAULT_PARAMS_ID = DEFAULT_PARAMS.id
+
+_PRODUCTION: dict[str, CkksParams] = {DEFAULT_PARAMS.id: DEFAULT_PARAMS}
+
+# --------------------------------------------------------------------------------------
+# Test-only sets (never returned by a production lookup)
+# --------------------------------------------------------------------------------------
+
+#: Small and fast, for unit tests of properties that do not depend on N. Within the 128-bit
+#: bound (200 <= 218 bits at N=8192) but with a 2^40 scale, only two rescales and a 40-bit mask
+#: lambda, hence test-only. 4096 slots hold a 1536 -> 576 product (rows + cols + n1 slots).
+#: Chain [60, 40, 40, 60]: the special prime equals the largest data prime (a smaller one
+#: multiplies key-switching noise by q_max / p). Mask: b = 40 + 12 + 2 = 54, lambda 40 -> 94
+#: bits -> level 1 ([60, 40] = 100 bits).
+TEST_PARAMS = CkksParams(
+    id="test-ckks-n8192-l2-v1",
+    poly_modulus_degree=8192,
+    coeff_modulus_bits=(60, 40, 40, 60),
+    scale_bits=40,
+    security_level=128,
+    mask_lambda=40,
+    mask_value_bits=12,
+    flood_log2_sigma=24.0,
+    test_only=True,
+)
+TEST_PARAMS_ID = TEST_PARAMS.id
+
+_TEST_ONLY: dict[str, CkksParams] = {TEST_PARAMS.id: TEST_PARAMS}
+
+
+def production_param_ids() -> list[str]:
+    return sorted(_PRODUCTION)
+
+
+def get_params(
+    params_id: str = DEFAULT_PARAMS_ID, *, allow_test_params: bool = False
+) -> CkksParams:
+    """Look up a parameter set by id.
+
+    Production code calls this without ``allow_test_params``: a test-only id is refused with
+    ``ParamsError`` exactly like an unknown id, so a client cannot make a server fall back to
+    a small ring.
+    """
+    if params_id in _PRODUCTION:
+        return _PRODUCTION[params_id]
+    if params_id in _TEST_ONLY:
+        if allow_test_params:
+            return _TEST_ONLY[params_id]
+        raise ParamsError(f"parameter set {params_id!r} is test-only and refused here")
+    raise ParamsError(f"unknown parameter set {params_id!r}")

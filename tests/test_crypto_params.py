@@ -1,0 +1,89 @@
+"""Parameter sets: 128-bit bound, versioned ids, test-only sets refused by production lookups."""
+
+import dataclasses
+
+import pytest
+
+from veil.crypto.params import (
+    DEFAULT_PARAMS,
+    DEFAULT_PARAMS_ID,
+    HE_STANDARD_MAX_LOG_Q_128,
+    TEST_PARAMS,
+    TEST_PARAMS_ID,
+    CkksParams,
+    ParamsError,
+    get_params,
+    production_param_ids,
+)
+
+
+def test_default_set_is_the_protocol_set():
+    p = get_params()
+    assert p is DEFAULT_PARAMS and p.id == DEFAULT_PARAMS_ID == "ckks-n16384-l6-v1"
+    assert p.poly_modulus_degree == 16384
+    assert p.coeff_modulus_bits == (60, 50, 50, 50, 50, 50, 50, 60)
+    assert p.scale_bits == 50 and p.scale == 2.0**50
+    assert p.log_q == 420 <= HE_STANDARD_MAX_LOG_Q_128[16384] == 438
+    assert p.top_level == 6 and p.slot_count == 8192
+    assert p.security_level == 128 and not p.test_only
+
+
+def test_he_standard_bounds():
+    assert HE_STANDARD_MAX_LOG_Q_128[8192] == 218
+    assert HE_STANDARD_MAX_LOG_Q_128[16384] == 438
+    assert HE_STANDARD_MAX_LOG_Q_128[32768] == 881
+
+
+def test_bound_is_enforced():
+    with pytest.raises(ParamsError, match="exceeds"):
+        CkksParams("x", 16384, (60,) * 8, 50)  # 480 > 438
+    with pytest.raises(ParamsError, match="exceeds"):
+        CkksParams("x", 8192, (60, 50, 50, 60), 50)  # 220 > 218
+    CkksParams("x", 32768, (60,) * 14, 50)  # 840 <= 881
+
+
+def test_other_consistency_checks():
+    with pytest.raises(ParamsError):
+        CkksParams("x", 12000, (60, 60), 50)  # not a power of two we support
+    with pytest.raises(ParamsError):
+        CkksParams("x", 16384, (61, 50, 60), 50)  # prime too large
+    with pytest.raises(ParamsError):
+        CkksParams("x", 16384, (50, 50, 60), 50)  # q0 must exceed the scale
+    with pytest.raises(ParamsError):
+        CkksParams("x", 16384, (60, 50, 40), 40)  # special prime below a data prime
+    with pytest.raises(ParamsError):
+        CkksParams("x", 16384, (60, 50, 60), 40, security_level=0)  # insecure, not test-only
+    with pytest.raises(ParamsError):
+        CkksParams("x", 16384, (60, 50, 60), 40, mask_lambda=20)
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT_PARAMS.scale_bits = 40  # type: ignore[misc]
+
+
+def test_production_lookup_refuses_test_params():
+    assert TEST_PARAMS_ID not in production_param_ids()
+    assert TEST_PARAMS.test_only
+    with pytest.raises(ParamsError, match="test-only"):
+        get_params(TEST_PARAMS_ID)
+    assert get_params(TEST_PARAMS_ID, allow_test_params=True) is TEST_PARAMS
+    with pytest.raises(ParamsError, match="unknown"):
+        get_params("ckks-n16384-l6-v0")
+    # production ids still resolve with the flag
+    assert get_params(DEFAULT_PARAMS_ID, allow_test_params=True) is DEFAULT_PARAMS
+
+
+def test_mask_room():
+    p = DEFAULT_PARAMS
+    # b = 50 + 12 + 2, mask = b + 54
+    assert p.mask_coeff_bits() == 64 and p.mask_bits() == 118
+    lvl = p.min_mask_level()
+    assert lvl == 2 and p.level_log_q(lvl) >= p.mask_bits() + 3
+    assert p.level_log_q(lvl - 1) < p.mask_bits() + 3
+    # statistical distance of one masked polynomial <= N * 2^-(lambda+1) <= 2^-40
+    assert p.poly_modulus_degree * 2.0 ** -(p.mask_lambda + 1) <= 2.0**-40
+    t = TEST_PARAMS
+    assert t.min_mask_level() == 1
+    with pytest.raises(ParamsError):
+        p.level_log_q(7)
