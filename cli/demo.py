@@ -38,7 +38,7 @@ def cmd_demo(args) -> int:
         tenants = TenantStore(Path(tmp) / "tenants.json")
         key = tenants.add("demo", [args.mode])
         cfg = ServerConfig(tenants_file=tenants.path, k=args.k)
-        server = start_background(create_app(cfg, server_half_from(ckpt, args.k), tenants))
+        server = start_background(create_app(cfg, server_half_from(ckpt, args.k, full=True), tenants))
         say(f"server on {server.url} (layers [{args.k}, {ckpt.config.num_layers})), tenant 'demo', path {args.mode}")
         try:
             with VeilClient(server.url, key, mode=args.mode, half=client_half_from(ckpt, args.k)) as client:

@@ -46,6 +46,10 @@ class EngineDead(RuntimeError):
     pass
 
 
+class SessionClosed(RuntimeError):
+    pass
+
+
 class Engine:
     def __init__(self, model: LlamaModel, k: int, cfg: EngineConfig = EngineConfig(),
                  server_secret: bytes | None = None, on_step: Callable[[StepStats], None] | None = None):
@@ -136,11 +140,12 @@ class Engine:
     def _finish(self, seq: Sequence, reason) -> None:
         seq.finished = True
         self.scheduler.remove(seq)
-        cb = seq.on_finish if seq.kind is SeqKind.TOKENS else None
-        if seq.kind is SeqKind.HIDDEN and seq.on_step_done and isinstance(reason, BaseException):
-            seq.on_step_done(reason)
-        if cb:
-            cb(reason)
+        if seq.kind is SeqKind.TOKENS:
+            if seq.on_finish:
+                seq.on_finish(reason)
+        elif seq.on_step_done:  # a step in flight will never complete: tell its waiter
+            done, seq.on_step_done = seq.on_step_done, None
+            done(reason if isinstance(reason, BaseException) else SessionClosed("the session was closed"))
 
     def _loop(self) -> None:
         try:

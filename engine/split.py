@@ -76,10 +76,17 @@ class ClientHalf:
 
 @dataclass
 class ServerHalf:
+    """What a server serves: layers [k, L), and optionally the whole model (fast path)."""
+
     config: ModelConfig
     k: int
-    model: LlamaModel  # layers [k, L)
-    fingerprint: str
+    model: LlamaModel  # layers [k, L), or [0, L) with embedding and head when `full`
+    fingerprint: str  # of layers [k, L) alone: what split clients check
+    tokenizer: object | None = None  # present when full
+
+    @property
+    def full(self) -> bool:
+        return self.model.first == 0 and self.model.with_ends
 
 
 def _server_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
@@ -92,9 +99,14 @@ def client_half_from(ckpt: Checkpoint, k: int = DEFAULT_K) -> ClientHalf:
     return ClientHalf(ckpt.config, k, model, ckpt.tokenizer, fingerprint(server))
 
 
-def server_half_from(ckpt: Checkpoint, k: int = DEFAULT_K) -> ServerHalf:
-    model = build_model(ckpt, k, None, with_ends=False)
-    return ServerHalf(ckpt.config, k, model, fingerprint(_server_tensors(model)))
+def server_half_from(ckpt: Checkpoint, k: int = DEFAULT_K, full: bool = False,
+                     dtype: torch.dtype = torch.float32) -> ServerHalf:
+    """The server's model from a whole checkpoint; `full` keeps every layer and the ends too, for
+    the fast path (the split fingerprint still covers layers [k, L) only)."""
+    _, server = split_tensors(ckpt.tensors, ckpt.config, k)
+    if full:
+        return ServerHalf(ckpt.config, k, build_model(ckpt, dtype=dtype), fingerprint(server), ckpt.tokenizer)
+    return ServerHalf(ckpt.config, k, build_model(ckpt, k, None, with_ends=False, dtype=dtype), fingerprint(server))
 
 
 def write_bundles(ckpt: Checkpoint, k: int, out: Path) -> tuple[Path, Path]:

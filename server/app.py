@@ -1,5 +1,5 @@
-"""The FastAPI application: authentication, sessions and routes. No math of its own: steps are
-handed to the engine (here the server half of the split model).
+"""The FastAPI application: authentication, sessions and routes. No math of its own: split
+steps and full-model requests go to the engine, which batches them together.
 
 Errors are JSON `{"error": {"code": ..., "message": ...}}` with a 4xx status for anything the
 caller did wrong; a rejected step leaves its session exactly as it was.
@@ -12,31 +12,22 @@ import contextlib
 import logging
 import time
 
-import torch
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
+from veil.engine.engine import Engine, EngineConfig, EngineDead, SessionClosed, StepStats
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig
+from veil.server.errors import ApiError, error_response
+from veil.server.metrics import Metrics
 from veil.server.sessions import Session, SessionStore
 from veil.server.tenants import Tenant, TenantStore
 
 log = logging.getLogger("veil.server")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers
-
-
-def _error(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
 class CreateSession(BaseModel):
@@ -45,12 +36,46 @@ class CreateSession(BaseModel):
     model_fingerprint: str | None = None  # the client's expectation of the server half
 
 
+def bearer_tenant(request: Request, tenants: TenantStore) -> Tenant:
+    auth = request.headers.get("authorization", "")
+    scheme, _, key = auth.partition(" ")
+    tenant = tenants.authenticate(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+    if tenant is None:
+        raise ApiError(401, "unauthorized", "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
+    return tenant
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> FastAPI:
-    sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant, half.model.last - half.model.first)
-    model = half.model
+    metrics = Metrics()
+
+    def on_step(s: StepStats) -> None:
+        metrics.engine_steps.inc()
+        metrics.batch_size.observe(s.num_seqs)
+        metrics.batch_tokens.observe(s.num_tokens)
+        metrics.kv_util.set(s.kv_utilization)
+
+    engine = Engine(half.model, half.k, EngineConfig(cfg.block_size, cfg.kv_cache_bytes, cfg.max_tokens_per_step,
+                                                     cfg.max_seqs_per_step, cfg.device), on_step=on_step)
+    sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant,
+                            on_drop=lambda s: engine.close(s.state) if s.state is not None else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        engine.start()
+
         async def sweeper():
             while True:
                 await asyncio.sleep(cfg.sweep_interval_s)
@@ -62,29 +87,38 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             yield
         finally:
             task.cancel()
+            engine.stop()
 
     app = FastAPI(title="Veil", version="0.1.0", lifespan=lifespan)
     app.state.sessions, app.state.tenants, app.state.half, app.state.cfg = sessions, tenants, half, cfg
+    app.state.engine, app.state.metrics = engine, metrics
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        return _error(exc.status, exc.code, exc.message, exc.headers)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        return _error(400, "bad_request", f"invalid request: {exc.errors()[:3]}")
+        errs = [{"loc": e.get("loc"), "msg": e.get("msg")} for e in exc.errors()[:3]]
+        return error_response(400, "bad_request", f"invalid request: {errs}")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        return _error(exc.status_code, "http_error", str(exc.detail))
+        return error_response(exc.status_code, "http_error", str(exc.detail))
+
+    @app.exception_handler(EngineDead)
+    async def _engine_dead(request: Request, exc: EngineDead):
+        return error_response(503, "engine_unavailable", "the inference engine is not running")
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
 
     def authenticate(request: Request) -> Tenant:
-        auth = request.headers.get("authorization", "")
-        scheme, _, key = auth.partition(" ")
-        tenant = tenants.authenticate(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
-        if tenant is None:
-            raise ApiError(401, "unauthorized", "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
-        return tenant
+        return bearer_tenant(request, tenants)
 
     def session_of(sid: str, tenant: Tenant) -> Session:
         s = sessions.get(sid, tenant.name)
@@ -92,22 +126,20 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             raise ApiError(404, "session_not_found", "no such session")
         return s
 
-    async def read_body(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
-            raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={cfg.max_body_bytes}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > cfg.max_body_bytes:
-                raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={cfg.max_body_bytes}")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     @app.get("/health")
     async def health():
+        if not engine.alive:
+            return error_response(503, "engine_unavailable", "the inference engine is not running")
         return {"status": "ok", "model": half.config.name, "k": half.k, "model_fingerprint": half.fingerprint,
-                "sessions": len(sessions)}
+                "sessions": len(sessions), "fast_path": half.full}
+
+    @app.get("/metrics")
+    async def prometheus():
+        metrics.sessions.set(len(sessions))
+        metrics.running.set(engine.scheduler.num_running)
+        metrics.waiting.set(engine.scheduler.num_waiting)
+        metrics.kv_util.set(engine.cache.utilization)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: CreateSession, request: Request):
@@ -123,7 +155,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         if body.model_fingerprint is not None and body.model_fingerprint != half.fingerprint:
             raise ApiError(409, "model_mismatch", "the server half is not the one the client bundle was split from")
         try:
-            s = sessions.create(tenant.name, body.path)
+            s = sessions.create(tenant.name, body.path, lambda: engine.open_hidden(tenant.name))
         except OverflowError as e:
             raise ApiError(429, "too_many_sessions", str(e)) from None
         return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
@@ -138,33 +170,11 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             raise ApiError(404, "session_not_found", "no such session")
         return Response(status_code=204)
 
-    def run_step(s: Session, msg: HiddenStep) -> bytes:
-        # Everything is validated before the cache is touched; the forward pass returns a new
-        # cache which is committed only at the end, so a rejected step changes nothing.
-        with s.lock:
-            if s.closed:
-                raise ApiError(404, "session_not_found", "no such session")
-            if msg.step != s.next_step:
-                kind = "replayed" if msg.step < s.next_step else "out-of-order"
-                raise ApiError(409, "bad_step", f"{kind} step {msg.step}; expected {s.next_step}")
-            T, start = msg.hidden.shape[0], s.context_len
-            if msg.positions != list(range(start, start + T)):
-                raise ApiError(400, "bad_positions", f"positions must continue the context at {start}")
-            if start + T > cfg.max_context:
-                raise ApiError(413, "context_too_long", f"context would exceed max_context={cfg.max_context}")
-            with torch.inference_mode():
-                h = msg.hidden.to(torch.float32)
-                out, kv = model.forward_layers(h, torch.tensor(msg.positions), s.kv)
-            s.kv = kv
-            s.next_step += 1
-            s.last_used = time.monotonic()
-            return HiddenReply(s.id, msg.step, out).to_bytes()
-
     @app.post("/v1/sessions/{sid}/steps")
     async def step(sid: str, request: Request):
         tenant = authenticate(request)
         s = session_of(sid, tenant)
-        body = await read_body(request)
+        body = await read_body(request, cfg.max_body_bytes)
         try:
             msg = HiddenStep.from_bytes(body, max_bytes=cfg.max_body_bytes, hidden_size=half.config.hidden_size,
                                         max_tokens=cfg.max_step_tokens)
@@ -172,8 +182,48 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             raise ApiError(400, "bad_message", str(e)) from None
         if msg.session != sid:
             raise ApiError(400, "bad_message", "message session id does not match the URL")
-        s.last_used = time.monotonic()
-        reply = await run_in_threadpool(run_step, s, msg)
+        async with s.lock:
+            # Everything is checked before the engine sees the step, so a rejected step changes
+            # nothing; once submitted, the step will be computed and the step id is spent.
+            if s.closed:
+                raise ApiError(404, "session_not_found", "no such session")
+            if msg.step != s.next_step:
+                kind = "replayed" if msg.step < s.next_step else "out-of-order"
+                raise ApiError(409, "bad_step", f"{kind} step {msg.step}; expected {s.next_step}")
+            T, start = msg.hidden.shape[0], s.state.num_inputs
+            if msg.positions != list(range(start, start + T)):
+                raise ApiError(400, "bad_positions", f"positions must continue the context at {start}")
+            if start + T > cfg.max_context:
+                raise ApiError(413, "context_too_long", f"context would exceed max_context={cfg.max_context}")
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+
+            def done(result):
+                def settle():
+                    if fut.done():
+                        return
+                    if isinstance(result, SessionClosed):
+                        fut.set_exception(ApiError(404, "session_not_found", "the session was closed"))
+                    elif isinstance(result, BaseException):
+                        fut.set_exception(EngineDead(str(result)))
+                    else:
+                        fut.set_result(result)
+                loop.call_soon_threadsafe(settle)
+
+            t0 = time.perf_counter()
+            engine.submit_hidden(s.state, msg.hidden.float(), done)
+            s.next_step += 1
+            out = await fut
+            s.last_used = time.monotonic()
+        metrics.step_latency.observe(time.perf_counter() - t0)
+        metrics.tokens.labels("split").inc(T)
+        reply = HiddenReply(s.id, msg.step, out).to_bytes()
+        metrics.bytes_in.labels("plaintext").inc(len(body))
+        metrics.bytes_out.labels("plaintext").inc(len(reply))
         return Response(reply, media_type=CONTENT_TYPE)
 
+    if half.full:
+        from veil.server.openai_api import openai_router
+
+        app.include_router(openai_router(cfg, half, engine, tenants, metrics))
     return app

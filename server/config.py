@@ -10,11 +10,17 @@ from pathlib import Path
 class ServerConfig:
     tenants_file: Path | None = None
     k: int = 2  # split point; ignored when a server bundle is given (the bundle says)
-    bundle: Path | None = None  # server bundle dir; None → split the embedded model in memory
-    model: str | None = None  # a .gguf or HF checkpoint dir to split instead of the default
+    bundle: Path | None = None  # server bundle dir; None → the whole embedded model (fast path on)
+    model: str | None = None  # a .gguf or HF checkpoint dir instead of the default
     session_ttl_s: float = 600.0  # idle sessions are dropped after this long
     sweep_interval_s: float = 5.0
-    max_body_bytes: int = 64 << 20  # largest step body accepted (413 above)
+    max_body_bytes: int = 64 << 20  # largest request body accepted (413 above)
     max_sessions_per_tenant: int = 64
-    max_context: int = 8192  # tokens per session (KV cache length)
-    max_step_tokens: int = 4096  # tokens in one step
+    max_context: int = 8192  # tokens per session or request (prompt + output)
+    max_step_tokens: int = 4096  # tokens in one split step
+    # engine
+    kv_cache_bytes: int = 2 << 30  # the paged KV pool's memory budget
+    block_size: int = 16
+    max_tokens_per_step: int = 512  # token budget of one engine iteration
+    max_seqs_per_step: int = 64
+    device: str = "cpu"

@@ -67,8 +67,9 @@ class LiveServer:
             "bob": self.tenants.add("bob", ["plaintext", "protected"]),
             "carol": self.tenants.add("carol", ["protected"]),
         }
+        cfg_kw.setdefault("kv_cache_bytes", 256 << 20)
         self.cfg = ServerConfig(tenants_file=self.tenants.path, k=k, **cfg_kw)
-        self.half = server_half_from(ckpt, k)
+        self.half = server_half_from(ckpt, k, full=True)
         self.app = create_app(self.cfg, self.half, self.tenants)
         self.bg = start_background(self.app)
         self.url = self.bg.url

@@ -1,0 +1,36 @@
+"""Prometheus metrics of one server (its own registry: several apps in one process, as in the
+tests, never collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("veil_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.tokens = Counter("veil_tokens", "tokens processed", ["kind"], registry=r)  # prompt | output | split
+        self.ttft = Histogram("veil_ttft_seconds", "time to first token (fast path)", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("veil_itl_seconds", "inter-token latency (fast path)", buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("veil_e2e_seconds", "end-to-end request latency (fast path)", buckets=LATENCY_BUCKETS,
+                             registry=r)
+        self.step_latency = Histogram("veil_split_step_seconds", "split step latency on the server",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("veil_batch_size", "sequences per engine iteration",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.batch_tokens = Histogram("veil_batch_tokens", "tokens per engine iteration",
+                                      buckets=(1, 4, 16, 64, 128, 256, 512, 1024, 2048), registry=r)
+        self.running = Gauge("veil_running_sequences", "sequences holding KV blocks with work pending", registry=r)
+        self.waiting = Gauge("veil_waiting_sequences", "sequences waiting for KV blocks", registry=r)
+        self.kv_util = Gauge("veil_kv_pool_utilization", "fraction of KV blocks in use", registry=r)
+        self.sessions = Gauge("veil_sessions", "open sessions", registry=r)
+        self.bytes_in = Counter("veil_bytes_in", "request body bytes on the split/protected paths", ["path"], registry=r)
+        self.bytes_out = Counter("veil_bytes_out", "response body bytes on the split/protected paths", ["path"],
+                                 registry=r)
+        self.engine_steps = Counter("veil_engine_steps", "engine iterations", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
