@@ -7,6 +7,7 @@ to what comes back. Sampling happens here; the server never sees token ids on th
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -115,6 +116,8 @@ class VeilClient:
         self.mode = mode
         self.half = half if half is not None else load_client_half(Path(bundle) if bundle else None, k)
         self.model, self.tokenizer, self.cfg = self.half.model, self.half.tokenizer, self.half.config
+        if isinstance(verify, str):  # a CA bundle, e.g. a self-signed development certificate
+            verify = ssl.create_default_context(cafile=verify)
         # One keep-alive connection pool for every round trip of every generation.
         self.http = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout_s, verify=verify,
                                  headers={"Authorization": f"Bearer {api_key}"})

@@ -158,11 +158,12 @@ class Engine:
                     chunks = self.scheduler.schedule()
                     # token chunks first (they also run layers [0, k)), stable otherwise
                     chunks.sort(key=lambda c: c.seq.kind is not SeqKind.TOKENS)
-                if not chunks:
+                    batch = self.runner.prepare(chunks) if chunks else None
+                if batch is None:
                     time.sleep(0.001)
                     continue
                 t0 = time.perf_counter()
-                logits, hidden = self.runner.run(chunks)
+                logits, hidden = self.runner.run(batch)
                 seconds = time.perf_counter() - t0
                 with self._cv:
                     self._postprocess(chunks, logits, hidden)

@@ -46,6 +46,15 @@ class BatchMeta:
 
 
 @dataclass
+class PreparedBatch:
+    meta: BatchMeta
+    num_token_seqs: int
+    token_ids: torch.Tensor  # [rows of token chunks]
+    hidden: torch.Tensor | None  # [rows of hidden chunks, d]
+    outputs: list[tuple[int, str, int, int]]
+
+
+@dataclass
 class LayerWeights:
     input_norm: torch.Tensor
     qkv: torch.Tensor  # [q + 2 kv, d]: one matmul for the three projections
@@ -152,37 +161,45 @@ class ModelRunner:
         return x if residual is None else x + residual
 
     # -- the step ------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def run(self, chunks: list[Chunk]) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Run one batch. Returns (logits [vocab] per token sequence whose inputs are now all
-        computed, output hidden rows per hidden chunk). Chunks must list token chunks first."""
+    def prepare(self, chunks: list[Chunk]) -> PreparedBatch:
+        """Snapshot everything the forward pass reads from the sequences. Called under the
+        engine's lock, so an abort on another thread cannot change a block table mid-step."""
         tok = [c for c in chunks if c.seq.kind is SeqKind.TOKENS]
         hid = [c for c in chunks if c.seq.kind is SeqKind.HIDDEN]
         assert chunks == tok + hid, "token chunks must come first"
-        meta = self._meta(chunks)
-        n_tok = sum(c.length for c in tok)
-        parts = []
-        if tok:
-            if not self.has_ends:
-                raise RuntimeError("this server holds only the server half: no full-model requests")
-            ids = torch.tensor([t for c in tok for t in c.seq.token_ids[c.start:c.end]], device=self.device)
-            x = self.model.embed(ids)
-            parts.append(self._run_layers(x, 0, self.k, meta.prefix(len(tok), n_tok)) if self.k else x)
-        if hid:
-            parts.append(torch.cat([c.seq.hidden_slice(c.start, c.end) for c in hid]).to(self.device, self.dtype))
+        if tok and not self.has_ends:
+            raise RuntimeError("this server holds only the server half: no full-model requests")
+        ids = torch.tensor([t for c in tok for t in c.seq.token_ids[c.start:c.end]], dtype=torch.long)
+        hidden = torch.cat([c.seq.hidden_slice(c.start, c.end) for c in hid]) if hid else None
+        outputs = []  # (seq id, kind, first row, rows)
+        offset = 0
+        for c in chunks:
+            if c.seq.kind is SeqKind.HIDDEN:
+                outputs.append((c.seq.id, "hidden", offset, c.length))
+            elif c.end == c.seq.num_inputs:
+                outputs.append((c.seq.id, "logits", offset + c.length - 1, 1))
+            offset += c.length
+        return PreparedBatch(self._meta(chunks), len(tok), ids, hidden, outputs)
+
+    @torch.inference_mode()
+    def run(self, batch: PreparedBatch) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Returns (logits [vocab] per token sequence whose inputs are now all computed,
+        output hidden rows per hidden chunk)."""
+        meta, parts = batch.meta, []
+        if batch.num_token_seqs:
+            x = self.model.embed(batch.token_ids.to(self.device))
+            n_tok = batch.token_ids.shape[0]
+            parts.append(self._run_layers(x, 0, self.k, meta.prefix(batch.num_token_seqs, n_tok)) if self.k else x)
+        if batch.hidden is not None:
+            parts.append(batch.hidden.to(self.device, self.dtype))
         x = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = self._run_layers(x, max(self.k, self.first), self.cfg.num_layers, meta)
         logits, hidden = {}, {}
-        offset = 0
-        last_rows, last_ids = [], []
-        for c in chunks:
-            if c.seq.kind is SeqKind.TOKENS and c.end == c.seq.num_inputs:
-                last_rows.append(offset + c.length - 1)
-                last_ids.append(c.seq.id)
-            elif c.seq.kind is SeqKind.HIDDEN:
-                hidden[c.seq.id] = x[offset:offset + c.length]
-            offset += c.length
+        last_rows = [(sid, row) for sid, kind, row, _ in batch.outputs if kind == "logits"]
+        for sid, kind, row, n in batch.outputs:
+            if kind == "hidden":
+                hidden[sid] = x[row:row + n]
         if last_rows:
-            lg = self.model.logits(x[torch.tensor(last_rows, device=self.device)])
-            logits = dict(zip(last_ids, lg, strict=True))
+            lg = self.model.logits(x[torch.tensor([r for _, r in last_rows], device=self.device)])
+            logits = {sid: lg[i] for i, (sid, _) in enumerate(last_rows)}
         return logits, hidden

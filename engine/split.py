@@ -89,10 +89,6 @@ class ServerHalf:
         return self.model.first == 0 and self.model.with_ends
 
 
-def _server_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
-    return model.hf_state_dict()
-
-
 def client_half_from(ckpt: Checkpoint, k: int = DEFAULT_K) -> ClientHalf:
     _, server = split_tensors(ckpt.tensors, ckpt.config, k)
     model = build_model(ckpt, 0, k, with_ends=True)
@@ -160,13 +156,14 @@ def load_client_half(bundle: Path | None = None, k: int = DEFAULT_K, ckpt: Check
     return ClientHalf(cfg, manifest["k"], model, part.tokenizer, manifest["server_fingerprint"])
 
 
-def load_server_half(bundle: Path | None = None, k: int = DEFAULT_K, ckpt: Checkpoint | None = None) -> ServerHalf:
+def load_server_half(bundle: Path | None = None, k: int = DEFAULT_K, ckpt: Checkpoint | None = None,
+                     dtype: torch.dtype = torch.float32) -> ServerHalf:
     if bundle is None:
-        return server_half_from(ckpt or load_checkpoint(), k)
+        return server_half_from(ckpt or load_checkpoint(), k, dtype=dtype)
     manifest, cfg, tensors = _read_bundle(bundle, "server")
     part = Checkpoint(cfg, tensors, None, str(bundle), 0.0)
-    half = ServerHalf(cfg, manifest["k"], build_model(part, manifest["k"], None, with_ends=False), "")
-    half.fingerprint = fingerprint(_server_tensors(half.model))
+    half = ServerHalf(cfg, manifest["k"], build_model(part, manifest["k"], None, with_ends=False, dtype=dtype),
+                      fingerprint(tensors))
     if half.fingerprint != manifest["server_fingerprint"]:
         raise ValueError(f"{bundle}: tensors do not match the manifest's fingerprint")
     return half

@@ -16,6 +16,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bundle", type=Path, help="server bundle directory (veil split)")
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=600.0, help="idle session TTL in seconds")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and KV cache dtype")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="memory budget of the paged KV pool")
     p.add_argument("--max-tokens-per-step", type=int, default=512, help="token budget of one engine iteration")
     p.add_argument("--tls-cert")
@@ -46,6 +47,8 @@ def cmd_tenants_add(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import torch
+
     from veil.engine.loader import load_checkpoint
     from veil.engine.split import load_server_half, server_half_from
     from veil.server.app import create_app
@@ -53,6 +56,7 @@ def cmd_serve(args) -> int:
     from veil.server.runner import serve_forever
     from veil.server.tenants import TenantStore
 
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     if args.tls_self_signed:
         from veil.server.tls import make_self_signed
 
@@ -66,9 +70,9 @@ def cmd_serve(args) -> int:
                        session_ttl_s=args.session_ttl, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
                        max_tokens_per_step=args.max_tokens_per_step)
     if args.bundle:
-        half = load_server_half(args.bundle)
+        half = load_server_half(args.bundle, dtype=dtype)
     else:  # the whole model: split sessions and the OpenAI-compatible fast path
-        half = server_half_from(load_checkpoint(args.model), args.k, full=True)
+        half = server_half_from(load_checkpoint(args.model), args.k, full=True, dtype=dtype)
     print(f"serving {half.config.name} layers [{half.k}, {half.config.num_layers}) "
           f"fingerprint {half.fingerprint[:16]}…", file=sys.stderr)
     serve_forever(create_app(cfg, half, TenantStore(args.tenants)), args.host, args.port, args.tls_cert, args.tls_key)

@@ -1,0 +1,164 @@
+"""Engine units: the paged cache, scheduling, preemption, prefix sharing, and the loop."""
+
+import threading
+
+import httpx
+import pytest
+import torch
+
+from veil.engine.engine import Engine, EngineConfig
+from veil.engine.kv_cache import PagedKVCache
+from veil.engine.model import LlamaModel
+from veil.engine.sampling import SamplingParams
+from veil.engine.scheduler import Scheduler, SchedulerConfig
+from veil.engine.sequence import Sequence
+
+
+def _run_requests(engine, prompts, max_new, tenants=None):
+    """Submit all at once; wait for all; return the generated tokens of each."""
+    outs = [[] for _ in prompts]
+    done = threading.Semaphore(0)
+    for i, p in enumerate(prompts):
+        engine.add_request((tenants or ["t"] * len(prompts))[i], p, max_new, SamplingParams(),
+                           on_token=outs[i].append, on_finish=lambda r: done.release())
+    for _ in prompts:
+        assert done.acquire(timeout=300)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def engine(full_model):
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=64)).start()
+    yield e
+    e.stop()
+
+
+def test_paged_engine_equals_simple_cache(engine, chat_prompts, local_greedy):
+    outs = _run_requests(engine, chat_prompts, 32)
+    assert outs == local_greedy
+
+
+def test_split_steps_equal_the_simple_cache(engine, full_model, chat_prompts):
+    ids = chat_prompts[2]
+    with torch.inference_mode():
+        h0, kv = full_model.forward_layers(full_model.embed(torch.tensor(ids)), torch.arange(len(ids)),
+                                           [None] * 30)
+    # hidden inputs of the server layers: the client's layers [0, 2)
+    head = LlamaModel(full_model.cfg, 0, 2, with_ends=True)
+    head.load_hf_tensors(full_model.hf_state_dict())
+    with torch.inference_mode():
+        x, _ = head.forward_layers(head.embed(torch.tensor(ids)), torch.arange(len(ids)), [None, None])
+    seq = engine.open_hidden("t")
+    result = {}
+    ev = threading.Event()
+    # two steps: a 70-token prefill (chunked by the 64-token budget) and then the rest
+    split_at = 70 if len(ids) > 70 else len(ids) - 3
+    outs = []
+    for rows in (x[:split_at], x[split_at:]):
+        ev.clear()
+        engine.submit_hidden(seq, rows, lambda out: (result.__setitem__("out", out), ev.set()))
+        assert ev.wait(60)
+        outs.append(result["out"])
+    got = torch.cat(outs)
+    with torch.inference_mode():
+        want = full_model.logits(h0)
+        mine = full_model.logits(got)
+    assert torch.allclose(mine, want, atol=1e-3, rtol=1e-4)
+    assert (mine.argmax(-1) == want.argmax(-1)).all()
+    engine.close(seq)
+    assert not seq.table.blocks
+
+
+def test_token_budget_and_chunked_prefill():
+    cache = PagedKVCache(1, 64, 4, 1, 2)
+    sched = Scheduler(SchedulerConfig(max_tokens_per_step=10, max_seqs_per_step=8), cache)
+    decode = Sequence.tokens("t", [1, 2], 5, SamplingParams())  # arrived first
+    long = Sequence.tokens("t", list(range(1, 26)), 5, SamplingParams())
+    decode.num_computed = 1  # one input left: a decode-sized step
+    cache.grow(decode.table, 1)
+    sched.add(decode)
+    sched.add(long)
+    seen = []
+    while long.pending:
+        chunks = sched.schedule()
+        assert sum(c.length for c in chunks) <= 10
+        for c in chunks:
+            c.seq.num_computed = c.end
+            seen.append((c.seq is long, c.length))
+    assert seen[0] == (False, 1)  # the older decode is served first
+    assert [n for is_long, n in seen if is_long] == [9, 10, 6]  # 25 prompt tokens in three chunks
+
+
+def test_preemption_then_resume_gives_the_same_tokens(full_model, chat_prompts, local_greedy):
+    # A pool of 8 blocks × 16 tokens cannot hold three sequences of ~40-70 + 32 tokens.
+    bytes_per_block = PagedKVCache.bytes_per_token(30, 3, 64, torch.float32) * 16
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=8 * bytes_per_block, max_tokens_per_step=64)).start()
+    try:
+        outs = _run_requests(e, chat_prompts, 32)
+        assert e.scheduler.num_preemptions > 0
+        assert outs == local_greedy
+    finally:
+        e.stop()
+
+
+def test_prefix_sharing_is_per_tenant(full_model, chat_prompts, local_greedy):
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20)).start()
+    try:
+        p = chat_prompts[0]
+        assert _run_requests(e, [p], 8, ["alice"]) == [local_greedy[0][:8]]
+        hits = e.cache.hits
+        assert _run_requests(e, [p], 8, ["bob"]) == [local_greedy[0][:8]]
+        assert e.cache.hits == hits  # another tenant: no shared block
+        assert _run_requests(e, [p], 8, ["alice"]) == [local_greedy[0][:8]]
+        assert e.cache.hits - hits == len(p) // 16  # same tenant: every full prompt block reused
+    finally:
+        e.stop()
+
+
+def test_tenant_salt_separates_hashes():
+    cache = PagedKVCache(1, 16, 4, 1, 2)
+    a, b = Sequence.tokens("alice", list(range(8)), 1, SamplingParams()), Sequence.tokens("bob", list(range(8)), 1,
+                                                                                           SamplingParams())
+    for s in (a, b):
+        cache.allocate_prefix(s.table, s.tenant, s.token_ids)
+        cache.grow(s.table, 8)
+        cache.register_full_blocks(s.table, s.tenant, s.token_ids, 8)
+    assert not set(a.table.blocks) & set(b.table.blocks)
+    assert not set(a.table.hashes) & set(b.table.hashes)
+
+
+def test_copy_on_write():
+    cache = PagedKVCache(2, 8, 4, 1, 2)
+    a = Sequence.tokens("t", list(range(8)), 1, SamplingParams())
+    cache.allocate_prefix(a.table, "t", a.token_ids)
+    cache.grow(a.table, 8)
+    for layer in range(2):
+        cache.k[layer][a.table.blocks[1]].fill_(7.0)
+    cache.register_full_blocks(a.table, "t", a.token_ids, 8)
+    b = Sequence.tokens("t", list(range(8)), 1, SamplingParams())
+    assert cache.allocate_prefix(b.table, "t", b.token_ids) == 8
+    assert b.table.blocks == a.table.blocks and cache.blocks[a.table.blocks[1]].ref_count == 2
+    cache.ensure_writable(b.table, 7, 7)  # b recomputes its last position: must not touch a's block
+    assert b.table.blocks[0] == a.table.blocks[0] and b.table.blocks[1] != a.table.blocks[1]
+    assert torch.equal(cache.k[1][b.table.blocks[1]], cache.k[1][a.table.blocks[1]])
+    assert cache.blocks[a.table.blocks[1]].ref_count == 1 and cache.blocks[b.table.blocks[1]].ref_count == 1
+
+
+def test_dead_engine_makes_health_503_and_requests_fail_fast(make_server):
+    srv = make_server()
+    engine = srv.app.state.engine
+
+    def broken(batch):  # fault injection: the runner fails as a hardware fault would
+        raise RuntimeError("injected fault")
+
+    engine.runner.run = broken
+    key = srv.keys["alice"]
+    r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 503
+    assert httpx.get(f"{srv.url}/health").status_code == 503
+    r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 503
+    r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 503
