@@ -20,7 +20,7 @@ def cmd_split(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from veil.cli import demo
+    from veil.cli import bench, demo
     from veil.client import cli as client_cli
     from veil.server import cli as server_cli
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_cli.add_parsers(sub)
     client_cli.add_parsers(sub)
     demo.add_parser(sub)
+    bench.add_parser(sub)
     return parser
 
 

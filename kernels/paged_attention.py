@@ -19,6 +19,7 @@ Query head ``h`` reads KV head ``h // (num_q_heads // num_kv_heads)`` (HF's repe
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -336,19 +337,18 @@ def paged_decode_attention_torch(
     _check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
     batch, num_q_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
-    group = num_q_heads // num_kv_heads
     # Unused table entries may be garbage: clamp them to a valid index; they are masked below.
     tables = block_tables.long().clamp(0, num_blocks - 1)
     max_tokens = tables.shape[1] * block_size
+    # One gather per cache, then torch's fused attention on strided views (no further copies):
     # [B, max_blocks, block_size, Hkv, D] -> [B, Hkv, N, D]
-    k = k_cache[tables].reshape(batch, max_tokens, num_kv_heads, head_dim).transpose(1, 2).float()
-    v = v_cache[tables].reshape(batch, max_tokens, num_kv_heads, head_dim).transpose(1, 2).float()
-    qg = q.float().view(batch, num_kv_heads, group, head_dim)
-    scores = torch.einsum("bhgd,bhnd->bhgn", qg, k) * scale
-    valid = torch.arange(max_tokens, device=q.device)[None, :] < context_lens.long()[:, None]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    # A fully masked row (context_len 0) softmaxes to NaN: define its output as 0.
-    probs = torch.where(valid.any(dim=-1)[:, None, None, None], probs, torch.zeros_like(probs))
-    out = torch.einsum("bhgn,bhnd->bhgd", probs, v)
-    return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
+    k = k_cache[tables].view(batch, max_tokens, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache[tables].view(batch, max_tokens, num_kv_heads, head_dim).transpose(1, 2)
+    valid = torch.arange(max_tokens, device=q.device)[None, :] < context_lens.long()[:, None]  # [B, N]
+    out = F.scaled_dot_product_attention(
+        q.view(batch, num_q_heads, 1, head_dim), k, v, attn_mask=valid[:, None, None, :], scale=scale,
+        enable_gqa=num_q_heads != num_kv_heads,
+    ).view(batch, num_q_heads, head_dim)
+    # A sequence with context_len 0 has nothing to attend to: define its output as 0.
+    out = torch.where(valid.any(dim=-1)[:, None, None], out, torch.zeros_like(out))
+    return out.to(q.dtype)

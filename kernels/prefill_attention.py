@@ -18,6 +18,7 @@ the causal frontier of its last query token.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -248,9 +249,8 @@ def paged_prefill_attention_torch(
     new ones (>= its new-token count). Returns [T, Hq, D] in q's dtype.
     """
     _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_q_heads = q.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_q_heads // num_kv_heads
     out = torch.zeros_like(q)
     bounds = cu_seqlens_q.tolist()
     for b, ctx_len in enumerate(context_lens.tolist()):
@@ -259,14 +259,12 @@ def paged_prefill_attention_torch(
         if q_len == 0:
             continue
         blocks = block_tables[b, : -(-ctx_len // block_size)].long()
-        k = k_cache[blocks].flatten(0, 1)[:ctx_len].float()  # [ctx, Hkv, D]
-        v = v_cache[blocks].flatten(0, 1)[:ctx_len].float()
-        qb = q[start:end].float().view(q_len, num_kv_heads, group, head_dim)
-        scores = torch.einsum("thgd,nhd->hgtn", qb, k) * scale
+        k = k_cache[blocks].flatten(0, 1)[:ctx_len].transpose(0, 1)  # [Hkv, ctx, D]
+        v = v_cache[blocks].flatten(0, 1)[:ctx_len].transpose(0, 1)
+        # New token i sits at position ctx_len - q_len + i and sees positions up to its own.
         q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
         visible = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]  # [t, n]
-        scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        ob = torch.einsum("hgtn,nhd->thgd", probs, v)
-        out[start:end] = ob.reshape(q_len, num_q_heads, head_dim).to(q.dtype)
+        ob = F.scaled_dot_product_attention(q[start:end].transpose(0, 1), k, v, attn_mask=visible, scale=scale,
+                                            enable_gqa=num_q_heads != num_kv_heads)  # [Hq, t, D]
+        out[start:end] = ob.transpose(0, 1)
     return out
