@@ -1,0 +1,203 @@
+"""Engine throughput: Veil's OpenAI-compatible fast path against `transformers` generate.
+
+    python -m benchmarks.engine_throughput            # the issue's must-show workload
+    veil bench --paths reference,fast [--concurrency 1,4,16,64] [--request-rate R] ...
+
+With no arguments it measures exactly: 64 random requests (input 32–256, output 16–256 tokens,
+EOS ignored so lengths are exact, seed 0) served at concurrency 16 by a `veil serve` subprocess
+on loopback (streamed /v1/completions with token-id prompts), and the same requests through
+`transformers` generate in static batches of 16 (padded), in the same run. It prints one
+`figure …` line per figure and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from veil.benchmarks.stats import RequestRecord, emit, figure_lines, summarize
+from veil.benchmarks.workload import Workload, random_workload
+
+
+def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str) -> tuple[subprocess.Popen, str, str]:
+    from veil.server.runner import free_port
+
+    tenants = tmp / "tenants.json"
+    key = subprocess.run([sys.executable, "-m", "veil.cli.main", "tenants", "add", "bench", "--scope", "plaintext",
+                          "--file", str(tenants)], check=True, capture_output=True, text=True).stdout.strip()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "veil.cli.main", "serve", "--tenants", str(tenants),
+                             "--port", str(port), "--kv-cache-gb", str(kv_cache_gb),
+                             "--max-tokens-per-step", str(max_tokens_per_step), "--dtype", dtype],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {(tmp / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url, key
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+async def _one(client: httpx.AsyncClient, req, rec: RequestRecord, model: str) -> None:
+    body = {"model": model, "prompt": req.prompt_ids, "max_tokens": req.max_new_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    last = None
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                rec.error = f"{r.status_code}: {(await r.aread())[:200]!r}"
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                now = time.perf_counter()
+                if chunk.get("usage"):
+                    rec.output_tokens = chunk["usage"]["completion_tokens"]
+                if chunk["choices"] and chunk["choices"][0]["text"]:
+                    if rec.first_token is None:
+                        rec.first_token = now
+                    else:
+                        rec.itl.append(now - last)
+                    last = now
+        rec.end = last or time.perf_counter()
+        if rec.output_tokens != req.max_new_tokens:
+            rec.error = f"expected {req.max_new_tokens} tokens, got {rec.output_tokens}"
+    except httpx.HTTPError as e:
+        rec.error = repr(e)
+
+
+async def run_fast(url: str, key: str, workload: Workload, concurrency: int, request_rate: float, model: str):
+    """Replay the workload against the server: at most `concurrency` requests in flight; with a
+    finite request_rate, requests arrive as a Poisson process (fixed seed) instead of all at t=0."""
+    import random
+
+    rng = random.Random(workload.seed + 1)
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=3600,
+                                 limits=limits) as client:
+        records, tasks = [], []
+        t0 = time.perf_counter()
+        at = 0.0
+        for req in workload.requests:
+            if request_rate != float("inf"):
+                at += rng.expovariate(request_rate)
+                delay = t0 + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            rec = RequestRecord(arrival=time.perf_counter(), prompt_tokens=len(req.prompt_ids))
+            records.append(rec)
+
+            async def go(req=req, rec=rec):
+                async with sem:
+                    await _one(client, req, rec, model)
+
+            tasks.append(asyncio.create_task(go()))
+        await asyncio.gather(*tasks)
+        return records, time.perf_counter() - t0
+
+
+def machine_facts() -> dict:
+    import torch
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?") \
+        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return {"cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "python": platform.python_version()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--paths", default="reference,fast")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--input-len", default="32,256")
+    p.add_argument("--output-len", default="16,256")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", default="16", help="comma list, e.g. 1,4,16,64")
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (online)")
+    p.add_argument("--batch-size", type=int, default=16, help="static batch size of the reference path")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--kv-cache-gb", type=float, default=4.0)
+    p.add_argument("--max-tokens-per-step", type=int, default=512)
+    p.add_argument("--slo-ttft-ms", type=float)
+    p.add_argument("--slo-tpot-ms", type=float)
+    p.add_argument("--workload", type=Path, help="replay a workload JSON instead of generating one")
+    p.add_argument("--save-workload", type=Path, help="write the workload JSON (for peers)")
+    p.add_argument("--out", type=Path, default=Path("bench_out/engine_throughput.json"))
+    args = p.parse_args(argv)
+
+    paths = [x for x in args.paths.split(",") if x]
+    lo_in, hi_in = (int(x) for x in args.input_len.split(","))
+    lo_out, hi_out = (int(x) for x in args.output_len.split(","))
+    wl = Workload.from_json(args.workload) if args.workload else random_workload(
+        args.num_requests, (lo_in, hi_in), (lo_out, hi_out), args.seed)
+    if args.save_workload:
+        wl.to_json(args.save_workload)
+    slo_ttft = args.slo_ttft_ms / 1000 if args.slo_ttft_ms else None
+    slo_tpot = args.slo_tpot_ms / 1000 if args.slo_tpot_ms else None
+    results: dict = {"schema": "veil.engine_throughput/1", "workload": wl.description, "machine": machine_facts(),
+                     "dtype": args.dtype, "paths": {}}
+    lines: list[str] = []
+    print(f"workload: {wl.description} ({wl.output_tokens} output tokens)", file=sys.stderr, flush=True)
+
+    if "fast" in paths:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, url, key = start_server(Path(tmp), args.kv_cache_gb, args.max_tokens_per_step, args.dtype)
+            try:
+                model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
+                # warm-up (first-call allocations), not measured
+                asyncio.run(run_fast(url, key, random_workload(2, (16, 16), (4, 4), 99), 2, float("inf"), model))
+                for c in (int(x) for x in args.concurrency.split(",")):
+                    print(f"fast path, concurrency {c}…", file=sys.stderr, flush=True)
+                    records, duration = asyncio.run(run_fast(url, key, wl, c, args.request_rate, model))
+                    s = summarize(records, duration, slo_ttft, slo_tpot)
+                    results["paths"].setdefault("fast", {})[f"c{c}"] = s
+                    lines += figure_lines("fast", s, f".c{c}")
+                    print(f"  {s['output_tok_s']:.1f} output tok/s, {s['errors']} errors", file=sys.stderr, flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+
+    if "reference" in paths:
+        import torch
+
+        from veil.benchmarks.reference_hf import run_reference
+        from veil.engine.loader import load_checkpoint
+
+        print(f"reference: transformers generate, static batches of {args.batch_size}…", file=sys.stderr, flush=True)
+        ref = run_reference(wl, batch_size=args.batch_size, ckpt=load_checkpoint(),
+                            dtype=torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+        results["paths"]["reference"] = {f"c{args.batch_size}": ref}
+        lines += figure_lines("reference", {k: v for k, v in ref.items() if k in (
+            "output_tok_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "duration_s")}, f".c{args.batch_size}")
+
+    if "fast" in results["paths"] and "reference" in results["paths"]:
+        for c, s in results["paths"]["fast"].items():
+            ratio = s["output_tok_s"] / results["paths"]["reference"][f"c{args.batch_size}"]["output_tok_s"]
+            results.setdefault("ratios", {})[f"fast_over_reference.output_tok_s.{c}"] = ratio
+            lines.append(f"figure ratio.fast_over_reference.output_tok_s.{c} {ratio:.4g}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    emit(lines, results, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Smoke test of the throughput benchmark: a tiny run of both paths, figures and JSON checked.
+(Figures themselves are measured by running the benchmark, never asserted here.)"""
+
+import json
+import re
+
+from veil.benchmarks import engine_throughput
+
+
+def test_engine_throughput_smoke(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = engine_throughput.main(["--paths", "reference,fast", "--num-requests", "4", "--input-len", "8,16",
+                                 "--output-len", "3,6", "--concurrency", "1,4", "--batch-size", "2",
+                                 "--kv-cache-gb", "0.1", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
+                                 "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    figures = dict(line.split()[1:] for line in printed.splitlines() if line.startswith("figure "))
+    for name in ("fast.output_tok_s.c1", "fast.output_tok_s.c4", "fast.ttft_s.p99.c4", "fast.goodput_rps.c4",
+                 "fast.errors.c4", "reference.output_tok_s.c2", "ratio.fast_over_reference.output_tok_s.c4"):
+        assert name in figures, name
+        assert re.fullmatch(r"[-+0-9.e]+|nan", figures[name]), figures[name]
+    assert float(figures["fast.errors.c4"]) == 0 and float(figures["fast.output_tok_s.c4"]) > 0
+    res = json.loads(out.read_text())
+    assert res["schema"] == "veil.engine_throughput/1"
+    assert res["paths"]["fast"]["c4"]["output_tokens"] == res["paths"]["reference"]["c2"]["output_tokens"]
