@@ -1,0 +1,182 @@
+"""Slot layouts of the protected path (PROTOCOL.md) and the parameter set they are built for.
+
+Pure numpy: no backend type appears here. Both halves use these functions, so the client's
+packing and the server's masks agree by construction. Notation: ``d`` hidden size, ``H``
+query heads of ``hd`` lanes, ``F`` MLP width, ``S`` slot count (8192 at N=16384).
+
+Layouts (slot indices of one ciphertext):
+
+* **hidden** (the residual stream): ``x`` replicated with period ``d``, ``S // d`` whole
+  copies (14 for d=576), zeros in the tail. This is the matrix-input layout of
+  ``veil.crypto.backend`` restricted to whole copies, so the server can rebuild it from a
+  vector in ``[0, d)`` with ``HEBackend.replicate`` (no level).
+* **position blocks**: the KV cache, the query replicas and the softmax weights use blocks of
+  ``BLOCK = 1024`` slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j``
+  lives in chunk ``j // 8``, block ``j % 8``; inside a block, slot ``h*hd + i`` holds lane ``i``
+  of query head ``h`` (keys and values are expanded from KV head ``h // group``), slots
+  ``[H*hd, BLOCK)`` are zero. Because ``8 * BLOCK = S``, summing the 8 cyclic block shifts of a
+  ciphertext (3 rotations) leaves the block sum replicated in *every* block: the weighted
+  values come out in a valid matrix-input layout of period 1024 without a cleaning mask.
+* **scores download**: ``ŝ^h_{j} / sqrt(hd)`` at slot ``BLOCK*(j%8) + hd*h + j//8`` (lane =
+  chunk index, so up to ``8*hd = 512`` positions fit one ciphertext); ``σ/d`` at slot ``d``
+  (inside block 0's zero gap). Every other slot is zero (the server masks).
+* **softmax weights upload** (compact, one ciphertext for up to 512 positions): with ``C``
+  chunks and ``P`` the next power of two >= C, slot ``BLOCK*b + hd*h + l`` holds
+  ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one). The server expands
+  chunk ``c`` with one rotation, one 0/1 mask and ``log2 P`` rotations.
+* **MLP download**: ``σ'/(d * SIGMA2_DIV)`` in *every* slot (read at slot ``2F``), plus
+  ``û_g`` at ``[0, F)`` and ``û_u`` at ``[F, 2F)``. (A 0/1 mask on σ' would leave its encoding
+  error times σ' in the û slots; a constant factor does not.)
+* **m upload**: ``m`` replicated with period ``F`` over all slots (the matrix-input layout).
+
+Multi-token prefill packing (several tokens per ciphertext) is not implemented yet: prefill
+runs as a loop of single-token steps (see ``veil.engine.protected``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from veil.crypto.params import PROTECTED_PARAMS
+
+__all__ = [
+    "PROTECTED_PARAMS",
+    "BLOCK",
+    "SIGMA2_DIV",
+    "LayoutDims",
+    "hidden_layout",
+    "hidden_copies",
+    "periodic_layout",
+    "weights_period",
+    "pack_weights",
+    "unpack_scores",
+    "unpack_mlp",
+    "score_slot",
+]
+
+BLOCK = 1024
+#: sigma' is downloaded divided by d * SIGMA2_DIV so that it fits level 0 (|value| < 2^20).
+SIGMA2_DIV = 8.0
+
+
+@dataclass(frozen=True)
+class LayoutDims:
+    """The model dimensions the layouts depend on."""
+
+    d: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    slots: int
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def qdim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def per_chunk(self) -> int:
+        return self.slots // BLOCK
+
+    @property
+    def max_positions(self) -> int:
+        return self.per_chunk * self.head_dim
+
+    @property
+    def copies(self) -> int:
+        return hidden_copies(self.d, self.slots)
+
+    @property
+    def sigma_slot(self) -> int:
+        return self.d
+
+    @property
+    def sigma2_slot(self) -> int:
+        return 2 * self.ffn
+
+    def chunks(self, positions: int) -> int:
+        return -(-positions // self.per_chunk)
+
+    def check(self) -> None:
+        if self.slots % BLOCK or self.qdim > BLOCK or self.d > BLOCK:
+            raise ValueError("position blocks need d, heads*head_dim <= 1024 and 1024 | slots")
+        if self.d != self.qdim:
+            raise ValueError("the layouts assume hidden size == heads * head_dim")
+        if 2 * self.ffn + 1 > self.slots:
+            raise ValueError("the MLP download does not fit one ciphertext")
+        if self.heads % self.kv_heads:
+            raise ValueError("GQA needs heads divisible by kv_heads")
+
+
+def hidden_copies(d: int, slots: int) -> int:
+    return slots // d
+
+
+def hidden_layout(x: np.ndarray, slots: int) -> np.ndarray:
+    """``x`` replicated with period ``len(x)``, whole copies only, zero tail."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    copies = hidden_copies(x.size, slots)
+    out = np.zeros(slots)
+    out[: copies * x.size] = np.tile(x, copies)
+    return out
+
+
+def periodic_layout(x: np.ndarray, slots: int) -> np.ndarray:
+    """``x`` replicated with period ``len(x)`` over all slots (the last copy partial)."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    return np.tile(x, -(-slots // x.size))[:slots]
+
+
+def weights_period(chunks: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, chunks))))
+
+
+def score_slot(dims: LayoutDims, position: int, head: int) -> int:
+    b, c = position % dims.per_chunk, position // dims.per_chunk
+    return BLOCK * b + dims.head_dim * head + c
+
+
+def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
+    """Compact softmax-weights layout for ``w`` of shape (heads, positions)."""
+    heads, n = w.shape
+    if heads != dims.heads or n > dims.max_positions:
+        raise ValueError("weights do not fit the layout")
+    chunks = dims.chunks(n)
+    period = weights_period(chunks)
+    out = np.zeros(dims.slots)
+    lanes = np.arange(dims.head_dim)
+    c = lanes % period
+    for b in range(dims.per_chunk):
+        j = dims.per_chunk * c + b
+        ok = (c < chunks) & (j < n)
+        for h in range(heads):
+            base = BLOCK * b + dims.head_dim * h
+            out[base + lanes[ok]] = w[h, j[ok]]
+    return out
+
+
+def unpack_scores(dims: LayoutDims, vec: np.ndarray, positions: int) -> tuple[float, np.ndarray]:
+    """-> (σ/d, ŝ/sqrt(hd) of shape (heads, positions))."""
+    j = np.arange(positions)
+    idx = np.array([[score_slot(dims, int(p), h) for p in j] for h in range(dims.heads)])
+    return float(vec[dims.sigma_slot]), vec[idx]
+
+
+def scores_slots(dims: LayoutDims, positions: int) -> np.ndarray:
+    """Every slot the scores download may carry something in (for audits)."""
+    idx = [score_slot(dims, p, h) for p in range(positions) for h in range(dims.heads)]
+    return np.array(sorted(idx + [dims.sigma_slot]))
+
+
+def unpack_mlp(dims: LayoutDims, vec: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """-> (σ'/d, û_g, û_u). Every slot carries σ'/(d * SIGMA2_DIV) on top of û."""
+    f = dims.ffn
+    base = float(vec[dims.sigma2_slot])
+    return base * SIGMA2_DIV, vec[:f] - base, vec[f : 2 * f] - base

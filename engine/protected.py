@@ -1,0 +1,652 @@
+"""Protected executor: the server half of PROTOCOL.md on CKKS ciphertexts.
+
+``ProtectedExecutor`` runs Llama blocks ``[first, last)`` for sessions whose residual stream is
+encrypted under a key only the client holds. It is independent of the plaintext paged cache:
+each ``ProtectedSession`` owns its encrypted KV cache (per layer, packed chunks of 8
+positions, byte-accounted and bounded). Backend-neutral: only ``veil.crypto.backend`` calls.
+
+Message flow of one token (decode step at position ``t``), ``n = last - first`` layers:
+
+=====  ===========================================  =============================================
+ #      client -> server                             server -> client
+=====  ===========================================  =============================================
+ 0      TOKEN: ct(h_t) (layer ``first`` input)        SCORES(first): ct[ŝ_t·/sqrt(hd), σ_t/d]
+ 1      WEIGHTS(l): ct(w_t·) compact                  MLP(l): ct[û_g, û_u, σ'/(8d)], ct(h'+ρ)
+ 2      MLP_IN(l): ct(m_t), ct(h') re-encrypted       SCORES(l+1) ... or FINAL: ct(h_L)
+=====  ===========================================  =============================================
+
+Messages 1 and 2 repeat per layer: two round trips per layer, the second carrying ct(m_t) and
+the refreshed h' of layer l together with layer l+1's first download, plus round trip 0
+(hand over h_t; the reply of the last MLP_IN is h_L). ``2n + 1`` round trips per token.
+Prefill: a loop of decode steps (multi-token packing is not implemented yet).
+
+Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at level >= 2):
+
+* MLP_IN: m uploaded at 9, h' re-encrypted at 8; h_raw = h' - ρ + W_down m at 8 (folded output:
+  partial sums outside [0, d)).
+* layer start: h = replicate(clean(h_raw)) at 7; y = [W_q; K_exp W_k; K_exp W_v] γ1 h at 6
+  (K_exp repeats each KV head for its query heads); RoPE on ciphertexts
+  q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32) (masks also clean the folded output),
+  k̂ likewise, v̂ = 1_v ⊙ y: all at 5, appended to the KV cache (chunk j//8, block j%8).
+  Scores: replicate q̂ into the 8 blocks, switch to 4, ct x ct with each key chunk (3), sum the
+  64 lanes of each head (6 rotations), mask + place chunk c at lane c (2). σ = Σh² from h
+  switched to 4 (3) by a cyclic sum of all slots (13 rotations; every slot then holds 14σ,
+  nothing partial), masked into slot d (2).
+  Download masks are encoded at scale ~2^56 (``DOWNLOAD_SCALE``) so that their encoding error
+  times the masked-out partial sums stays ~2^-26 absolute, far below the flooding noise.
+  Download switched to level 1, re-randomized and flooded.
+* WEIGHTS (uploaded at 6): chunk c expanded by a rotation, a mask (5) and log2 P rotations;
+  â = Σ_c E_c ⊙ V_c (4); the 8 block shifts summed cyclically -> â replicated with period
+  1024; o = [W_o | 0] â (3); cleaned (2) and replicated; h' = h + o at 2.
+  σ' by a cyclic sum (1) times the constant 1/(14*8d) in every slot (0), û = [W_gate; W_up] γ2 h'
+  (1), cleaned (0), added: one download at level 0 (slot 2F holds σ'/(8d), slots [0, 2F) hold
+  û + σ'/(8d)). h_L: cleaned at scale 2^56, downloaded at level 1.
+  h' is masked for refresh at level 2 (uniform integer mask, ``HEBackend.mask_for_refresh``).
+
+Circuit privacy: every ciphertext that leaves is ``rerandomize``d (fresh encryption of zero +
+Gaussian flooding of std ``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units, ~2^-11.5 absolute
+per slot); the masked h' is re-randomized and hidden by the mask. Every server-side output that
+leaves is cleaned by a 0/1 mask first, so the client decrypts flooding noise outside the
+documented slots. Known margin gap: a CKKS 0/1 mask leaves its encoding error (~2^5.2 / its
+plaintext scale) times the masked-out values; at the level-0 MLP download the plaintext scale
+is only ~2^36, so the folded partial sums of W_gate/W_up leave a residue ~2^-15 absolute, only
+~3.5 bits under the flooding noise (the scores and h_L downloads use masks at ~2^56: ~2^-26).
+Closing it needs one more level under û (the MLP download at level 1).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from veil.crypto.backend import (
+    Ciphertext,
+    EncodedMatrix,
+    HEBackend,
+    RefreshMask,
+    replicate_rotation_steps,
+)
+from veil.crypto.layouts import (
+    BLOCK,
+    PROTECTED_PARAMS,
+    SIGMA2_DIV,
+    LayoutDims,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MsgKind",
+    "CtPayload",
+    "ProtectedMessage",
+    "ProtocolError",
+    "Levels",
+    "LayerWeights",
+    "ProtectedLayer",
+    "ProtectedSession",
+    "ProtectedExecutor",
+    "TimedBackend",
+    "layer_weights_from_tensors",
+    "rope_cos_sin",
+    "required_rotation_steps",
+]
+
+PROTOCOL_VERSION = 1
+N1 = 16  # shared baby-step count of every product (few Galois keys)
+#: Scale of the scores download after its masks (plaintext masks encoded at ~2^56: their
+#: encoding error, which multiplies the masked-out partial sums, is ~2^-50.8 relative).
+DOWNLOAD_SCALE = 2.0**56
+#: Flooding std in coefficient units = scale * 2^-FLOOD_BELOW_SCALE (~2^-11.5 absolute per slot
+#: after decoding; equals params.flood_log2_sigma = 18 at scale 2^36).
+FLOOD_BELOW_SCALE = 18.0
+
+
+class ProtocolError(ValueError):
+    """A message that does not fit the session's state (kind, step, layer, position)."""
+
+
+class MsgKind:
+    TOKEN = "token"  # c->s: ct(h) input of layer `first`
+    SCORES = "scores"  # s->c: ct[ŝ, σ]
+    WEIGHTS = "weights"  # c->s: ct(w)
+    MLP = "mlp"  # s->c: ct[û, σ'], ct(h' + ρ)
+    MLP_IN = "mlp_in"  # c->s: ct(m), ct(h' re-encrypted)
+    FINAL = "final"  # s->c: ct(h_L)
+
+
+class Tag:
+    H_IN = "h_in"
+    SCORES_SIGMA = "scores_sigma"
+    W = "softmax_w"
+    U_SIGMA2 = "u_sigma2"
+    MASKED_H = "masked_h"
+    M = "m"
+    H_REFRESHED = "h_refreshed"
+    H_FINAL = "h_final"
+
+
+@dataclass(frozen=True)
+class CtPayload:
+    """One serialized ciphertext with its layout tag and level."""
+
+    tag: str
+    level: int
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ProtectedMessage:
+    kind: str
+    session_id: str
+    step: int
+    layer: int
+    position: int
+    cts: tuple[CtPayload, ...]
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(c.data) for c in self.cts)
+
+    def ct(self, tag: str) -> CtPayload:
+        for c in self.cts:
+            if c.tag == tag:
+                return c
+        raise ProtocolError(f"{self.kind} message lacks a {tag!r} ciphertext")
+
+
+@dataclass(frozen=True)
+class Levels:
+    """Where each value lives (see the module docstring)."""
+
+    m: int = 9
+    h_raw: int = 8
+    h: int = 7
+    kv: int = 5
+    w: int = 6
+    h_prime: int = 2
+    scores_download: int = 1
+    mlp_download: int = 0
+    final_download: int = 1
+
+    @property
+    def wqkv(self) -> int:
+        return self.h
+
+    @property
+    def wo(self) -> int:
+        return self.kv - 1
+
+    @property
+    def wgu(self) -> int:
+        return self.h_prime
+
+    @property
+    def wdown(self) -> int:
+        return self.m
+
+
+LEVELS = Levels()
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerWeights:
+    """Plaintext weights of one block with the RMSNorm gains folded in (float64)."""
+
+    index: int
+    w_qkv: np.ndarray  # (3*qdim, d): [W_q; K_exp W_k; K_exp W_v] diag(γ1)
+    w_o_pad: np.ndarray  # (d, BLOCK): [W_o | 0]
+    w_gu: np.ndarray  # (2F, d): [W_gate; W_up] diag(γ2)
+    w_down: np.ndarray  # (d, F)
+
+
+def layer_weights_from_tensors(tensors: dict, cfg, index: int) -> LayerWeights:
+    p = f"model.layers.{index}."
+
+    def t(name):
+        return tensors[p + name].detach().double().numpy()
+
+    g1, g2 = t("input_layernorm.weight"), t("post_attention_layernorm.weight")
+    hd, group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
+    rows = np.array([(h // group) * hd + i for h in range(cfg.num_heads) for i in range(hd)])
+    wq, wk, wv = t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")
+    w_qkv = np.vstack([wq, wk[rows], wv[rows]]) * g1[None, :]
+    wo = t("self_attn.o_proj.weight")
+    w_o_pad = np.zeros((cfg.hidden_size, BLOCK))
+    w_o_pad[:, : wo.shape[1]] = wo
+    w_gu = np.vstack([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")]) * g2[None, :]
+    return LayerWeights(index, w_qkv, w_o_pad, w_gu, t("mlp.down_proj.weight"))
+
+
+def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of one position over head_dim lanes, exactly as ``LlamaModel`` computes them."""
+    import torch
+
+    from veil.engine.model import RotaryEmbedding
+
+    rot = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+    cos, sin = rot.cos_sin(torch.tensor([position]), torch.float32)
+    return cos[0].double().numpy(), sin[0].double().numpy()
+
+
+def dims_of(cfg, slots: int) -> LayoutDims:
+    dims = LayoutDims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, slots)
+    dims.check()
+    return dims
+
+
+def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
+    """Every Galois step the executor uses (the client generates exactly these keys)."""
+    from veil.crypto.backend import plan_matvec
+
+    dims = dims_of(cfg, params.slot_count)
+    steps: set[int] = set()
+    for rows, cols in ((3 * dims.qdim, dims.d), (dims.d, BLOCK), (2 * dims.ffn, dims.d), (dims.d, dims.ffn)):
+        steps |= set(plan_matvec(rows, cols, dims.slots, "folded", N1).rotation_steps)
+    hd = dims.head_dim
+    steps |= {hd // 2, -(hd // 2), dims.qdim, 2 * dims.qdim}  # RoPE, k/v alignment
+    steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
+    steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums
+    steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
+    steps |= {1 << i for i in range(BLOCK.bit_length() - 1)}  # cyclic slot sums (with -BLOCK*2^i)
+    steps |= set(replicate_rotation_steps(dims.d, dims.copies))
+    steps |= set(replicate_rotation_steps(BLOCK, dims.per_chunk))
+    half = dims.slots // 2
+    return sorted({s % dims.slots if s % dims.slots < half else s % dims.slots - dims.slots for s in steps})
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+_OP_KIND = {
+    "matvec": "matvec",
+    "baby_steps": "matvec",
+    "multiply": "ctct",
+    "rotate": "rotations",
+    "replicate": "rotations",
+    "mask_for_refresh": "refresh",
+    "unmask_refresh": "refresh",
+    "rerandomize": "flooding",
+    "serialize": "serialization",
+    "deserialize": "serialization",
+}
+
+
+class TimedBackend:
+    """Wraps a backend; accumulates wall time per op kind (matvec, ctct, rotations, refresh,
+    flooding, serialization, other)."""
+
+    def __init__(self, backend: HEBackend) -> None:
+        self._be = backend
+        self.times: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.matvec_by_shape: dict[str, float] = defaultdict(float)
+
+    def __getattr__(self, name):
+        attr = getattr(self._be, name)
+        if not callable(attr):
+            return attr
+        kind = _OP_KIND.get(name, "other")
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return attr(*a, **kw)
+            finally:
+                dt = time.perf_counter() - t
+                self.times[kind] += dt
+                self.counts[name] += 1
+                if name == "matvec":  # per product, e.g. matvec_by_shape["576x1536@9"]
+                    m = a[0]
+                    self.matvec_by_shape[f"{m.rows}x{m.cols}@{m.level}"] += dt
+
+        return timed
+
+    def reset(self) -> None:
+        self.times.clear()
+        self.counts.clear()
+        self.matvec_by_shape.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-layer prepared state
+# ---------------------------------------------------------------------------------------------
+
+
+class ProtectedLayer:
+    """The encoded matrices of one block, each at the level where it is used."""
+
+    def __init__(self, backend: HEBackend, weights: LayerWeights, dims: LayoutDims, levels: Levels = LEVELS):
+        self.index = weights.index
+        be = backend
+        self.wqkv: EncodedMatrix = be.encode_matrix(weights.w_qkv, levels.wqkv, N1, "folded")
+        self.wo: EncodedMatrix = be.encode_matrix(weights.w_o_pad, levels.wo, N1, "folded")
+        self.wgu: EncodedMatrix = be.encode_matrix(weights.w_gu, levels.wgu, N1, "folded")
+        self.wdown: EncodedMatrix = be.encode_matrix(weights.w_down, levels.wdown, N1, "folded")
+        limit = dims.copies * dims.d  # server-made replicas have whole copies only
+        for name, m in (("wqkv", self.wqkv), ("wgu", self.wgu)):
+            if m.plan.input_span > limit:
+                raise ValueError(f"layer {self.index} {name}: input span {m.plan.input_span} > {limit}")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
+
+
+def _ct_bytes(backend, ct: Ciphertext) -> int:
+    return 2 * (backend.level(ct) + 1) * backend.params.poly_modulus_degree * 8
+
+
+@dataclass
+class LayerKV:
+    keys: list = field(default_factory=list)  # chunk ciphertexts
+    values: list = field(default_factory=list)
+
+
+@dataclass
+class ProtectedSession:
+    """One conversation: encrypted KV cache per layer and the protocol state machine."""
+
+    id: str
+    kv: dict[int, LayerKV]
+    max_positions: int
+    max_kv_bytes: int
+    length: int = 0  # positions fully processed
+    step: int = -1  # last accepted client step id
+    expect: str = MsgKind.TOKEN
+    layer: int = 0
+    position: int = 0
+    h: Ciphertext | None = None  # clean replicated h of the current layer (level LEVELS.h)
+    h_prime_mask: RefreshMask | None = None
+    kv_bytes: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The executor
+# ---------------------------------------------------------------------------------------------
+
+
+class ProtectedExecutor:
+    """Server half of the protected protocol for layers ``[first, last)``."""
+
+    def __init__(
+        self,
+        backend: HEBackend,
+        cfg,
+        weights: list[LayerWeights],
+        *,
+        levels: Levels = LEVELS,
+        max_positions: int | None = None,
+        max_kv_bytes: int = 8 << 30,
+    ) -> None:
+        if backend.has_secret_key:
+            raise ValueError("the server's backend must not hold a secret key")
+        self.be = TimedBackend(backend)
+        self.cfg = cfg
+        self.levels = levels
+        self.dims = dims_of(cfg, backend.params.slot_count)
+        self.layers = [ProtectedLayer(backend, w, self.dims, levels) for w in weights]
+        self.first = weights[0].index
+        self.last = weights[-1].index + 1
+        if [w.index for w in weights] != list(range(self.first, self.last)):
+            raise ValueError("layers must be contiguous")
+        self.max_positions = min(max_positions or self.dims.max_positions, self.dims.max_positions)
+        self.max_kv_bytes = max_kv_bytes
+        self.sessions: dict[str, ProtectedSession] = {}
+        self.scale = backend.params.scale
+        self._primes: dict[int, float] = {}
+
+    @classmethod
+    def from_checkpoint(cls, backend: HEBackend, ckpt, first: int, last: int, **kw) -> ProtectedExecutor:
+        ws = [layer_weights_from_tensors(ckpt.tensors, ckpt.config, i) for i in range(first, last)]
+        return cls(backend, ckpt.config, ws, **kw)
+
+    @property
+    def encoded_bytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    # ---- sessions --------------------------------------------------------------------------
+    def new_session(self) -> ProtectedSession:
+        sid = secrets.token_urlsafe(16)
+        s = ProtectedSession(sid, {i: LayerKV() for i in range(self.first, self.last)}, self.max_positions, self.max_kv_bytes)
+        self.sessions[sid] = s
+        return s
+
+    def handle(self, msg: ProtectedMessage) -> ProtectedMessage:
+        """Process one client message and return the server's reply."""
+        s = self.sessions.get(msg.session_id)
+        if s is None:
+            raise ProtocolError("unknown session")
+        if msg.version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {msg.version} not supported")
+        if msg.step <= s.step:
+            raise ProtocolError(f"step {msg.step} replayed or out of order (last {s.step})")
+        if msg.kind != s.expect:
+            raise ProtocolError(f"expected a {s.expect!r} message, got {msg.kind!r}")
+        if msg.kind == MsgKind.TOKEN:
+            if msg.position != s.length or msg.layer != self.first:
+                raise ProtocolError("token message for the wrong position or layer")
+            if s.length >= s.max_positions:
+                raise ProtocolError("context limit reached")
+        elif msg.layer != s.layer or msg.position != s.position:
+            raise ProtocolError("message for the wrong layer or position")
+        if msg.kind == MsgKind.TOKEN:
+            h_raw = self._load(msg.ct(Tag.H_IN), self.levels.h_raw)
+            reply = self._start_layer(s, self.first, msg.position, h_raw, msg.step)
+        elif msg.kind == MsgKind.WEIGHTS:
+            reply = self._attend(s, msg)
+        else:
+            reply = self._finish_layer(s, msg)
+        s.step = msg.step
+        return reply
+
+    def _load(self, payload: CtPayload, level: int) -> Ciphertext:
+        if payload.level != level:
+            raise ProtocolError(f"{payload.tag}: level {payload.level}, expected {level}")
+        return self.be.deserialize(payload.data, level=level, scale=self.scale)
+
+    def _send(self, ct: Ciphertext, tag: str, level: int) -> CtPayload:
+        """Mod-switch to the download level, re-randomize and flood: noise std
+        ``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units, i.e. ~2^-11.5 absolute per slot."""
+        be = self.be
+        ct = be.mod_switch_to(ct, level) if be.level(ct) > level else ct
+        ct = be.rerandomize(ct, float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE)
+        return CtPayload(tag, level, be.serialize(ct))
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _prime(self, ct: Ciphertext) -> float:
+        """The prime a rescale at ``ct``'s level divides by (probed once per level through the
+        backend interface: a product with the constant 1 encoded at scale 1)."""
+        level = self.be.level(ct)
+        q = self._primes.get(level)
+        if q is None:
+            one = self.be.encode(np.ones(self.dims.slots), level, 1.0)
+            q = self.be.scale(ct) / self.be.scale(self.be.multiply_plain(ct, one))
+            self._primes[level] = q
+        return q
+
+    def _select(self, ct: Ciphertext, values: np.ndarray, target: float | None = None) -> Ciphertext:
+        """``values ⊙ ct`` (one level), landing on scale ``target`` (default Δ).
+
+        The plaintext is encoded at scale ``target * q / scale(ct)``: the larger the target,
+        the smaller its encoding error ε (~2^5.2 / plaintext scale), which multiplies whatever
+        the masked-out slots held. Download masks use ``DOWNLOAD_SCALE`` so that this residue
+        sits far below the flooding noise."""
+        be = self.be
+        target = self.scale if target is None else target
+        pt = be.encode(values, be.level(ct), target * self._prime(ct) / be.scale(ct))
+        return be.multiply_plain(ct, pt)
+
+    def _sum_all(self, ct: Ciphertext) -> Ciphertext:
+        """Cyclic sum of all slots into every slot (log2(slots) rotations): no partial sums."""
+        st = 1
+        while st < self.dims.slots:
+            ct = self.be.add(ct, self.be.rotate(ct, st if st < BLOCK else -st))
+            st *= 2
+        return ct
+
+    def _rotate_blocks(self, ct: Ciphertext, blocks: int) -> Ciphertext:
+        """Rotate right by ``blocks * BLOCK`` slots (power-of-two steps)."""
+        i = 0
+        while blocks:
+            if blocks & 1:
+                ct = self.be.rotate(ct, -BLOCK * (1 << i))
+            blocks >>= 1
+            i += 1
+        return ct
+
+    def _mask(self, ranges: list[tuple[int, int]], value: float = 1.0) -> np.ndarray:
+        v = np.zeros(self.dims.slots)
+        for a, b in ranges:
+            v[a:b] = value
+        return v
+
+    # ---- segment A: layer start -> scores download -----------------------------------------
+    def _start_layer(self, s: ProtectedSession, layer: int, t: int, h_raw: Ciphertext, step: int) -> ProtectedMessage:
+        be, dims, L = self.be, self.dims, self.layers[layer - self.first]
+        d, hd, q = dims.d, dims.head_dim, dims.qdim
+        h = be.replicate(self._select(h_raw, self._mask([(0, d)])), d, dims.copies)  # level 7
+        y = be.matvec(L.wqkv, h)  # 6, folded
+        cos, sin = rope_cos_sin(self.cfg, t)
+        lane = np.arange(q) % hd
+        c_full = np.tile(cos, q // hd)
+        s_lo = np.where(lane < hd // 2, -np.tile(sin, q // hd), 0.0)  # pairs with rot(y, +hd/2)
+        s_hi = np.where(lane >= hd // 2, np.tile(sin, q // hd), 0.0)  # pairs with rot(y, -hd/2)
+        y_up, y_dn = be.rotate(y, hd // 2), be.rotate(y, -(hd // 2))
+
+        def rope(off: int) -> Ciphertext:
+            acc = None
+            for src, vals in ((y, c_full), (y_up, s_lo), (y_dn, s_hi)):
+                if not np.any(vals):  # sin = 0 at position 0
+                    continue
+                v = np.zeros(dims.slots)
+                v[off : off + q] = vals
+                prod = be.multiply_plain(src, v, rescale=False)
+                acc = prod if acc is None else be.add(acc, prod)
+            return be.rescale(acc)
+
+        q_hat = rope(0)  # [0, q), level 5
+        k_hat = be.rotate(rope(q), q)  # moved to [0, q)
+        v_hat = be.rotate(be.multiply_plain(y, self._mask([(2 * q, 3 * q)])), 2 * q)
+        c, b = divmod(t, dims.per_chunk)
+        k_hat, v_hat = self._rotate_blocks(k_hat, b), self._rotate_blocks(v_hat, b)
+        kv = s.kv[layer]
+        keys, values = list(kv.keys), list(kv.values)
+        added = 0
+        if c < len(keys):
+            keys[c], values[c] = be.add(keys[c], k_hat), be.add(values[c], v_hat)
+        else:
+            keys.append(k_hat)
+            values.append(v_hat)
+            added = _ct_bytes(be, k_hat) + _ct_bytes(be, v_hat)
+        if s.kv_bytes + added > s.max_kv_bytes:
+            raise ProtocolError("encrypted KV cache budget of this session exhausted")
+
+        # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c
+        # products one level below the cache: cheaper ct x ct and lane-sum rotations
+        q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.kv - 1)
+        n_chunks = c + 1
+        sel = []
+        for ci in range(n_chunks):
+            prod = be.multiply(q_rep, be.mod_switch_to(keys[ci], self.levels.kv - 1))  # 3
+            for st in range(hd.bit_length() - 1):
+                prod = be.add(prod, be.rotate(prod, 1 << st))
+            mask = np.zeros(dims.slots)
+            for bi in range(dims.per_chunk):
+                if ci * dims.per_chunk + bi <= t:
+                    mask[BLOCK * bi + hd * np.arange(dims.heads)] = 1.0 / np.sqrt(hd)
+            sel.append(self._select(prod, mask, DOWNLOAD_SCALE))  # 2
+        scores = sel[-1]
+        for ci in range(n_chunks - 2, -1, -1):
+            scores = be.add(be.rotate(scores, -1), sel[ci])
+        # σ_t / d at slot d: every slot of the cyclic sum holds copies * σ (nothing partial)
+        h_low = be.mod_switch_to(h, be.level(scores) + 2)
+        sq = self._sum_all(be.multiply(h_low, h_low))  # 3
+        sig = np.zeros(dims.slots)
+        sig[dims.sigma_slot] = 1.0 / (d * dims.copies)
+        scores = be.add(scores, self._select(sq, sig, DOWNLOAD_SCALE))
+        payload = self._send(scores, Tag.SCORES_SIGMA, self.levels.scores_download)
+
+        # commit
+        kv.keys, kv.values = keys, values
+        s.kv_bytes += added
+        s.h, s.layer, s.position, s.expect = h, layer, t, MsgKind.WEIGHTS
+        return ProtectedMessage(MsgKind.SCORES, s.id, step, layer, t, (payload,))
+
+    # ---- segment B: weights -> MLP download ----------------------------------------------------
+    def _attend(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
+        be, dims, L = self.be, self.dims, self.layers[s.layer - self.first]
+        d, hd, t = dims.d, dims.head_dim, s.position
+        w = self._load(msg.ct(Tag.W), self.levels.w)
+        kv = s.kv[s.layer]
+        n_chunks = t // dims.per_chunk + 1
+        period = 1 << max(0, (n_chunks - 1).bit_length())
+        lanes = np.arange(hd)
+        acc = None
+        shifted = w
+        for ci in range(n_chunks):
+            if ci:
+                shifted = be.rotate(shifted, 1)
+            mask = np.zeros(dims.slots)
+            for bi in range(dims.per_chunk):
+                if ci * dims.per_chunk + bi <= t:
+                    for h in range(dims.heads):
+                        mask[BLOCK * bi + hd * h + lanes[lanes % period == 0]] = 1.0
+            e = be.multiply_plain(shifted, mask)  # 5
+            st = 1
+            while st < period:
+                e = be.add(e, be.rotate(e, -st))
+                st *= 2
+            prod = be.multiply(e, kv.values[ci], rescale=False)
+            acc = prod if acc is None else be.add(acc, prod)
+        a = be.rescale(acc)  # 4
+        st = 1
+        while st < dims.per_chunk:  # cyclic block sum: â replicated with period BLOCK
+            a = be.add(a, be.rotate(a, -BLOCK * st))
+            st *= 2
+        o = be.matvec(L.wo, a)  # 3, folded
+        o = be.replicate(self._select(o, self._mask([(0, d)])), d, dims.copies)  # 2
+        h_prime = be.add(be.mod_switch_to(s.h, be.level(o)), o)
+        # σ' and û
+        f = dims.ffn
+        # σ'/(8d) in every slot: a constant factor, no 0/1 mask (a mask's encoding error times
+        # the large 14σ' would spill into the û slots); the client subtracts slot 2F from û
+        sq = self._sum_all(be.multiply(h_prime, h_prime))  # 1
+        sig = np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))
+        u = be.matvec(L.wgu, h_prime)  # 1, folded
+        out = be.add(self._select(u, self._mask([(0, 2 * f)])), self._select(sq, sig))  # 0
+        p_u = self._send(out, Tag.U_SIGMA2, self.levels.mlp_download)
+        masked, rho = be.mask_for_refresh(h_prime)
+        p_h = CtPayload(Tag.MASKED_H, be.level(masked), be.serialize(masked))
+        s.h_prime_mask, s.expect = rho, MsgKind.MLP_IN
+        return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, t, (p_u, p_h))
+
+    # ---- segment C: m and refreshed h' -> next layer or h_L -----------------------------------
+    def _finish_layer(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
+        be = self.be
+        L = self.layers[s.layer - self.first]
+        m = self._load(msg.ct(Tag.M), self.levels.m)
+        hf = self._load(msg.ct(Tag.H_REFRESHED), self.levels.h_raw)
+        h_prime = be.unmask_refresh(hf, s.h_prime_mask)
+        h_raw = be.add(h_prime, be.matvec(L.wdown, m))  # 8, folded part outside [0, d)
+        if s.layer + 1 < self.last:
+            reply = self._start_layer(s, s.layer + 1, s.position, h_raw, msg.step)  # commits
+            s.h_prime_mask = None
+            return reply
+        h_out = self._select(h_raw, self._mask([(0, self.dims.d)]), DOWNLOAD_SCALE)
+        payload = self._send(h_out, Tag.H_FINAL, self.levels.final_download)
+        s.length = s.position + 1
+        s.h, s.expect, s.layer, s.h_prime_mask = None, MsgKind.TOKEN, self.first, None
+        return ProtectedMessage(MsgKind.FINAL, s.id, msg.step, self.last, s.position, (payload,))
+
+    def kv_bytes(self, s: ProtectedSession) -> int:
+        return s.kv_bytes

@@ -1,0 +1,116 @@
+"""Client math and slot layouts of the protected path (no HE; fast)."""
+
+import numpy as np
+import torch
+
+from veil.crypto.layouts import (
+    BLOCK,
+    PROTECTED_PARAMS,
+    LayoutDims,
+    pack_weights,
+    score_slot,
+    unpack_scores,
+    weights_period,
+)
+from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128
+from veil.engine.protected_client import softmax_weights, swiglu_from_u
+
+DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=8192)
+
+
+def test_protected_params_budget():
+    p = PROTECTED_PARAMS
+    assert p.log_q <= HE_STANDARD_MAX_LOG_Q_128[p.poly_modulus_degree]
+    assert p.top_level == 9
+    # the refresh of h' happens at level 2; the mask must fit there (and the bound must hold)
+    assert p.min_mask_level() <= 2
+    assert p.mask_lambda >= 54  # N * 2^-(lambda+1) <= 2^-41
+    # SmolLM2's residual stream reaches |h| ~ 2^14.5: the mask's coefficient bound covers 2^16
+    assert p.mask_value_bits >= 16
+
+
+def test_softmax_weights_reproduce_llama_attention():
+    rng = np.random.default_rng(0)
+    heads, t, hd, eps = 9, 7, 64, 1e-5
+    sig = rng.uniform(1, 1000, t)  # σ/d of each position
+    r = np.sqrt(sig + eps)
+    qh = rng.standard_normal((heads, hd)) * r[-1]  # unnormalized q̂_t
+    kh = rng.standard_normal((heads, t, hd)) * r[None, :, None]
+    vh = rng.standard_normal((heads, t, hd)) * r[None, :, None]
+    s_hat = np.einsum("hd,hjd->hj", qh, kh) / np.sqrt(hd)
+    w, r_t = softmax_weights(sig[-1], s_hat, list(r[:-1]), eps)
+    assert np.isclose(r_t, r[-1])
+    a_hat = np.einsum("hj,hjd->hd", w, vh)
+    # reference: normalized q, k, v and standard attention
+    q, k, v = qh / r[-1], kh / r[None, :, None], vh / r[None, :, None]
+    ref = torch.softmax(torch.tensor(np.einsum("hd,hjd->hj", q, k) / np.sqrt(hd)), -1).numpy()
+    assert np.allclose(a_hat, np.einsum("hj,hjd->hd", ref, v), atol=1e-12)
+
+
+def test_swiglu_from_u():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(576) * 30
+    wg, wu = rng.standard_normal((2, 1536, 576)) / 24
+    r = np.sqrt((x**2).mean() + 1e-5)
+    m = swiglu_from_u((x**2).mean(), wg @ x, wu @ x, 1e-5)
+    ref = torch.nn.functional.silu(torch.tensor(wg @ (x / r))).numpy() * (wu @ (x / r))
+    assert np.allclose(m, ref, atol=1e-10)
+
+
+def _rot(v, s):
+    return np.roll(v, -s)
+
+
+def test_weights_layout_expands_like_the_server():
+    """pack_weights + the server's rotate/mask/broadcast give each chunk's dense weights."""
+    rng = np.random.default_rng(2)
+    for n in (1, 8, 9, 20, 64, 100):
+        w = rng.standard_normal((DIMS.heads, n))
+        packed = pack_weights(DIMS, w)
+        chunks = DIMS.chunks(n)
+        period = weights_period(chunks)
+        lanes = np.arange(DIMS.head_dim)
+        shifted = packed
+        for c in range(chunks):
+            if c:
+                shifted = _rot(shifted, 1)
+            mask = np.zeros(DIMS.slots)
+            for b in range(DIMS.per_chunk):
+                if c * DIMS.per_chunk + b < n:
+                    for h in range(DIMS.heads):
+                        mask[BLOCK * b + 64 * h + lanes[lanes % period == 0]] = 1
+            e = shifted * mask
+            st = 1
+            while st < period:
+                e = e + _rot(e, -st)
+                st *= 2
+            want = np.zeros(DIMS.slots)
+            for b in range(DIMS.per_chunk):
+                j = c * DIMS.per_chunk + b
+                if j < n:
+                    for h in range(DIMS.heads):
+                        want[BLOCK * b + 64 * h : BLOCK * b + 64 * h + 64] = w[h, j]
+            assert np.array_equal(e, want), (n, c)
+
+
+def test_scores_layout_matches_lane_placement():
+    """Chunk c's masked scores rotated right c times land where unpack_scores reads them."""
+    rng = np.random.default_rng(3)
+    n = 30
+    s = rng.standard_normal((DIMS.heads, n))
+    chunks = DIMS.chunks(n)
+    sel = []
+    for c in range(chunks):
+        v = np.zeros(DIMS.slots)
+        for b in range(DIMS.per_chunk):
+            j = c * DIMS.per_chunk + b
+            if j < n:
+                v[BLOCK * b + 64 * np.arange(DIMS.heads)] = s[:, j]
+        sel.append(v)
+    acc = sel[-1]
+    for c in range(chunks - 2, -1, -1):
+        acc = _rot(acc, -1) + sel[c]
+    acc[DIMS.sigma_slot] = 5.0
+    sig, got = unpack_scores(DIMS, acc, n)
+    assert sig == 5.0 and np.array_equal(got, s)
+    assert len({score_slot(DIMS, j, h) for j in range(DIMS.max_positions) for h in range(9)}) == 512 * 9
