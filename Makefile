@@ -57,7 +57,7 @@ $(PEERS_OUT)/smollm2-hf/config.json: $(STAMP) benchmarks/export_hf.py
 	$(BIN)/python benchmarks/export_hf.py $(PEERS_OUT)/smollm2-hf
 
 bench-peers: $(STAMP) $(PEERS_STAMP) $(PEERS_OUT)/smollm2-hf/config.json
-	$(BIN)/python -c "from benchmarks.workload import random_workload; random_workload().to_json('$(PEERS_OUT)/workload.json')"
+	$(BIN)/python -c "from veil.benchmarks.workload import random_workload; random_workload().to_json('$(PEERS_OUT)/workload.json')"
 	VLLM_CPU_KVCACHE_SPACE=$(PEERS_KV_GIB) $(PEERS_BIN)/python benchmarks/peers/vllm_cpu.py \
 		--model $(PEERS_OUT)/smollm2-hf --workload $(PEERS_OUT)/workload.json \
 		--max-num-seqs $(PEERS_C) --dtype $(PEERS_DTYPE) --json-out $(PEERS_OUT)/vllm_cpu.json

@@ -20,8 +20,8 @@ Timing. All requests arrive at t=0 (offline run), so every time below is from th
 A small untimed warm-up `generate` runs first (one-time allocation and kernel selection), as
 vLLM's start-up does its own profiling run outside its measured time.
 
-Run from the repository root: `.venv/bin/python benchmarks/reference_hf.py [--dtype bfloat16]
-[--batch-size 16] [--workload W.json]` (or `-m benchmarks.reference_hf`). Prints `figure reference.<metric>... <v>`
+Run: `.venv/bin/python -m veil.benchmarks.reference_hf [--dtype bfloat16] [--batch-size 16]
+[--workload W.json] [--json-out R.json]` (or `.venv/bin/python benchmarks/reference_hf.py ...`). Prints `figure reference.<metric>... <v>`
 lines, then one JSON line.
 """
 
@@ -32,7 +32,6 @@ import copy
 import itertools
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -183,8 +182,8 @@ def _run(model, workload, batch_size, dtype, pad_id, warmup, check_lengths) -> d
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "threads": torch.get_num_threads(), "requests": len(reqs),
         "description": getattr(workload, "description", ""),
-        "output_tokens": useful, "generated_tokens": generated, "wall_s": wall,
-        "output_tok_s": useful / wall, "requests_per_s": len(reqs) / wall,
+        "output_tokens": useful, "generated_tokens": generated, "wall_s": wall, "duration_s": wall,
+        "output_tok_s": useful / wall, "requests_s": len(reqs) / wall,
         "ttft_s": _stats(ttft), "tpot_s": _stats(tpot), "itl_s": _stats(itl), "e2el_s": _stats(e2el),
         "per_request": {"ttft_s": ttft, "e2el_s": e2el}, "batches": batches,
     }
@@ -193,31 +192,16 @@ def _run(model, workload, batch_size, dtype, pad_id, warmup, check_lengths) -> d
 def figure_lines(res: dict, path: str = "reference") -> list[str]:
     c = f".c{res['batch_size']}"
     lines = [f"figure {path}.output_tok_s{c} {res['output_tok_s']:.2f}",
-             f"figure {path}.requests_per_s{c} {res['requests_per_s']:.4f}"]
+             f"figure {path}.requests_s{c} {res['requests_s']:.4f}"]
     for metric in ("ttft_s", "tpot_s", "itl_s", "e2el_s"):
         for stat, v in res[metric].items():
             lines.append(f"figure {path}.{metric}.{stat}{c} {v:.4f}")
     return lines
 
 
-def _workload_module():
-    """benchmarks/workload.py, imported by file path: `benchmarks` is not an installed package, and
-    putting the repository root on sys.path would let its `kernels/` shadow PyPI's `kernels`."""
-    if "benchmarks.workload" in sys.modules:
-        return sys.modules["benchmarks.workload"]
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("benchmarks.workload", Path(__file__).with_name("workload.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main(argv: list[str] | None = None) -> int:
+    from veil.benchmarks.workload import Workload, random_workload
     from veil.engine.loader import load_checkpoint
-
-    Workload, random_workload = _workload_module().Workload, _workload_module().random_workload
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", type=Path, help="workload JSON (default: random_workload())")

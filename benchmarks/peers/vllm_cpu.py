@@ -124,9 +124,9 @@ def run(args) -> dict:
         "reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "(default)"),
         "cpus": os.cpu_count(), "model": str(args.model), "workload": str(args.workload),
         "description": wl.get("description", ""), "requests": len(reqs),
-        "output_tokens": useful, "wall_s": wall, "startup_s": startup,
+        "output_tokens": useful, "wall_s": wall, "duration_s": wall, "startup_s": startup,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
-        "output_tok_s": useful / wall, "requests_per_s": len(reqs) / wall,
+        "output_tok_s": useful / wall, "requests_s": len(reqs) / wall,
         "lengths_checked": True,
     }
     if len(ttft) == len(reqs):
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run(args)
     c = f".c{args.max_num_seqs}"
     print(f"figure vllm_cpu.output_tok_s{c} {res['output_tok_s']:.2f}")
-    print(f"figure vllm_cpu.requests_per_s{c} {res['requests_per_s']:.4f}")
+    print(f"figure vllm_cpu.requests_s{c} {res['requests_s']:.4f}")
     for metric in ("ttft_s", "e2el_s"):
         for stat, v in res.get(metric, {}).items():
             print(f"figure vllm_cpu.{metric}.{stat}{c} {v:.4f}")
