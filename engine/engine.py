@@ -54,7 +54,10 @@ class Engine:
     def __init__(self, model: LlamaModel, k: int, cfg: EngineConfig = EngineConfig(),
                  server_secret: bytes | None = None, on_step: Callable[[StepStats], None] | None = None):
         mcfg = model.cfg
-        dtype = next(model.parameters()).dtype
+        # On CPU the KV cache stays fp32 whatever the weights: torch's CPU attention is several
+        # times slower in bf16, and converting the gathered context every layer costs more
+        # than the doubled cache memory. On CUDA it follows the weights.
+        dtype = next(model.parameters()).dtype if torch.device(cfg.device).type == "cuda" else torch.float32
         num_layers = model.last - model.first
         per_block = PagedKVCache.bytes_per_token(num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype) * cfg.block_size
         num_blocks = max(1, cfg.kv_cache_bytes // per_block)
