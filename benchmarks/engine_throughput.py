@@ -29,7 +29,8 @@ from veil.benchmarks.stats import RequestRecord, emit, figure_lines, summarize
 from veil.benchmarks.workload import Workload, random_workload
 
 
-def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str) -> tuple[subprocess.Popen, str, str]:
+def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str,
+                 threads: int | None = None) -> tuple[subprocess.Popen, str, str]:
     from veil.server.runner import free_port
 
     tenants = tmp / "tenants.json"
@@ -38,7 +39,8 @@ def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "veil.cli.main", "serve", "--tenants", str(tenants),
                              "--port", str(port), "--kv-cache-gb", str(kv_cache_gb),
-                             "--max-tokens-per-step", str(max_tokens_per_step), "--dtype", dtype],
+                             "--max-tokens-per-step", str(max_tokens_per_step), "--dtype", dtype,
+                             *(["--threads", str(threads)] if threads else [])],
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -108,6 +110,9 @@ async def run_fast(url: str, key: str, workload: Workload, concurrency: int, req
 
             async def go(req=req, rec=rec):
                 async with sem:
+                    # As in vLLM's serving benchmark, latencies start when the request is sent:
+                    # waiting for a free concurrency slot is the load generator's, not the server's.
+                    rec.arrival = time.perf_counter()
                     await _one(client, req, rec, model)
 
             tasks.append(asyncio.create_task(go()))
@@ -137,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--kv-cache-gb", type=float, default=4.0)
     p.add_argument("--max-tokens-per-step", type=int, default=512)
+    p.add_argument("--server-threads", type=int, help="torch threads of the server process")
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--workload", type=Path, help="replay a workload JSON instead of generating one")
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if "fast" in paths:
         with tempfile.TemporaryDirectory() as tmp:
-            proc, url, key = start_server(Path(tmp), args.kv_cache_gb, args.max_tokens_per_step, args.dtype)
+            proc, url, key = start_server(Path(tmp), args.kv_cache_gb, args.max_tokens_per_step, args.dtype,
+                                          args.server_threads)
             try:
                 model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
                 # warm-up (first-call allocations), not measured

@@ -17,6 +17,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=600.0, help="idle session TTL in seconds")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and KV cache dtype")
+    p.add_argument("--threads", type=int, help="torch intra-op threads of the engine (default: torch's choice)")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="memory budget of the paged KV pool")
     p.add_argument("--max-tokens-per-step", type=int, default=512, help="token budget of one engine iteration")
     p.add_argument("--tls-cert")
@@ -57,6 +58,8 @@ def cmd_serve(args) -> int:
     from veil.server.tenants import TenantStore
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.tls_self_signed:
         from veil.server.tls import make_self_signed
 
