@@ -70,7 +70,7 @@ class Scheduler:
         holders = [s for s in self.seqs.values() if s.table.blocks and s.id not in protect]
         idle = [s for s in holders if not s.pending]
         if idle:
-            return min(idle, key=lambda s: s.arrival)  # noqa: B023 - the oldest idle session
+            return min(idle, key=lambda s: s.arrival)  # the least recently arrived idle session
         return max(holders, key=lambda s: s.arrival) if holders else None
 
     def schedule(self) -> list[Chunk]:
