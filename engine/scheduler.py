@@ -4,8 +4,8 @@ Each engine step the scheduler picks work from every sequence that has some (a d
 a prefill chunk, a client's split step), oldest first (FCFS), until the step's token budget or
 sequence cap is reached; long prefills are chunked to what is left of the budget, so they never
 stall running decodes for more than one step. When the KV pool cannot hold a chunk, the
-scheduler preempts by recompute: it frees a victim's blocks (idle split sessions first, least
-recently used; then the newest sequence) and the victim later recomputes its KV from its kept
+scheduler preempts by recompute: it frees a victim's blocks (idle split sessions first,
+oldest first; then the newest sequence) and the victim later recomputes its KV from its kept
 inputs.
 """
 
