@@ -56,3 +56,16 @@ def attention_dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
     if dtype == torch.bfloat16 and interpreter_enabled():
         dot_dtype = tl.float32
     return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"
+
+
+@triton.jit
+def load_paged_tile(cache_ptr, block_ids, offsets, kv_head, stride_block, stride_slot, stride_head, d, mask,
+                    DOT_DTYPE: tl.constexpr):
+    """A [tokens, head_dim] tile of one KV head from a paged cache [blocks, block_size, Hkv, D]:
+    token i lives in block `block_ids[i]` at slot `offsets[i]`; masked lanes read 0."""
+    return tl.load(
+        cache_ptr + block_ids[:, None] * stride_block + offsets[:, None] * stride_slot + kv_head * stride_head
+        + d[None, :],
+        mask=mask,
+        other=0.0,
+    ).to(DOT_DTYPE)

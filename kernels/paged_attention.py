@@ -23,7 +23,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from veil.kernels._utils import attention_dot_config, check_triton_device, next_pow2
+from veil.kernels._utils import (
+    attention_dot_config,
+    check_triton_device,
+    load_paged_tile,
+    next_pow2,
+)
 
 DEFAULT_PARTITION_SIZE = 256
 
@@ -99,15 +104,8 @@ def _paged_decode_partition_kernel(
         block_ids = tl.load(bt_row + tok // block_size, mask=tok_mask, other=0).to(tl.int64)
         offsets = tok % block_size
         kv_mask = tok_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr
-            + block_ids[:, None] * stride_kc_block
-            + offsets[:, None] * stride_kc_slot
-            + kv_head * stride_kc_head
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(DOT_DTYPE)
+        k = load_paged_tile(k_cache_ptr, block_ids, offsets, kv_head, stride_kc_block, stride_kc_slot,
+                            stride_kc_head, d, kv_mask, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale  # [BLOCK_G, TILE_N]
         s = tl.where(tok_mask[None, :], s, float("-inf"))
         # Every tile holds at least one valid token (tile_start < end), so m_new is finite.
@@ -115,15 +113,8 @@ def _paged_decode_partition_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_cache_ptr
-            + block_ids[:, None] * stride_vc_block
-            + offsets[:, None] * stride_vc_slot
-            + kv_head * stride_vc_head
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(DOT_DTYPE)
+        v = load_paged_tile(v_cache_ptr, block_ids, offsets, kv_head, stride_vc_block, stride_vc_slot,
+                            stride_vc_head, d, kv_mask, DOT_DTYPE)
         # P is rounded to the dot's input type, as in flash attention (exact for fp32).
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
         m_i = m_new

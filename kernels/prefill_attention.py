@@ -22,7 +22,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from veil.kernels._utils import attention_dot_config, check_triton_device, next_pow2
+from veil.kernels._utils import (
+    attention_dot_config,
+    check_triton_device,
+    load_paged_tile,
+    next_pow2,
+)
 
 
 @triton.jit
@@ -97,15 +102,8 @@ def _paged_prefill_kernel(
         block_ids = tl.load(bt_row + kv_pos // block_size, mask=kv_valid, other=0).to(tl.int64)
         offsets = kv_pos % block_size
         kv_mask = kv_valid[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr
-            + block_ids[:, None] * stride_kc_block
-            + offsets[:, None] * stride_kc_slot
-            + kv_head * stride_kc_head
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(DOT_DTYPE)
+        k = load_paged_tile(k_cache_ptr, block_ids, offsets, kv_head, stride_kc_block, stride_kc_slot,
+                            stride_kc_head, d, kv_mask, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
         # Every row, padding rows included, has q_pos >= 0, so position 0 (in the first
         # tile) is visible to it: the running max is finite from the first tile on.
@@ -115,15 +113,8 @@ def _paged_prefill_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_cache_ptr
-            + block_ids[:, None] * stride_vc_block
-            + offsets[:, None] * stride_vc_slot
-            + kv_head * stride_vc_head
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(DOT_DTYPE)
+        v = load_paged_tile(v_cache_ptr, block_ids, offsets, kv_head, stride_vc_block, stride_vc_slot,
+                            stride_vc_head, d, kv_mask, DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
         m_i = m_new
 
