@@ -11,7 +11,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="chat with a Veil server through the client SDK")
     p.add_argument("--server", required=True, help="server URL, e.g. https://provider:8443")
     p.add_argument("--api-key", required=True)
-    p.add_argument("--mode", default="plaintext", choices=["plaintext"])
+    p.add_argument("--mode", default="plaintext", choices=["plaintext", "protected"],
+                   help="protected: CKKS split inference (PROTOCOL.md); the server runs its layers on ciphertexts")
     p.add_argument("--bundle", type=Path, help="client bundle directory (veil split); default: embedded model")
     p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
     p.add_argument("--prompt", help="one prompt; without it, an interactive loop reads stdin")
@@ -44,7 +45,9 @@ def cmd_chat(args) -> int:
             print()
             history.append({"role": "assistant", "content": "".join(answer)})
             s = client.last_stats
-            print(f"[{s.output_tokens} tokens, TTFT {s.ttft_s:.3f} s, TPOT {s.tpot_s * 1000:.1f} ms]", file=sys.stderr)
+            print(f"[{s.output_tokens} tokens, TTFT {s.ttft_s:.3f} s, TPOT {s.tpot_s * 1000:.1f} ms, "
+                  f"{(s.bytes_up + s.bytes_down) / max(1, s.output_tokens) / 1e6:.2f} MB/token on the wire]",
+                  file=sys.stderr)
     except VeilError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,8 +1,15 @@
-"""The client SDK: local layers, the split protocol driver, local sampling.
+"""The client SDK: local layers, the split protocol drivers, local sampling.
 
 The client runs the tokenizer, the embedding and layers [0, k) on the tenant's machine, sends
 hidden states to the server (which runs layers [k, L)), and applies the final norm and LM head
-to what comes back. Sampling happens here; the server never sees token ids on this path.
+to what comes back. Sampling happens here; the server never sees token ids.
+
+Two modes:
+* ``plaintext``: one round trip per step carries the hidden states in the clear (trusted tenants).
+* ``protected``: PROTOCOL.md. The client generates a CKKS key pair (the secret key stays in this
+  process), uploads its public evaluation keys once, and drives ``2(L-k)+1`` round trips per
+  token with ``veil.engine.protected_client.ProtectedClientState``, which decrypts only the values
+  PROTOCOL.md lists and computes the norms, softmax and SiLU.
 """
 
 from __future__ import annotations
@@ -14,9 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 import torch
 
-from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep
+from veil.crypto.wire import (
+    CONTENT_TYPE,
+    HiddenReply,
+    HiddenStep,
+    ProtectedMessage,
+    public_material_to_bytes,
+)
 from veil.engine.model import LayerKV
 from veil.engine.sampling import Sampler, SamplingParams
 from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
@@ -37,7 +51,8 @@ class GenerationStats:
     bytes_up: int = 0
     bytes_down: int = 0
     round_trips: int = 0
-    setup_bytes: int = 0
+    setup_bytes: int = 0  # evaluation keys uploaded for this generation (0 when already cached)
+    client_cpu_s: float = 0.0  # CPU time of the calling thread spent on local work
 
     @property
     def tpot_s(self) -> float:
@@ -107,13 +122,75 @@ class SplitSession:
         self.client._delete_session(self.id)
 
 
+class ProtectedSession(SplitSession):
+    """One server session of the protected path: local layers [0, k) in the clear, layers [k, L)
+    on the server on ciphertexts under this client's key, ``2(L-k)+1`` round trips per token."""
+
+    def __init__(self, client: VeilClient, sid: str, info: dict):
+        from veil.engine.protected_client import ProtectedClientState
+
+        super().__init__(client, sid, info)
+        cfg = client.cfg
+        self.state = ProtectedClientState(client.he, cfg, client.half.k, cfg.num_layers, sid, record_values=False)
+        # the audit trail of what this client decrypted (kinds only), for tests and the curious
+        client.last_protected_transcript = self.state.transcript
+
+    def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
+        model = self.client.model
+        cpu = time.thread_time()
+        with torch.inference_mode():
+            positions = torch.arange(self.pos, self.pos + len(ids))
+            h, local_kv = model.forward_layers(model.embed(torch.tensor(ids)), positions, self.local_kv)
+        h = h.double().numpy()
+        if stats is not None:
+            stats.client_cpu_s += time.thread_time() - cpu
+        for row in h:  # one position at a time (multi-token packing: not yet)
+            h_last = self._position(row, stats)
+        self.local_kv, self.pos = local_kv, self.pos + len(ids)
+        cpu = time.thread_time()
+        with torch.inference_mode():
+            logits = model.logits(torch.from_numpy(h_last).to(torch.float32)[None])[0]
+        if stats is not None:
+            stats.client_cpu_s += time.thread_time() - cpu
+        return logits
+
+    def _position(self, h: np.ndarray, stats: GenerationStats | None) -> np.ndarray:
+        c = self.client
+        cpu = time.thread_time()
+        msg = self.state.token_message(h)
+        while True:
+            body = msg.to_bytes()
+            if stats is not None:
+                stats.client_cpu_s += time.thread_time() - cpu
+            r = c._check(c.http.post(f"/v1/sessions/{self.id}/steps", content=body,
+                                     headers={"Content-Type": CONTENT_TYPE}))
+            cpu = time.thread_time()
+            if stats is not None:
+                stats.bytes_up += len(body)
+                stats.bytes_down += len(r.content)
+                stats.round_trips += 1
+            reply = ProtectedMessage.from_bytes(r.content, max_bytes=1 << 30)
+            if reply.step != msg.step:
+                raise VeilError(502, "bad_reply", "the server's reply does not match the step")
+            nxt = self.state.handle(reply)
+            if isinstance(nxt, np.ndarray):
+                if stats is not None:
+                    stats.client_cpu_s += time.thread_time() - cpu
+                return nxt
+            msg = nxt
+
+
 class VeilClient:
     def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
                  half: ClientHalf | None = None):
-        if mode != "plaintext":
-            raise NotImplementedError(f"mode {mode!r} is not available in this version; use 'plaintext'")
+        if mode not in ("plaintext", "protected"):
+            raise ValueError(f"mode must be 'plaintext' or 'protected', not {mode!r}")
         self.mode = mode
+        self.he = None  # protected: this client's CKKS backend, holding the secret key
+        self.last_protected_transcript: list = []
+        self._keys_id: str | None = None
+        self._material: bytes | None = None
         self.half = half if half is not None else load_client_half(Path(bundle) if bundle else None, k)
         self.model, self.tokenizer, self.cfg = self.half.model, self.half.tokenizer, self.half.config
         if isinstance(verify, str):  # a CA bundle, e.g. a self-signed development certificate
@@ -141,10 +218,51 @@ class VeilClient:
                 raise VeilError(r.status_code, "error", r.text[:200]) from None
         return r
 
-    def _create_session(self) -> dict:
-        r = self._check(self.http.post("/v1/sessions", json={
-            "path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}))
+    def _create_session(self, stats: GenerationStats | None = None) -> dict:
+        body = {"path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}
+        if self.mode == "protected":
+            body["keys_id"] = self.ensure_keys(stats)
+            body["param_set"] = self.he.params.id
+        r = self._check(self.http.post("/v1/sessions", json=body))
         return r.json()
+
+    def generate_keys(self, progress: bool = True) -> None:
+        """Protected mode: a fresh CKKS key pair and the evaluation keys the server's layouts
+        need (secret key in this process only; randomness from the OS CSPRNG via SEAL)."""
+        from tqdm.auto import tqdm
+
+        from veil.crypto.params import PROTECTED_PARAMS
+        from veil.crypto.seal_backend import SealBackend
+        from veil.engine.protected import required_rotation_steps
+
+        steps = required_rotation_steps(self.cfg, PROTECTED_PARAMS)
+        with tqdm(total=3, desc="CKKS keys", unit="phase", disable=not progress) as bar:
+            bar.set_postfix_str(f"secret + public key, {len(steps)} Galois keys ({PROTECTED_PARAMS.id})")
+            he = SealBackend(PROTECTED_PARAMS)
+            he.generate_keys(steps)
+            bar.update()
+            material = he.export_public_material()  # relin + Galois keys are made here
+            bar.update()
+            self._material = public_material_to_bytes(material)
+            bar.update()
+        self.he, self._keys_id = he, None
+
+    def ensure_keys(self, stats: GenerationStats | None = None) -> str:
+        """Upload the evaluation keys once per client (the server caches them by fingerprint)."""
+        if self.he is None:
+            self.generate_keys()
+        if self._keys_id is None:
+            r = self._check(self.http.post("/v1/keys", content=self._material,
+                                           headers={"Content-Type": CONTENT_TYPE}))
+            self._keys_id = r.json()["keys_id"]
+            if stats is not None:
+                stats.setup_bytes += len(self._material)
+        return self._keys_id
+
+    @property
+    def setup_bytes(self) -> int:
+        """Size of the evaluation keys this client uploads (protected; 0 before key generation)."""
+        return len(self._material) if self._material else 0
 
     def _delete_session(self, sid: str) -> None:
         try:
@@ -164,10 +282,11 @@ class VeilClient:
         tokens = list(self.iter_tokens(prompt_ids, max_new_tokens, sampling, stats, stop_at_eos))
         return GenerationResult(tokens, stats)
 
-    def open_session(self) -> SplitSession:
+    def open_session(self, stats: GenerationStats | None = None) -> SplitSession:
         """Create a server session; the caller drives it with `SplitSession.forward`."""
-        info = self._create_session()
-        return SplitSession(self, info["id"], info)
+        info = self._create_session(stats)
+        cls = ProtectedSession if self.mode == "protected" else SplitSession
+        return cls(self, info["id"], info)
 
     def iter_tokens(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
                     stats: GenerationStats | None = None, stop_at_eos: bool = True) -> Iterator[int]:
@@ -177,8 +296,10 @@ class VeilClient:
         sampler = Sampler(sampling or SamplingParams())
         stats = stats if stats is not None else GenerationStats(prompt_tokens=len(prompt_ids))
         self.last_stats = stats
+        if self.mode == "protected":
+            self.ensure_keys(stats)  # key generation and upload are setup, not time to first token
         t0 = time.perf_counter()
-        session = self.open_session()
+        session = self.open_session(stats)
         ids = list(prompt_ids)
         try:
             while stats.output_tokens < max_new_tokens:

@@ -146,3 +146,106 @@ class HiddenReply:
         msg = unpack(data, max_bytes=max_bytes)
         t = decode_tensor(msg.get("tensor"), max_elements=max_bytes, ndim=2)
         return cls(str(msg.get("session")), _int(msg, "step"), t)
+
+
+# ---------------------------------------------------------------------------------------------
+# The protected path (PROTOCOL.md): ciphertext messages and the client's public key material
+# ---------------------------------------------------------------------------------------------
+
+#: Message kinds of the protected protocol; the first three travel client -> server.
+PROTECTED_UPLOAD_KINDS = ("token", "weights", "mlp_in")
+PROTECTED_KINDS = (*PROTECTED_UPLOAD_KINDS, "scores", "mlp", "final")
+_MAX_CTS = 4  # the most ciphertexts any protected message carries (MLP_IN has 2)
+
+
+@dataclass(frozen=True)
+class CtPayload:
+    """One serialized ciphertext with its layout tag and level (validated by the backend when
+    it is deserialized: parameter set, size, level, scale)."""
+
+    tag: str
+    level: int
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ProtectedMessage:
+    """One message of the protected protocol, in either direction."""
+
+    kind: str
+    session_id: str
+    step: int
+    layer: int
+    position: int
+    cts: tuple[CtPayload, ...]
+    params_id: str = ""
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(c.data) for c in self.cts)
+
+    def ct(self, tag: str) -> CtPayload:
+        for c in self.cts:
+            if c.tag == tag:
+                return c
+        raise WireError(f"{self.kind} message lacks a {tag!r} ciphertext")
+
+    def to_bytes(self) -> bytes:
+        return pack({"v": self.version, "session": self.session_id, "step": self.step, "kind": self.kind,
+                     "layer": self.layer, "position": self.position, "params": self.params_id,
+                     "cts": [{"tag": c.tag, "level": c.level, "data": c.data} for c in self.cts]})
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, max_bytes: int, kinds: tuple[str, ...] = PROTECTED_KINDS) -> ProtectedMessage:
+        msg = unpack(data, max_bytes=max_bytes)
+        kind = msg.get("kind")
+        if kind not in kinds:
+            raise WireError(f"unexpected message kind {kind!r}")
+        session, params = msg.get("session"), msg.get("params")
+        if not isinstance(session, str) or not isinstance(params, str):
+            raise WireError("fields 'session' and 'params' must be strings")
+        step, layer, position = _int(msg, "step"), _int(msg, "layer"), _int(msg, "position")
+        if step < 0 or layer < 0 or position < 0:
+            raise WireError("step, layer and position must be non-negative")
+        recs = msg.get("cts")
+        if not isinstance(recs, list) or not 0 < len(recs) <= _MAX_CTS:
+            raise WireError(f"'cts' must be a list of 1..{_MAX_CTS} ciphertexts")
+        cts = []
+        for rec in recs:
+            if not isinstance(rec, dict):
+                raise WireError("a ciphertext record must be a map")
+            tag, level, blob = rec.get("tag"), rec.get("level"), rec.get("data")
+            if not isinstance(tag, str) or not isinstance(level, int) or isinstance(level, bool) or level < 0:
+                raise WireError("a ciphertext record needs a string 'tag' and a non-negative integer 'level'")
+            if not isinstance(blob, bytes | bytearray) or not blob:
+                raise WireError("a ciphertext record's 'data' must be non-empty bytes")
+            cts.append(CtPayload(tag, level, bytes(blob)))
+        if len({c.tag for c in cts}) != len(cts):
+            raise WireError("duplicate ciphertext tags")
+        return cls(kind, session, step, layer, position, tuple(cts), params, msg["v"])
+
+
+def public_material_to_bytes(material) -> bytes:
+    """The client's evaluation keys (``veil.crypto.backend.PublicMaterial``: public key, relin
+    and Galois keys, never the secret key) as one msgpack map."""
+    return pack({"v": PROTOCOL_VERSION, "kind": "public_material", "params": material.params_id,
+                 "public_key": material.public_key, "relin_keys": material.relin_keys,
+                 "galois_keys": material.galois_keys, "rotation_steps": list(material.rotation_steps)})
+
+
+def public_material_from_bytes(data: bytes, *, max_bytes: int):
+    from veil.crypto.backend import PublicMaterial
+
+    msg = unpack(data, max_bytes=max_bytes)
+    if msg.get("kind") != "public_material":
+        raise WireError(f"unexpected message kind {msg.get('kind')!r}")
+    params = msg.get("params")
+    blobs = [msg.get(k) for k in ("public_key", "relin_keys", "galois_keys")]
+    steps = msg.get("rotation_steps")
+    if not isinstance(params, str) or not all(isinstance(b, bytes | bytearray) for b in blobs):
+        raise WireError("public material needs 'params' and the three key blobs")
+    if not isinstance(steps, list) or len(steps) > 4096 or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in steps):
+        raise WireError("'rotation_steps' must be a list of integers")
+    return PublicMaterial(params, bytes(blobs[0]), bytes(blobs[1]), bytes(blobs[2]), tuple(steps))

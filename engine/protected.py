@@ -76,6 +76,7 @@ from veil.crypto.layouts import (
     SIGMA2_DIV,
     LayoutDims,
 )
+from veil.crypto.wire import CtPayload, ProtectedMessage
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -83,6 +84,9 @@ __all__ = [
     "CtPayload",
     "ProtectedMessage",
     "ProtocolError",
+    "MessageError",
+    "UnknownSession",
+    "LimitExceeded",
     "Levels",
     "LayerWeights",
     "ProtectedLayer",
@@ -105,7 +109,25 @@ FLOOD_BELOW_SCALE = 18.0
 
 
 class ProtocolError(ValueError):
-    """A message that does not fit the session's state (kind, step, layer, position)."""
+    """A message that does not fit the session's state (kind, step, layer, position).
+
+    ``status`` is the HTTP status a server answers with: 409 for a state conflict (replayed or
+    out-of-order step, wrong kind), 400 for a malformed message (wrong parameter set or level),
+    404 for an unknown session, 413 for an exhausted limit. The session is unchanged."""
+
+    status = 409
+
+
+class MessageError(ProtocolError):
+    status = 400
+
+
+class UnknownSession(ProtocolError):
+    status = 404
+
+
+class LimitExceeded(ProtocolError):
+    status = 413
 
 
 class MsgKind:
@@ -126,36 +148,6 @@ class Tag:
     M = "m"
     H_REFRESHED = "h_refreshed"
     H_FINAL = "h_final"
-
-
-@dataclass(frozen=True)
-class CtPayload:
-    """One serialized ciphertext with its layout tag and level."""
-
-    tag: str
-    level: int
-    data: bytes = field(repr=False)
-
-
-@dataclass(frozen=True)
-class ProtectedMessage:
-    kind: str
-    session_id: str
-    step: int
-    layer: int
-    position: int
-    cts: tuple[CtPayload, ...]
-    version: int = PROTOCOL_VERSION
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(c.data) for c in self.cts)
-
-    def ct(self, tag: str) -> CtPayload:
-        for c in self.cts:
-            if c.tag == tag:
-                return c
-        raise ProtocolError(f"{self.kind} message lacks a {tag!r} ciphertext")
 
 
 @dataclass(frozen=True)
@@ -285,11 +277,19 @@ class TimedBackend:
     """Wraps a backend; accumulates wall time per op kind (matvec, ctct, rotations, refresh,
     flooding, serialization, other)."""
 
-    def __init__(self, backend: HEBackend) -> None:
+    def __init__(self, backend: HEBackend, share: TimedBackend | None = None) -> None:
         self._be = backend
-        self.times: dict[str, float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
-        self.matvec_by_shape: dict[str, float] = defaultdict(float)
+        self.times: dict[str, float] = share.times if share else defaultdict(float)
+        self.counts: dict[str, int] = share.counts if share else defaultdict(int)
+        self.matvec_by_shape: dict[str, float] = share.matvec_by_shape if share else defaultdict(float)
+
+    @property
+    def inner(self) -> HEBackend:
+        return self._be
+
+    def sharing(self, backend: HEBackend) -> TimedBackend:
+        """Another backend (a session's key set) whose time adds to these counters."""
+        return TimedBackend(backend, share=self)
 
     def __getattr__(self, name):
         attr = getattr(self._be, name)
@@ -368,6 +368,7 @@ class ProtectedSession:
     h: Ciphertext | None = None  # clean replicated h of the current layer (level LEVELS.h)
     h_prime_mask: RefreshMask | None = None
     kv_bytes: int = 0
+    be: TimedBackend | None = field(default=None, repr=False)  # evaluates with this session's keys
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,6 +404,7 @@ class ProtectedExecutor:
         self.max_kv_bytes = max_kv_bytes
         self.sessions: dict[str, ProtectedSession] = {}
         self.scale = backend.params.scale
+        self.params_id = backend.params.id
         self._primes: dict[int, float] = {}
 
     @classmethod
@@ -415,19 +417,41 @@ class ProtectedExecutor:
         return sum(layer.nbytes for layer in self.layers)
 
     # ---- sessions --------------------------------------------------------------------------
-    def new_session(self) -> ProtectedSession:
-        sid = secrets.token_urlsafe(16)
-        s = ProtectedSession(sid, {i: LayerKV() for i in range(self.first, self.last)}, self.max_positions, self.max_kv_bytes)
+    def new_session(self, backend: HEBackend | None = None, session_id: str | None = None) -> ProtectedSession:
+        """A session evaluated under ``backend``'s public material (the client's evaluation keys;
+        default: the executor's own backend). Any backend of the same parameter set works: the
+        encoded weights do not depend on keys, so tenants with different keys share them."""
+        if backend is not None:
+            if backend.has_secret_key:
+                raise ValueError("the server's backend must not hold a secret key")
+            if backend.params.id != self.params_id:
+                raise ValueError(f"session backend is {backend.params.id!r}, executor {self.params_id!r}")
+        sid = session_id or secrets.token_urlsafe(16)
+        if sid in self.sessions:
+            raise ValueError("session id in use")
+        be = self.be if backend is None else self.be.sharing(backend)
+        s = ProtectedSession(sid, {i: LayerKV() for i in range(self.first, self.last)}, self.max_positions,
+                             self.max_kv_bytes, be=be)
         self.sessions[sid] = s
         return s
+
+    def drop_session(self, session_id: str) -> None:
+        """Forget a session: its encrypted KV cache and refresh masks are released."""
+        self.sessions.pop(session_id, None)
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return sum(s.kv_bytes for s in self.sessions.values())
 
     def handle(self, msg: ProtectedMessage) -> ProtectedMessage:
         """Process one client message and return the server's reply."""
         s = self.sessions.get(msg.session_id)
         if s is None:
-            raise ProtocolError("unknown session")
+            raise UnknownSession("unknown session")
         if msg.version != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version {msg.version} not supported")
+            raise MessageError(f"protocol version {msg.version} not supported")
+        if msg.params_id != self.params_id:
+            raise MessageError(f"message for parameter set {msg.params_id!r}, session uses {self.params_id!r}")
         if msg.step <= s.step:
             raise ProtocolError(f"step {msg.step} replayed or out of order (last {s.step})")
         if msg.kind != s.expect:
@@ -436,11 +460,12 @@ class ProtectedExecutor:
             if msg.position != s.length or msg.layer != self.first:
                 raise ProtocolError("token message for the wrong position or layer")
             if s.length >= s.max_positions:
-                raise ProtocolError("context limit reached")
+                raise LimitExceeded(f"context limit of {s.max_positions} positions reached")
         elif msg.layer != s.layer or msg.position != s.position:
             raise ProtocolError("message for the wrong layer or position")
+        be = s.be
         if msg.kind == MsgKind.TOKEN:
-            h_raw = self._load(msg.ct(Tag.H_IN), self.levels.h_raw)
+            h_raw = self._load(be, msg.ct(Tag.H_IN), self.levels.h_raw)
             reply = self._start_layer(s, self.first, msg.position, h_raw, msg.step)
         elif msg.kind == MsgKind.WEIGHTS:
             reply = self._attend(s, msg)
@@ -449,57 +474,55 @@ class ProtectedExecutor:
         s.step = msg.step
         return reply
 
-    def _load(self, payload: CtPayload, level: int) -> Ciphertext:
+    def _load(self, be, payload: CtPayload, level: int) -> Ciphertext:
         if payload.level != level:
-            raise ProtocolError(f"{payload.tag}: level {payload.level}, expected {level}")
-        return self.be.deserialize(payload.data, level=level, scale=self.scale)
+            raise MessageError(f"{payload.tag}: level {payload.level}, expected {level}")
+        return be.deserialize(payload.data, level=level, scale=self.scale)
 
-    def _send(self, ct: Ciphertext, tag: str, level: int) -> CtPayload:
+    def _send(self, be, ct: Ciphertext, tag: str, level: int) -> CtPayload:
         """Mod-switch to the download level, re-randomize and flood: noise std
         ``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units, i.e. ~2^-11.5 absolute per slot."""
-        be = self.be
         ct = be.mod_switch_to(ct, level) if be.level(ct) > level else ct
         ct = be.rerandomize(ct, float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE)
         return CtPayload(tag, level, be.serialize(ct))
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _prime(self, ct: Ciphertext) -> float:
+    def _prime(self, be, ct: Ciphertext) -> float:
         """The prime a rescale at ``ct``'s level divides by (probed once per level through the
         backend interface: a product with the constant 1 encoded at scale 1)."""
-        level = self.be.level(ct)
+        level = be.level(ct)
         q = self._primes.get(level)
         if q is None:
-            one = self.be.encode(np.ones(self.dims.slots), level, 1.0)
-            q = self.be.scale(ct) / self.be.scale(self.be.multiply_plain(ct, one))
+            one = be.encode(np.ones(self.dims.slots), level, 1.0)
+            q = be.scale(ct) / be.scale(be.multiply_plain(ct, one))
             self._primes[level] = q
         return q
 
-    def _select(self, ct: Ciphertext, values: np.ndarray, target: float | None = None) -> Ciphertext:
+    def _select(self, be, ct: Ciphertext, values: np.ndarray, target: float | None = None) -> Ciphertext:
         """``values ⊙ ct`` (one level), landing on scale ``target`` (default Δ).
 
         The plaintext is encoded at scale ``target * q / scale(ct)``: the larger the target,
         the smaller its encoding error ε (~2^5.2 / plaintext scale), which multiplies whatever
         the masked-out slots held. Download masks use ``DOWNLOAD_SCALE`` so that this residue
         sits far below the flooding noise."""
-        be = self.be
         target = self.scale if target is None else target
-        pt = be.encode(values, be.level(ct), target * self._prime(ct) / be.scale(ct))
+        pt = be.encode(values, be.level(ct), target * self._prime(be, ct) / be.scale(ct))
         return be.multiply_plain(ct, pt)
 
-    def _sum_all(self, ct: Ciphertext) -> Ciphertext:
+    def _sum_all(self, be, ct: Ciphertext) -> Ciphertext:
         """Cyclic sum of all slots into every slot (log2(slots) rotations): no partial sums."""
         st = 1
         while st < self.dims.slots:
-            ct = self.be.add(ct, self.be.rotate(ct, st if st < BLOCK else -st))
+            ct = be.add(ct, be.rotate(ct, st if st < BLOCK else -st))
             st *= 2
         return ct
 
-    def _rotate_blocks(self, ct: Ciphertext, blocks: int) -> Ciphertext:
+    def _rotate_blocks(self, be, ct: Ciphertext, blocks: int) -> Ciphertext:
         """Rotate right by ``blocks * BLOCK`` slots (power-of-two steps)."""
         i = 0
         while blocks:
             if blocks & 1:
-                ct = self.be.rotate(ct, -BLOCK * (1 << i))
+                ct = be.rotate(ct, -BLOCK * (1 << i))
             blocks >>= 1
             i += 1
         return ct
@@ -512,9 +535,9 @@ class ProtectedExecutor:
 
     # ---- segment A: layer start -> scores download -----------------------------------------
     def _start_layer(self, s: ProtectedSession, layer: int, t: int, h_raw: Ciphertext, step: int) -> ProtectedMessage:
-        be, dims, L = self.be, self.dims, self.layers[layer - self.first]
+        be, dims, L = s.be, self.dims, self.layers[layer - self.first]
         d, hd, q = dims.d, dims.head_dim, dims.qdim
-        h = be.replicate(self._select(h_raw, self._mask([(0, d)])), d, dims.copies)  # level 7
+        h = be.replicate(self._select(be, h_raw, self._mask([(0, d)])), d, dims.copies)  # level 7
         y = be.matvec(L.wqkv, h)  # 6, folded
         cos, sin = rope_cos_sin(self.cfg, t)
         lane = np.arange(q) % hd
@@ -538,7 +561,7 @@ class ProtectedExecutor:
         k_hat = be.rotate(rope(q), q)  # moved to [0, q)
         v_hat = be.rotate(be.multiply_plain(y, self._mask([(2 * q, 3 * q)])), 2 * q)
         c, b = divmod(t, dims.per_chunk)
-        k_hat, v_hat = self._rotate_blocks(k_hat, b), self._rotate_blocks(v_hat, b)
+        k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b)
         kv = s.kv[layer]
         keys, values = list(kv.keys), list(kv.values)
         added = 0
@@ -549,7 +572,7 @@ class ProtectedExecutor:
             values.append(v_hat)
             added = _ct_bytes(be, k_hat) + _ct_bytes(be, v_hat)
         if s.kv_bytes + added > s.max_kv_bytes:
-            raise ProtocolError("encrypted KV cache budget of this session exhausted")
+            raise LimitExceeded(f"encrypted KV cache budget of this session ({s.max_kv_bytes} bytes) exhausted")
 
         # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c
         # products one level below the cache: cheaper ct x ct and lane-sum rotations
@@ -564,29 +587,29 @@ class ProtectedExecutor:
             for bi in range(dims.per_chunk):
                 if ci * dims.per_chunk + bi <= t:
                     mask[BLOCK * bi + hd * np.arange(dims.heads)] = 1.0 / np.sqrt(hd)
-            sel.append(self._select(prod, mask, DOWNLOAD_SCALE))  # 2
+            sel.append(self._select(be, prod, mask, DOWNLOAD_SCALE))  # 2
         scores = sel[-1]
         for ci in range(n_chunks - 2, -1, -1):
             scores = be.add(be.rotate(scores, -1), sel[ci])
         # σ_t / d at slot d: every slot of the cyclic sum holds copies * σ (nothing partial)
         h_low = be.mod_switch_to(h, be.level(scores) + 2)
-        sq = self._sum_all(be.multiply(h_low, h_low))  # 3
+        sq = self._sum_all(be, be.multiply(h_low, h_low))  # 3
         sig = np.zeros(dims.slots)
         sig[dims.sigma_slot] = 1.0 / (d * dims.copies)
-        scores = be.add(scores, self._select(sq, sig, DOWNLOAD_SCALE))
-        payload = self._send(scores, Tag.SCORES_SIGMA, self.levels.scores_download)
+        scores = be.add(scores, self._select(be, sq, sig, DOWNLOAD_SCALE))
+        payload = self._send(be, scores, Tag.SCORES_SIGMA, self.levels.scores_download)
 
         # commit
         kv.keys, kv.values = keys, values
         s.kv_bytes += added
         s.h, s.layer, s.position, s.expect = h, layer, t, MsgKind.WEIGHTS
-        return ProtectedMessage(MsgKind.SCORES, s.id, step, layer, t, (payload,))
+        return ProtectedMessage(MsgKind.SCORES, s.id, step, layer, t, (payload,), self.params_id)
 
     # ---- segment B: weights -> MLP download ----------------------------------------------------
     def _attend(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
-        be, dims, L = self.be, self.dims, self.layers[s.layer - self.first]
+        be, dims, L = s.be, self.dims, self.layers[s.layer - self.first]
         d, hd, t = dims.d, dims.head_dim, s.position
-        w = self._load(msg.ct(Tag.W), self.levels.w)
+        w = self._load(be, msg.ct(Tag.W), self.levels.w)
         kv = s.kv[s.layer]
         n_chunks = t // dims.per_chunk + 1
         period = 1 << max(0, (n_chunks - 1).bit_length())
@@ -614,39 +637,39 @@ class ProtectedExecutor:
             a = be.add(a, be.rotate(a, -BLOCK * st))
             st *= 2
         o = be.matvec(L.wo, a)  # 3, folded
-        o = be.replicate(self._select(o, self._mask([(0, d)])), d, dims.copies)  # 2
+        o = be.replicate(self._select(be, o, self._mask([(0, d)])), d, dims.copies)  # 2
         h_prime = be.add(be.mod_switch_to(s.h, be.level(o)), o)
         # σ' and û
         f = dims.ffn
         # σ'/(8d) in every slot: a constant factor, no 0/1 mask (a mask's encoding error times
         # the large 14σ' would spill into the û slots); the client subtracts slot 2F from û
-        sq = self._sum_all(be.multiply(h_prime, h_prime))  # 1
+        sq = self._sum_all(be, be.multiply(h_prime, h_prime))  # 1
         sig = np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))
         u = be.matvec(L.wgu, h_prime)  # 1, folded
-        out = be.add(self._select(u, self._mask([(0, 2 * f)])), self._select(sq, sig))  # 0
-        p_u = self._send(out, Tag.U_SIGMA2, self.levels.mlp_download)
+        out = be.add(self._select(be, u, self._mask([(0, 2 * f)])), self._select(be, sq, sig))  # 0
+        p_u = self._send(be, out, Tag.U_SIGMA2, self.levels.mlp_download)
         masked, rho = be.mask_for_refresh(h_prime)
         p_h = CtPayload(Tag.MASKED_H, be.level(masked), be.serialize(masked))
         s.h_prime_mask, s.expect = rho, MsgKind.MLP_IN
-        return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, t, (p_u, p_h))
+        return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, t, (p_u, p_h), self.params_id)
 
     # ---- segment C: m and refreshed h' -> next layer or h_L -----------------------------------
     def _finish_layer(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
-        be = self.be
+        be = s.be
         L = self.layers[s.layer - self.first]
-        m = self._load(msg.ct(Tag.M), self.levels.m)
-        hf = self._load(msg.ct(Tag.H_REFRESHED), self.levels.h_raw)
+        m = self._load(be, msg.ct(Tag.M), self.levels.m)
+        hf = self._load(be, msg.ct(Tag.H_REFRESHED), self.levels.h_raw)
         h_prime = be.unmask_refresh(hf, s.h_prime_mask)
         h_raw = be.add(h_prime, be.matvec(L.wdown, m))  # 8, folded part outside [0, d)
         if s.layer + 1 < self.last:
             reply = self._start_layer(s, s.layer + 1, s.position, h_raw, msg.step)  # commits
             s.h_prime_mask = None
             return reply
-        h_out = self._select(h_raw, self._mask([(0, self.dims.d)]), DOWNLOAD_SCALE)
-        payload = self._send(h_out, Tag.H_FINAL, self.levels.final_download)
+        h_out = self._select(be, h_raw, self._mask([(0, self.dims.d)]), DOWNLOAD_SCALE)
+        payload = self._send(be, h_out, Tag.H_FINAL, self.levels.final_download)
         s.length = s.position + 1
         s.h, s.expect, s.layer, s.h_prime_mask = None, MsgKind.TOKEN, self.first, None
-        return ProtectedMessage(MsgKind.FINAL, s.id, msg.step, self.last, s.position, (payload,))
+        return ProtectedMessage(MsgKind.FINAL, s.id, msg.step, self.last, s.position, (payload,), self.params_id)
 
     def kv_bytes(self, s: ProtectedSession) -> int:
         return s.kv_bytes

@@ -94,7 +94,8 @@ def swiglu_from_u(sigma2_over_d: float, u_gate: np.ndarray, u_up: np.ndarray, ep
 class ProtectedClientState:
     """One protected session on the client: builds uploads, decrypts downloads."""
 
-    def __init__(self, backend: HEBackend, cfg, first: int, last: int, session_id: str, *, levels: Levels = LEVELS):
+    def __init__(self, backend: HEBackend, cfg, first: int, last: int, session_id: str, *, levels: Levels = LEVELS,
+                 record_values: bool = True):
         if not backend.has_secret_key:
             raise ValueError("the client backend needs the secret key")
         self.be = backend
@@ -108,6 +109,7 @@ class ProtectedClientState:
         self.position = 0
         self.step = 0
         self.transcript: list[Decryption] = []
+        self.record_values = record_values  # False: the audit keeps kinds only (long sessions)
         self.bytes_up = 0
         self.bytes_down = 0
         self._pending_r: dict[int, float] = {}
@@ -115,7 +117,7 @@ class ProtectedClientState:
     # ---- helpers -----------------------------------------------------------------------------
     def _msg(self, kind: str, layer: int, cts: tuple[CtPayload, ...]) -> ProtectedMessage:
         self.step += 1
-        msg = ProtectedMessage(kind, self.session_id, self.step, layer, self.position, cts)
+        msg = ProtectedMessage(kind, self.session_id, self.step, layer, self.position, cts, self.be.params.id)
         self.bytes_up += msg.nbytes
         return msg
 
@@ -125,7 +127,8 @@ class ProtectedClientState:
             raise ProtocolError(f"the client does not decrypt {payload.tag!r}")
         ct = self.be.deserialize(payload.data, level=payload.level)
         vec = self.be.decrypt(ct, length)
-        self.transcript.append(Decryption(kinds, payload.tag, layer, self.position, vec))
+        self.transcript.append(Decryption(kinds, payload.tag, layer, self.position,
+                                          vec if self.record_values else None))
         return vec
 
     # ---- the protocol ------------------------------------------------------------------------

@@ -18,12 +18,23 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
+from veil.crypto.backend import CiphertextError, HEError
+from veil.crypto.wire import (
+    CONTENT_TYPE,
+    PROTECTED_UPLOAD_KINDS,
+    HiddenReply,
+    HiddenStep,
+    ProtectedMessage,
+    WireError,
+)
 from veil.engine.engine import Engine, EngineConfig, EngineDead, SessionClosed, StepStats
+from veil.engine.protected import PROTOCOL_VERSION as PROTECTED_PROTOCOL_VERSION
+from veil.engine.protected import ProtocolError
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
 from veil.server.metrics import Metrics
+from veil.server.protected_service import KeysError, ProtectedService
 from veil.server.sessions import Session, SessionStore
 from veil.server.tenants import Tenant, TenantStore
 
@@ -34,6 +45,8 @@ class CreateSession(BaseModel):
     path: str = "plaintext"
     k: int | None = None  # the client's split point; must match the server's
     model_fingerprint: str | None = None  # the client's expectation of the server half
+    keys_id: str | None = None  # protected: the evaluation keys uploaded with POST /v1/keys
+    param_set: str | None = None  # protected: the CKKS parameter set the client uses
 
 
 def bearer_tenant(request: Request, tenants: TenantStore) -> Tenant:
@@ -69,8 +82,18 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
 
     engine = Engine(half.model, half.k, EngineConfig(cfg.block_size, cfg.kv_cache_bytes, cfg.max_tokens_per_step,
                                                      cfg.max_seqs_per_step, cfg.device), on_step=on_step)
-    sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant,
-                            on_drop=lambda s: engine.close(s.state) if s.state is not None else None)
+    protected = ProtectedService(half, max_key_bytes_per_tenant=cfg.max_key_bytes_per_tenant,
+                                 max_key_bytes_total=cfg.max_key_bytes_total,
+                                 max_kv_bytes_per_session=cfg.max_protected_kv_bytes,
+                                 max_positions=cfg.max_protected_context)
+
+    def drop(s: Session) -> None:
+        if s.path == "protected":
+            protected.close(s.id)
+        elif s.state is not None:
+            engine.close(s.state)
+
+    sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant, on_drop=drop)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -91,7 +114,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
 
     app = FastAPI(title="Veil", version="0.1.0", lifespan=lifespan)
     app.state.sessions, app.state.tenants, app.state.half, app.state.cfg = sessions, tenants, half, cfg
-    app.state.engine, app.state.metrics = engine, metrics
+    app.state.engine, app.state.metrics, app.state.protected = engine, metrics, protected
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -148,14 +171,14 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             raise ApiError(400, "bad_path", "path must be 'plaintext' or 'protected'")
         if body.path not in tenant.scopes:
             raise ApiError(403, "forbidden", f"this key lacks the {body.path!r} scope")
-        if body.path == "protected":
-            raise ApiError(501, "not_implemented", "the protected path is not available on this server yet")
         if body.k is not None and body.k != half.k:
             raise ApiError(409, "split_mismatch", f"server split is k={half.k}, client asked for k={body.k}")
         if body.model_fingerprint is not None and body.model_fingerprint != half.fingerprint:
             raise ApiError(409, "model_mismatch", "the server half is not the one the client bundle was split from")
+        if body.path == "protected":
+            return await create_protected_session(body, tenant)
         try:
-            s = sessions.create(tenant.name, body.path, lambda: engine.open_hidden(tenant.name))
+            s = sessions.create(tenant.name, body.path, lambda sid: engine.open_hidden(tenant.name))
         except OverflowError as e:
             raise ApiError(429, "too_many_sessions", str(e)) from None
         return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
@@ -175,6 +198,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         tenant = authenticate(request)
         s = session_of(sid, tenant)
         body = await read_body(request, cfg.max_body_bytes)
+        if s.path == "protected":
+            return await protected_step(s, body)
         try:
             msg = HiddenStep.from_bytes(body, max_bytes=cfg.max_body_bytes, hidden_size=half.config.hidden_size,
                                         max_tokens=cfg.max_step_tokens)
@@ -221,6 +246,69 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.bytes_in.labels("plaintext").inc(len(body))
         metrics.bytes_out.labels("plaintext").inc(len(reply))
         return Response(reply, media_type=CONTENT_TYPE)
+
+    # ---- the protected path ----------------------------------------------------------------
+    @app.post("/v1/keys", status_code=201)
+    async def upload_keys(request: Request):
+        """The client's public evaluation material (msgpack, see crypto/wire.py). Answers the
+        keys' id (SHA-256 of the bytes), which sessions name. Uploading the same bytes again is
+        free: keys are cached per tenant by fingerprint."""
+        tenant = authenticate(request)
+        if "protected" not in tenant.scopes:
+            raise ApiError(403, "forbidden", "this key lacks the 'protected' scope")
+        body = await read_body(request, cfg.max_key_bytes)
+        try:
+            ks = await asyncio.to_thread(protected.add_keys, tenant.name, body)
+        except KeysError as e:
+            raise ApiError(e.status, e.code, str(e)) from None
+        metrics.bytes_in.labels("protected_setup").inc(len(body))
+        return {"keys_id": ks.id, "param_set": protected.params.id, "bytes": ks.nbytes}
+
+    async def create_protected_session(body: CreateSession, tenant: Tenant) -> dict:
+        if body.param_set is not None and body.param_set != protected.params.id:
+            raise ApiError(400, "wrong_params", f"this server runs {protected.params.id!r}, "
+                                                f"the client asked for {body.param_set!r}")
+        ks = protected.key_set(tenant.name, body.keys_id or "")
+        if ks is None:  # unknown and another tenant's keys look the same
+            raise ApiError(404, "keys_not_found", "no such evaluation keys for this tenant; POST /v1/keys first")
+        await asyncio.to_thread(protected.executor)  # first use: encodes the weights (minutes)
+        try:
+            s = sessions.create(tenant.name, "protected", lambda sid: protected.open(ks, sid),
+                                max_on_path=cfg.max_protected_sessions)
+        except OverflowError as e:
+            raise ApiError(429, "too_many_sessions", str(e)) from None
+        return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
+                "hidden_size": half.config.hidden_size, "model": half.config.name,
+                "model_fingerprint": half.fingerprint, "param_set": protected.params.id,
+                "protocol_version": PROTECTED_PROTOCOL_VERSION, "ttl_s": cfg.session_ttl_s,
+                "max_context": min(cfg.max_context, s.state.max_positions),
+                "max_kv_bytes": cfg.max_protected_kv_bytes}
+
+    async def protected_step(s: Session, body: bytes) -> Response:
+        try:
+            msg = ProtectedMessage.from_bytes(body, max_bytes=cfg.max_body_bytes, kinds=PROTECTED_UPLOAD_KINDS)
+        except WireError as e:
+            raise ApiError(400, "bad_message", str(e)) from None
+        if msg.session_id != s.id:
+            raise ApiError(400, "bad_message", "message session id does not match the URL")
+        async with s.lock:
+            if s.closed:
+                raise ApiError(404, "session_not_found", "no such session")
+            t0 = time.perf_counter()
+            try:
+                reply = await asyncio.to_thread(protected.step, msg)
+            except ProtocolError as e:
+                raise ApiError(e.status, "protocol_error", str(e)) from None
+            except (WireError, CiphertextError) as e:
+                raise ApiError(400, "bad_ciphertext", str(e)) from None
+            except HEError as e:  # a ciphertext that deserialized but cannot be evaluated
+                raise ApiError(400, "bad_ciphertext", f"ciphertext rejected: {e}") from None
+            s.last_used = time.monotonic()
+        metrics.step_latency.observe(time.perf_counter() - t0)
+        out = reply.to_bytes()
+        metrics.bytes_in.labels("protected").inc(len(body))
+        metrics.bytes_out.labels("protected").inc(len(out))
+        return Response(out, media_type=CONTENT_TYPE)
 
     if half.full:
         from veil.server.openai_api import openai_router

@@ -20,6 +20,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch intra-op threads of the engine (default: torch's choice)")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="memory budget of the paged KV pool")
     p.add_argument("--max-tokens-per-step", type=int, default=512, help="token budget of one engine iteration")
+    p.add_argument("--max-protected-sessions", type=int, default=8, help="concurrent protected (CKKS) sessions")
+    p.add_argument("--protected-kv-gb", type=float, default=4.0,
+                   help="encrypted KV cache budget of one protected session")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
     p.add_argument("--tls-self-signed", type=Path, metavar="DIR",
@@ -71,7 +74,9 @@ def cmd_serve(args) -> int:
         return 2
     cfg = ServerConfig(tenants_file=args.tenants, k=args.k, bundle=args.bundle, model=args.model,
                        session_ttl_s=args.session_ttl, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
-                       max_tokens_per_step=args.max_tokens_per_step)
+                       max_tokens_per_step=args.max_tokens_per_step,
+                       max_protected_sessions=args.max_protected_sessions,
+                       max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)))
     if args.bundle:
         half = load_server_half(args.bundle, dtype=dtype)
     else:  # the whole model: split sessions and the OpenAI-compatible fast path

@@ -18,6 +18,13 @@ class ServerConfig:
     max_sessions_per_tenant: int = 64
     max_context: int = 8192  # tokens per session or request (prompt + output)
     max_step_tokens: int = 4096  # tokens in one split step
+    # protected path (CKKS)
+    max_key_bytes: int = 1 << 30  # largest evaluation-key upload (the Galois keys are ~660 MB)
+    max_key_bytes_per_tenant: int = 2 << 30
+    max_key_bytes_total: int = 8 << 30
+    max_protected_sessions: int = 8  # concurrent protected sessions on this server
+    max_protected_kv_bytes: int = 4 << 30  # encrypted KV cache of one protected session
+    max_protected_context: int = 512  # positions of one protected session (the layouts' limit)
     # engine
     kv_cache_bytes: int = 2 << 30  # the paged KV pool's memory budget
     block_size: int = 16

@@ -36,12 +36,18 @@ class SessionStore:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def create(self, tenant: str, path: str, state_factory: Callable[[], Any]) -> Session:
+    def create(self, tenant: str, path: str, state_factory: Callable[[str], Any],
+               max_on_path: int | None = None) -> Session:
+        """A new session whose state is ``state_factory(session_id)``. Raises OverflowError when
+        the tenant has ``max_per_tenant`` sessions, or the path ``max_on_path`` in all."""
         now = time.monotonic()
         with self._lock:
             if sum(s.tenant == tenant for s in self._sessions.values()) >= self.max_per_tenant:
                 raise OverflowError(f"tenant has {self.max_per_tenant} sessions (max_sessions_per_tenant)")
-            s = Session(secrets.token_urlsafe(24), tenant, path, now, now, state=state_factory())
+            if max_on_path is not None and sum(s.path == path for s in self._sessions.values()) >= max_on_path:
+                raise OverflowError(f"the server has {max_on_path} {path} sessions (its limit)")
+            sid = secrets.token_urlsafe(24)
+            s = Session(sid, tenant, path, now, now, state=state_factory(sid))
             self._sessions[s.id] = s
         return s
 

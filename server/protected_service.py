@@ -1,0 +1,157 @@
+"""The server's side of the protected path around ``veil.engine.protected.ProtectedExecutor``:
+tenants' evaluation keys, the executor (built on first use), and one HE worker.
+
+* **Keys.** A client uploads its public material once (``POST /v1/keys``); it is validated
+  (parameter set, sizes, every Galois step the executor needs) and imported into a key-only
+  backend, stored per tenant under the SHA-256 of its bytes. Sessions name the keys they use.
+  A tenant never sees or uses another tenant's keys: the store is keyed by tenant.
+* **Executor.** Encoding the protected layers' weights takes seconds per layer and about
+  0.9 GB per layer, so it happens once, on the first protected request, not at start-up: a
+  server that only serves plaintext tenants never pays for it.
+* **One HE worker.** Every HE computation runs on one worker thread under one lock: SEAL's
+  operations are CPU-bound and single-threaded, a step is seconds long, and two steps of
+  different sessions in parallel only split the same cores (measured on the 2-core machine:
+  no gain). Steps of different sessions queue FCFS at the lock; each session's step ids are
+  checked by the executor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from veil.crypto.backend import HEBackend, KeyMaterialError
+from veil.crypto.params import PROTECTED_PARAMS
+from veil.crypto.seal_backend import SealBackend
+from veil.crypto.wire import ProtectedMessage, WireError, public_material_from_bytes
+from veil.engine.protected import ProtectedExecutor, ProtectedSession, required_rotation_steps
+from veil.engine.split import ServerHalf
+
+log = logging.getLogger("veil.server.protected")
+
+
+class KeysError(ValueError):
+    """Bad or over-limit key material; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+@dataclass
+class KeySet:
+    """One tenant's uploaded evaluation keys, imported into a key-only backend."""
+
+    id: str  # SHA-256 of the uploaded bytes
+    tenant: str
+    backend: HEBackend = field(repr=False)
+    nbytes: int = 0
+    created: float = field(default_factory=time.time)
+
+
+class ProtectedService:
+    def __init__(self, half: ServerHalf, *, max_key_bytes_per_tenant: int, max_key_bytes_total: int,
+                 max_kv_bytes_per_session: int, max_positions: int):
+        self.half = half
+        self.params = PROTECTED_PARAMS
+        self.required_steps = tuple(required_rotation_steps(half.config, self.params))
+        self.max_key_bytes_per_tenant = max_key_bytes_per_tenant
+        self.max_key_bytes_total = max_key_bytes_total
+        self.max_kv_bytes_per_session = max_kv_bytes_per_session
+        self.max_positions = max_positions
+        self.keys: dict[tuple[str, str], KeySet] = {}
+        self._keys_lock = threading.Lock()
+        self._build_lock = threading.Lock()
+        self._he_lock = threading.Lock()  # one HE computation at a time (see the module doc)
+        self._executor: ProtectedExecutor | None = None
+
+    # ---- executor ------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._executor is not None
+
+    def executor(self) -> ProtectedExecutor:
+        with self._build_lock:
+            if self._executor is None:
+                t = time.perf_counter()
+                be = SealBackend(self.params)  # key-less: only encodes the weights
+                tensors = self.half.model.hf_state_dict()
+                self._executor = ProtectedExecutor.from_checkpoint(
+                    be, _Tensors(self.half.config, tensors), self.half.k, self.half.config.num_layers,
+                    max_positions=self.max_positions, max_kv_bytes=self.max_kv_bytes_per_session)
+                log.info("protected executor ready: layers [%d, %d), %.1f GB of encoded weights, %.1f s",
+                         self.half.k, self.half.config.num_layers, self._executor.encoded_bytes / 1e9,
+                         time.perf_counter() - t)
+            return self._executor
+
+    # ---- keys ----------------------------------------------------------------------------
+    def add_keys(self, tenant: str, data: bytes) -> KeySet:
+        key_id = hashlib.sha256(data).hexdigest()
+        with self._keys_lock:
+            if (tenant, key_id) in self.keys:
+                return self.keys[(tenant, key_id)]
+            mine = sum(k.nbytes for k in self.keys.values() if k.tenant == tenant)
+            total = sum(k.nbytes for k in self.keys.values())
+        if mine + len(data) > self.max_key_bytes_per_tenant:
+            raise KeysError(429, "key_bytes_per_tenant",
+                            f"evaluation keys would exceed max_key_bytes_per_tenant={self.max_key_bytes_per_tenant}")
+        if total + len(data) > self.max_key_bytes_total:
+            raise KeysError(429, "key_bytes_total",
+                            f"evaluation keys would exceed max_key_bytes_total={self.max_key_bytes_total}")
+        try:
+            material = public_material_from_bytes(data, max_bytes=len(data))
+        except WireError as e:
+            raise KeysError(400, "bad_keys", str(e)) from None
+        if material.params_id != self.params.id:
+            raise KeysError(400, "wrong_params", f"keys are for {material.params_id!r}; "
+                                                 f"this server runs {self.params.id!r}")
+        missing = set(self.required_steps) - set(material.rotation_steps)
+        if missing:
+            raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps {sorted(missing)[:8]}")
+        be = SealBackend(self.params)
+        try:
+            be.import_public_material(material)
+        except KeyMaterialError as e:
+            raise KeysError(400, "bad_keys", str(e)) from None
+        if be.has_secret_key:  # cannot happen through import; checked because it must never be
+            raise KeysError(400, "bad_keys", "key material holds a secret key")
+        ks = KeySet(key_id, tenant, be, len(data))
+        with self._keys_lock:
+            self.keys.setdefault((tenant, key_id), ks)
+        return self.keys[(tenant, key_id)]
+
+    def key_set(self, tenant: str, key_id: str) -> KeySet | None:
+        return self.keys.get((tenant, key_id))
+
+    def key_bytes(self, tenant: str | None = None) -> int:
+        return sum(k.nbytes for k in self.keys.values() if tenant is None or k.tenant == tenant)
+
+    # ---- sessions and steps --------------------------------------------------------------
+    def open(self, keys: KeySet, session_id: str) -> ProtectedSession:
+        ex = self.executor()
+        with self._he_lock:
+            return ex.new_session(keys.backend, session_id)
+
+    def close(self, session_id: str) -> None:
+        if self._executor is not None:
+            with self._he_lock:
+                self._executor.drop_session(session_id)
+
+    def step(self, msg: ProtectedMessage) -> ProtectedMessage:
+        """Run one client message (blocking; call from a worker thread)."""
+        ex = self.executor()
+        with self._he_lock:
+            return ex.handle(msg)
+
+    def kv_bytes(self) -> int:
+        return self._executor.kv_bytes_total if self._executor is not None else 0
+
+
+class _Tensors:
+    """The (config, tensors) pair ``ProtectedExecutor.from_checkpoint`` reads."""
+
+    def __init__(self, config, tensors):
+        self.config, self.tensors = config, tensors
