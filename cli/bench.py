@@ -1,28 +1,38 @@
-"""`veil bench`: a thin front over benchmarks/ (importable as `veil.benchmarks`)."""
+"""`veil bench`: a thin front over benchmarks/ (importable as `veil.benchmarks`).
+
+* ``veil bench --paths reference,fast,split-plain,protected --out DIR [--quick] ...`` — the overhead
+  report (``veil.benchmarks.overhead``): every path in one run, results.json, report.md, plots.
+* ``veil bench --paths reference,fast`` with engine-throughput options only (no ``--out``,
+  ``--quick`` or ``--contexts``) — the engine's throughput benchmark
+  (``veil.benchmarks.engine_throughput``: 64 random requests at concurrency 16 against
+  `transformers` static batches).
+* ``veil bench --paths split-plain,protected --protected-overhead ...`` — the protected-path
+  benchmark (``veil.benchmarks.protected_overhead``: k=2, context 64, 8 tokens by default).
+"""
 
 from __future__ import annotations
 
 import argparse
 
-ENGINE_PATHS = {"reference", "fast"}
+OVERHEAD_FLAGS = {"--out", "--quick", "--contexts", "--max-new-tokens", "--k"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure paths (reference, fast) and print `figure` lines",
-                       add_help=False)
+    p = sub.add_parser("bench", help="measure the paths (reference, fast, split-plain, protected); "
+                                     "`veil bench --help` lists the options", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
-    from veil.benchmarks import engine_throughput
+    from veil.benchmarks import engine_throughput, overhead, protected_overhead
 
     rest = list(args.rest)
-    paths = "reference,fast"
-    if "--paths" in rest:
-        paths = rest[rest.index("--paths") + 1]
-    unknown = set(paths.split(",")) - ENGINE_PATHS
-    if unknown:
-        print(f"error: paths {sorted(unknown)} are not measurable yet (available: {sorted(ENGINE_PATHS)})")
-        return 2
-    return engine_throughput.main(rest)
+    if "--protected-overhead" in rest:
+        rest.remove("--protected-overhead")
+        return protected_overhead.main(rest)
+    paths = rest[rest.index("--paths") + 1] if "--paths" in rest else ",".join(overhead.ALL_PATHS)
+    engine_only = set(paths.split(",")) <= {"reference", "fast"} and not OVERHEAD_FLAGS & set(rest)
+    if engine_only and "--help" not in rest and "-h" not in rest:
+        return engine_throughput.main(rest)
+    return overhead.main(rest)

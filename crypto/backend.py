@@ -106,6 +106,15 @@ class MatvecPlan:
     output holds partial sums (garbage) outside ``[0, rows)``: use it where the result goes
     to the client, or clean it with a 0/1 ``multiply_plain`` (one level).
 
+    ``layout="wide"`` (rows < cols, for W_down): the folded layout applied to the matrix tiled
+    vertically to ``cols`` rows (row ``j`` is row ``j % row_period`` of the matrix padded to
+    ``row_period`` rows, ``row_period`` = cols / 2^i >= rows), keeping only its first
+    ``row_period`` diagonals, each ``cols`` slots long; ``log2(cols / row_period)`` more
+    rotations by multiples of ``row_period`` add the row groups (Halevi–Shoup's hybrid method).
+    Every diagonal slot then carries a weight: 2-3x fewer plaintexts than "folded" for a wide
+    matrix (576x1536: 192 instead of 384), with the same output layout (partial sums outside
+    ``[0, rows)``).
+
     The input must be periodic (``x[k % cols]``) on slots ``[0, input_span)``.
     """
 
@@ -117,10 +126,31 @@ class MatvecPlan:
     blocks: int = 1
     per_block: int = 0
     stride: int = 0
+    row_period: int = 0  # "wide" only
+
+    @property
+    def diag_len(self) -> int:
+        """Slots each diagonal occupies."""
+        return self.cols if self.layout == "wide" else self.rows
+
+    @property
+    def num_diagonals(self) -> int:
+        return self.row_period if self.layout == "wide" else self.cols
+
+    @property
+    def row_folds(self) -> list[int]:
+        """Rotation steps adding the row groups of the "wide" layout (largest first)."""
+        if self.layout != "wide":
+            return []
+        out, h = [], self.cols // self.row_period // 2
+        while h >= 1:
+            out.append(h * self.row_period)
+            h //= 2
+        return out
 
     @property
     def input_span(self) -> int:
-        return (self.blocks - 1) * self.stride + self.rows + self.n1 * self.n2
+        return (self.blocks - 1) * self.stride + self.diag_len + self.n1 * self.n2
 
     @property
     def rotation_steps(self) -> list[int]:
@@ -129,16 +159,17 @@ class MatvecPlan:
         while h >= 1:
             steps.add(h * self.stride)
             h //= 2
+        steps.update(self.row_folds)
         return sorted(steps)
 
     @property
     def rotations(self) -> int:
         """Key switches per product (baby steps included)."""
-        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.blocks))
+        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.blocks)) + len(self.row_folds)
 
     @property
     def diagonals_per_block(self) -> int:
-        return self.per_block if self.layout == "folded" else self.cols
+        return self.per_block if self.layout in ("folded", "wide") else self.cols
 
 
 def plan_matvec(
@@ -153,15 +184,24 @@ def plan_matvec(
         if plan.input_span > slot_count:
             raise ValueError(f"{rows}x{cols} needs {plan.input_span} slots, have {slot_count}")
         return plan
-    if layout != "folded":
+    if layout not in ("folded", "wide"):
         raise ValueError(f"unknown layout {layout!r}")
+    period, diag_len = 0, rows
+    if layout == "wide":
+        period = cols
+        while period % 2 == 0 and period // 2 >= rows:
+            period //= 2
+        if period == cols:
+            raise ValueError(f"{rows}x{cols}: the wide layout needs cols / 2^i >= rows for some i >= 1")
+        diag_len = cols
+    n_diags = period or cols
     best = None
     t = 1
-    while t <= cols:
-        k = -(-cols // t)
-        stride = k + cols * max(0, -(-(rows - k) // cols))  # >= rows and == k (mod cols)
+    while t <= n_diags:
+        k = -(-n_diags // t)
+        stride = k + cols * max(0, -(-(diag_len - k) // cols))  # >= diag_len and == k (mod cols)
         a, b = bsgs_split(k, n1 if n1 is not None and n1 <= k else None)
-        plan = MatvecPlan("folded", rows, cols, a, b, t, k, stride)
+        plan = MatvecPlan(layout, rows, cols, a, b, t, k, stride, period)
         if plan.input_span <= slot_count:
             # cost model: a key switch ~ 20 plaintext products (SEAL, N=16384, 7 primes)
             cost = 20 * plan.rotations + k

@@ -530,23 +530,32 @@ class SealBackend(HEBackend):
         lvl = self._lvl(level)
         if lvl.index == 0:
             raise HEError("a matrix product needs a level to rescale into")
-        # generalized diagonals: diag_k[j] = W[j, (j + k) % cols], j < rows, k < cols
-        j = np.arange(rows)
-        diags = w[j[None, :], (j[None, :] + np.arange(cols)[:, None]) % cols]  # (cols, rows)
+        if plan.layout == "wide":
+            # diagonals of the matrix padded to row_period rows and tiled to cols rows:
+            # diag_k[j] = W[j % row_period, (j + k) % cols], j < cols, k < row_period
+            wpad = np.zeros((plan.row_period, cols))
+            wpad[:rows] = w
+            j = np.arange(cols)
+            diags = wpad[(j % plan.row_period)[None, :], (j[None, :] + np.arange(plan.row_period)[:, None]) % cols]
+        else:
+            # generalized diagonals: diag_k[j] = W[j, (j + k) % cols], j < rows, k < cols
+            j = np.arange(rows)
+            diags = w[j[None, :], (j[None, :] + np.arange(cols)[:, None]) % cols]  # (cols, rows)
+        n_diags, diag_len = plan.num_diagonals, plan.diag_len
         pt_scale = float(lvl.primes[-1])
         plaintexts: dict[int, object] = {}
         nbytes = 0
-        per_block = plan.per_block if plan.layout == "folded" else cols
+        per_block = plan.per_block if plan.layout in ("folded", "wide") else cols
         for u in range(per_block):
             g = u // plan.n1
             buf = np.zeros(self._slots, dtype=np.float64)
             for t in range(plan.blocks):
                 k = t * per_block + u
-                if k >= cols:
+                if k >= n_diags:
                     break
                 # block t at t*stride; giant-step pre-rotation by -g*n1
                 start = t * plan.stride + g * plan.n1
-                buf[start : start + rows] = diags[k]
+                buf[start : start + diag_len] = diags[k]
             if not np.any(buf):
                 continue
             pt = self._encode(buf, lvl, pt_scale)
@@ -614,6 +623,8 @@ class SealBackend(HEBackend):
             rot = self._rotate_obj(acc, half * plan.stride)
             ev.add_inplace(acc, rot)
             half //= 2
+        for step in plan.row_folds:  # "wide": add the row groups
+            ev.add_inplace(acc, self._rotate_obj(acc, step))
         return self._wrap(acc)
 
     def replicate(self, ct, length: int, copies: int) -> Ciphertext:

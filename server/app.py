@@ -162,6 +162,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.running.set(engine.scheduler.num_running)
         metrics.waiting.set(engine.scheduler.num_waiting)
         metrics.kv_util.set(engine.cache.utilization)
+        metrics.protected_kv_bytes.set(protected.kv_bytes())
+        metrics.protected_key_bytes.set(protected.key_bytes())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/sessions", status_code=201)
@@ -296,7 +298,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                 raise ApiError(404, "session_not_found", "no such session")
             t0 = time.perf_counter()
             try:
-                reply = await asyncio.to_thread(protected.step, msg)
+                reply, op_seconds = await asyncio.to_thread(protected.step, msg)
             except ProtocolError as e:
                 raise ApiError(e.status, "protocol_error", str(e)) from None
             except (WireError, CiphertextError) as e:
@@ -305,6 +307,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                 raise ApiError(400, "bad_ciphertext", f"ciphertext rejected: {e}") from None
             s.last_used = time.monotonic()
         metrics.step_latency.observe(time.perf_counter() - t0)
+        for op, sec in op_seconds.items():
+            metrics.protected_op_seconds.labels(op).inc(sec)
         out = reply.to_bytes()
         metrics.bytes_in.labels("protected").inc(len(body))
         metrics.bytes_out.labels("protected").inc(len(out))

@@ -31,6 +31,13 @@ class Metrics:
         self.bytes_out = Counter("veil_bytes_out", "response body bytes on the split/protected paths", ["path"],
                                  registry=r)
         self.engine_steps = Counter("veil_engine_steps", "engine iterations", registry=r)
+        self.protected_op_seconds = Counter(
+            "veil_protected_op_seconds", "server HE time by operation kind (matvec, ctct, rotations, refresh, "
+            "flooding, serialization, other)", ["op"], registry=r)
+        self.protected_kv_bytes = Gauge("veil_protected_kv_bytes", "encrypted KV cache bytes, all sessions",
+                                        registry=r)
+        self.protected_key_bytes = Gauge("veil_protected_key_bytes", "evaluation key bytes stored, all tenants",
+                                         registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

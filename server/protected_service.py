@@ -140,11 +140,14 @@ class ProtectedService:
             with self._he_lock:
                 self._executor.drop_session(session_id)
 
-    def step(self, msg: ProtectedMessage) -> ProtectedMessage:
-        """Run one client message (blocking; call from a worker thread)."""
+    def step(self, msg: ProtectedMessage) -> tuple[ProtectedMessage, dict[str, float]]:
+        """Run one client message (blocking; call from a worker thread). Returns the reply and
+        the HE seconds it took by operation kind."""
         ex = self.executor()
         with self._he_lock:
-            return ex.handle(msg)
+            before = dict(ex.be.times)
+            reply = ex.handle(msg)
+            return reply, {k: v - before.get(k, 0.0) for k, v in ex.be.times.items() if v != before.get(k, 0.0)}
 
     def kv_bytes(self) -> int:
         return self._executor.kv_bytes_total if self._executor is not None else 0

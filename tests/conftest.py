@@ -105,3 +105,9 @@ def client_half(ckpt):
     from veil.engine.split import client_half_from
 
     return client_half_from(ckpt, 2)
+
+
+@pytest.fixture(scope="session")
+def live_server_cls():
+    """The LiveServer class, for module-scoped servers with their own settings."""
+    return LiveServer

@@ -25,8 +25,10 @@ SLOTS = P.slot_count
 N1 = 24  # one baby-step size for every matrix: the Galois keys and baby steps are shared
 REPLICATE_STEPS = [-192, -384, -768]
 FOLDED_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (40, 7)]
+WIDE_SHAPES = [(576, 1536), (100, 512), (3, 16)]
 FOLDED_STEPS = sorted(
     set().union(*(plan_matvec(r, c, SLOTS, "folded").rotation_steps for r, c in FOLDED_SHAPES))
+    | set().union(*(plan_matvec(r, c, SLOTS, "wide").rotation_steps for r, c in WIDE_SHAPES))
 )
 
 
@@ -196,6 +198,24 @@ def test_matvec_folded_layout(pair, rng, rows, cols):
     assert plan.stride >= rows and plan.stride % cols == plan.per_block % cols
     assert plan.blocks * plan.per_block >= cols and plan.input_span <= SLOTS
     assert len(m.plaintexts) <= plan.per_block < cols or cols < 8
+    y = server.matvec(m, ct)
+    assert server.level(y) == level - 1
+    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+
+
+@pytest.mark.parametrize("rows,cols", WIDE_SHAPES)
+def test_matvec_wide_layout(pair, rng, rows, cols):
+    """Wide layout (Halevi-Shoup hybrid): fewer plaintexts than folded, same result in [0, rows)."""
+    client, server = pair
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    x = rng.standard_normal(cols)
+    level = 2
+    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
+    m = server.encode_matrix(w, level, layout="wide")
+    plan = m.plan
+    assert plan.layout == "wide" and rows <= plan.row_period < cols and cols % plan.row_period == 0
+    assert plan.input_span <= SLOTS and plan.row_folds
+    assert len(m.plaintexts) <= len(server.encode_matrix(w, level, layout="folded").plaintexts)
     y = server.matvec(m, ct)
     assert server.level(y) == level - 1
     assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5

@@ -21,10 +21,8 @@ NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def server(ckpt, tmp_path_factory):
-    from conftest import LiveServer
-
-    srv = LiveServer(ckpt, tmp_path_factory.mktemp("protected"), k=K)
+def server(ckpt, tmp_path_factory, live_server_cls):
+    srv = live_server_cls(ckpt, tmp_path_factory.mktemp("protected"), k=K)
     yield srv
     srv.stop()
 

@@ -1,0 +1,357 @@
+"""The overhead report: every path measured in one run, with plots, goodput and methodology.
+
+    veil bench --paths reference,fast,split-plain,protected --out DIR [--contexts 16,64,128]
+               [--concurrency 1,4,16,64] [--max-new-tokens N] [--k K]
+               [--slo-ttft-ms X --slo-tpot-ms Y] [--quick]
+
+Paths:
+* ``reference``: `transformers` ``LlamaForCausalLM.generate`` on the full model, local, greedy;
+* ``fast``: the OpenAI-compatible full-model endpoint (streamed ``/v1/completions``);
+* ``split-plain``: the client SDK, plaintext split (layers [0, k) here, [k, L) on the server);
+* ``protected``: the client SDK, CKKS split (PROTOCOL.md).
+
+One ``veil serve --k K`` subprocess on loopback serves fast, split-plain and protected.
+
+Per path and context C (a prompt of exactly C tokens, then N greedy tokens, one request at a
+time): TTFT, TPOT, ITL, end-to-end latency (mean/p50/p95/p99 over the decode steps or
+requests), bytes up/down per token and setup bytes, round trips per token, client CPU s/token,
+the protected server's HE time by operation kind, mean KL of the next-token distribution against
+``reference`` and greedy agreement. Per path and concurrency c (fast, split-plain): output tok/s,
+requests/s and goodput (requests/s meeting both SLOs) for ``4c`` requests with at most c in
+flight. Peak RSS of the server and of this client process after each path.
+
+Outputs in DIR (``--out``):
+* ``results.json`` — schema ``veil.bench/1``::
+
+    {"schema": "veil.bench/1", "interrupted": bool, "settings": {...}, "machine": {...},
+     "paths": {PATH: {"ctxC": {METRIC: number | {"mean","p50","p95","p99"} | {op: s}},
+                      "cC": {"output_tok_s", "requests_s", "goodput_rps", "ttft_s", ...},
+                      "server_peak_rss_bytes": int, "client_peak_rss_bytes": int}},
+     "ratios": {"protected_over_split_plain.tpot_s.ctxC": x, "split_plain_over_fast.tpot_s.ctxC": x, ...}}
+
+* ``report.md`` — a table per figure, the overhead ratios and how to read them;
+* ``tpot_vs_context.png``, ``bytes_per_token.png``, ``throughput_vs_concurrency.png``,
+  ``protected_server_breakdown.png``.
+
+Every figure is also printed as a ``figure <path>.<metric>[.<stat>][.ctxC|.cC] <value>`` line.
+Ctrl-C stops the run and writes what was measured so far (``"interrupted": true``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from veil.benchmarks.protected_overhead import (
+    PATH_MODES,
+    context_prompt,
+    figure_lines_for,
+    logits_of,
+    peak_rss,
+    run_session,
+    start_split_server,
+)
+from veil.benchmarks.stats import RequestRecord, distribution, summarize
+
+SCHEMA = "veil.bench/1"
+ALL_PATHS = ("reference", "fast", "split-plain", "protected")
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- reference ------------------------------------------------------------------------------
+def run_reference_context(hf_model, prompt: list[int], new_tokens: int, reference_logits) -> dict:
+    """One greedy `generate` call; token times from a streamer (the prompt is put first)."""
+    import copy
+
+    times: list[float] = []
+
+    class Clock:
+        def put(self, value):
+            times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    cfg = copy.deepcopy(hf_model.generation_config)
+    cfg.eos_token_id, cfg.do_sample, cfg.max_new_tokens, cfg.min_new_tokens = None, False, new_tokens, new_tokens
+    cfg.temperature = cfg.top_p = cfg.top_k = None
+    cfg.pad_token_id = 0
+    saved = hf_model.generation_config
+    hf_model.generation_config = copy.deepcopy(saved)
+    hf_model.generation_config.eos_token_id = None
+    try:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                    generation_config=cfg, streamer=Clock())
+    finally:
+        hf_model.generation_config = saved
+    tokens = out[0, len(prompt):].tolist()
+    tok_times = times[1:]  # times[0]: the prompt handed to the streamer
+    gaps = [b - a for a, b in zip(tok_times[:-1], tok_times[1:], strict=True)]
+    return {"context": len(prompt), "tokens": tokens, "ttft_s": tok_times[0] - t0, "tpot_s": distribution(gaps),
+            "itl_s": distribution(gaps), "e2el_s": tok_times[-1] - t0, "bytes_per_token": 0.0,
+            "client_cpu_s_per_token": None, "kl_mean": 0.0, "greedy_agreement": 1.0}
+
+
+# ---- fast -----------------------------------------------------------------------------------
+def run_fast_context(url: str, key: str, prompt: list[int], new_tokens: int, ref_tokens: list[int], tokenizer) -> dict:
+    """One streamed /v1/completions request alone; latencies as the engine benchmark defines them."""
+    from veil.benchmarks.engine_throughput import run_fast
+    from veil.benchmarks.workload import BenchRequest, Workload
+
+    wl = Workload([BenchRequest(prompt, new_tokens)], 0, "single request")
+    records, _ = asyncio.run(run_fast(url, key, wl, 1, float("inf"), "SmolLM2-135M-Instruct"))
+    r = records[0]
+    if r.error:
+        raise RuntimeError(f"fast path: {r.error}")
+    text = _completion_text(url, key, prompt, new_tokens)
+    agree = text == tokenizer.decode(ref_tokens, skip_special_tokens=True)
+    return {"context": len(prompt), "ttft_s": r.ttft, "tpot_s": distribution(r.itl), "itl_s": distribution(r.itl),
+            "e2el_s": r.e2el, "greedy_agreement": float(agree)}
+
+
+def _completion_text(url: str, key: str, prompt: list[int], new_tokens: int) -> str:
+    import httpx
+
+    r = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=600,
+                   json={"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": new_tokens,
+                         "temperature": 0, "ignore_eos": True})
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+
+
+def fast_concurrency(url: str, key: str, c: int, prompt_len: int, new_tokens: int, slo) -> dict:
+    from veil.benchmarks.engine_throughput import run_fast
+    from veil.benchmarks.workload import random_workload
+
+    wl = random_workload(4 * c, (prompt_len, prompt_len), (new_tokens, new_tokens), seed=c)
+    records, duration = asyncio.run(run_fast(url, key, wl, c, float("inf"), "SmolLM2-135M-Instruct"))
+    return summarize(records, duration, *slo)
+
+
+# ---- split-plain under concurrency ----------------------------------------------------------
+def split_concurrency(url: str, key: str, half, c: int, prompt: list[int], new_tokens: int, slo) -> dict:
+    """``4c`` split-plain generations, ``c`` client threads at a time (one SDK client each)."""
+    from veil.client.sdk import VeilClient
+
+    records = [RequestRecord(arrival=0.0, prompt_tokens=len(prompt)) for _ in range(4 * c)]
+    queue = list(records)
+    lock = threading.Lock()
+
+    def worker():
+        with VeilClient(url, key, mode="plaintext", half=half) as client:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    rec = queue.pop()
+                rec.arrival = time.perf_counter()
+                try:
+                    last = None
+                    for _ in client.iter_tokens(prompt, new_tokens, stop_at_eos=False):
+                        now = time.perf_counter()
+                        if rec.first_token is None:
+                            rec.first_token = now
+                        else:
+                            rec.itl.append(now - last)
+                        last = now
+                        rec.output_tokens += 1
+                    rec.end = last
+                except Exception as e:  # noqa: BLE001 - recorded as the request's error
+                    rec.error = repr(e)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return summarize(records, time.perf_counter() - t0, *slo)
+
+
+# ---- the run --------------------------------------------------------------------------------
+def machine(k: int) -> dict:
+    import tenseal
+
+    from veil.benchmarks.engine_throughput import machine_facts
+    from veil.crypto.params import PROTECTED_PARAMS
+
+    return {**machine_facts(), "tenseal": tenseal.__version__, "param_set": PROTECTED_PARAMS.id, "k": k}
+
+
+def measure(args, results: dict) -> None:
+    """Fill ``results`` in place (so an interrupt keeps what is done)."""
+    from tqdm.auto import tqdm
+
+    from veil.client.sdk import VeilClient
+    from veil.engine.loader import load_checkpoint
+    from veil.engine.reference import build_reference
+    from veil.engine.split import client_half_from
+
+    paths, contexts, conc = args.paths, args.contexts, args.concurrency
+    n = args.max_new_tokens
+    slo = (args.slo_ttft_ms / 1000 if args.slo_ttft_ms else None, args.slo_tpot_ms / 1000 if args.slo_tpot_ms else None)
+    say("loading the model…")
+    ckpt = load_checkpoint()
+    hf = build_reference(ckpt)
+    reference_logits = logits_of(hf)  # every path's KL is against transformers' model
+    prompts = {c: context_prompt(ckpt.tokenizer, c) for c in contexts}
+    P = results["paths"]
+    ref_tokens = {}
+    # the reference tokens are needed for the fast path's agreement even when not reported
+    for c in tqdm(contexts, desc="reference", disable=not args.progress):
+        r = run_reference_context(hf, prompts[c], n, reference_logits)
+        ref_tokens[c] = r["tokens"]
+        if "reference" in paths:
+            P.setdefault("reference", {})[f"ctx{c}"] = r
+    if "reference" in paths:
+        P["reference"]["client_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if not set(paths) & {"fast", "split-plain", "protected"}:
+        return
+    half = client_half_from(ckpt, args.k)
+    with tempfile.TemporaryDirectory() as tmp:
+        say(f"starting `veil serve --k {args.k}` on loopback…")
+        proc, url, key = start_split_server(Path(tmp), args.k)
+        try:
+            if "fast" in paths:
+                _fast_context_warmup(url, key)
+                for c in tqdm(contexts, desc="fast: contexts", disable=not args.progress):
+                    P.setdefault("fast", {})[f"ctx{c}"] = run_fast_context(url, key, prompts[c], n, ref_tokens[c],
+                                                                           ckpt.tokenizer)
+                for c in tqdm(conc, desc="fast: concurrency", disable=not args.progress):
+                    P["fast"][f"c{c}"] = fast_concurrency(url, key, c, args.concurrency_prompt, n, slo)
+                P["fast"]["server_peak_rss_bytes"] = peak_rss(proc.pid)
+            for path in [p for p in ("split-plain", "protected") if p in paths]:
+                mode = PATH_MODES[path]
+                with VeilClient(url, key, mode=mode, half=half, timeout_s=7200) as client:
+                    if mode == "protected":
+                        say("protected: key generation and upload (setup, reported separately)…")
+                        t = time.perf_counter()
+                        client.generate_keys(progress=args.progress)
+                        client.ensure_keys()
+                        P.setdefault(path, {})["setup_s"] = time.perf_counter() - t
+                    for c in tqdm(contexts, desc=f"{path}: contexts", disable=not args.progress):
+                        P.setdefault(path, {})[f"ctx{c}"] = run_session(client, prompts[c], n, reference_logits, url)
+                if path == "split-plain":
+                    for c in tqdm(conc, desc="split-plain: concurrency", disable=not args.progress):
+                        P[path][f"c{c}"] = split_concurrency(url, key, half, c,
+                                                             context_prompt(ckpt.tokenizer, args.concurrency_prompt),
+                                                             n, slo)
+                P[path]["server_peak_rss_bytes"] = peak_rss(proc.pid)
+                P[path]["client_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+
+def _fast_context_warmup(url: str, key: str) -> None:
+    _completion_text(url, key, [1, 2, 3, 4], 2)
+
+
+def ratios(paths: dict) -> dict:
+    out = {}
+    pairs = (("protected", "split-plain", "protected_over_split_plain"), ("split-plain", "fast", "split_plain_over_fast"),
+             ("fast", "reference", "fast_over_reference"))
+    for a, b, name in pairs:
+        if a not in paths or b not in paths:
+            continue
+        for tag, ra in paths[a].items():
+            rb = paths[b].get(tag)
+            if not tag.startswith("ctx") or not isinstance(rb, dict):
+                continue
+            for metric in ("tpot_s", "ttft_s", "bytes_per_token"):
+                va, vb = _scalar(ra.get(metric)), _scalar(rb.get(metric))
+                if va is not None and vb:
+                    out[f"{name}.{metric}.{tag}"] = va / vb
+    return out
+
+
+def _scalar(v):
+    if isinstance(v, dict):
+        return v.get("mean")
+    return v
+
+
+def figure_lines(results: dict) -> list[str]:
+    lines = []
+    for path, by_tag in results["paths"].items():
+        for tag, r in by_tag.items():
+            if isinstance(r, dict):
+                lines += figure_lines_for(path, r, f".{tag}")
+            else:
+                lines.append(f"figure {path}.{tag} {r:.6g}")
+    for name, v in results.get("ratios", {}).items():
+        lines.append(f"figure ratio.{name} {v:.6g}")
+    return lines
+
+
+def write_outputs(out: Path, results: dict) -> None:
+    from veil.benchmarks.report import write_plots, write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    results["ratios"] = ratios(results["paths"])
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
+    write_report(out / "report.md", results)
+    write_plots(out, results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="veil bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--paths", default=",".join(ALL_PATHS))
+    p.add_argument("--out", type=Path, default=Path("bench_out/overhead"))
+    p.add_argument("--contexts", default="16,64,128")
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--concurrency-prompt", type=int, default=64, help="prompt tokens of the concurrency runs")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--k", type=int, default=2, help="split point of split-plain and protected")
+    p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=200.0)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny settings: context 16, 4 new tokens, concurrency 1,2, one protected layer")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.contexts, args.concurrency, args.max_new_tokens, args.concurrency_prompt = "16", "1,2", 4, 16
+        if "--k" not in (argv if argv is not None else sys.argv):
+            args.k = 29  # one protected layer of SmolLM2's 30
+    args.paths = [x for x in args.paths.split(",") if x]
+    unknown = set(args.paths) - set(ALL_PATHS)
+    if unknown:
+        p.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(ALL_PATHS)}")
+    args.contexts = [int(x) for x in args.contexts.split(",")]
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    results = {"schema": SCHEMA, "interrupted": False, "machine": machine(args.k),
+               "settings": {"paths": args.paths, "contexts": args.contexts, "concurrency": args.concurrency,
+                            "max_new_tokens": args.max_new_tokens, "k": args.k, "quick": args.quick,
+                            "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
+                            "concurrency_prompt": args.concurrency_prompt},
+               "paths": {}}
+    t0 = time.perf_counter()
+    try:
+        measure(args, results)
+    except KeyboardInterrupt:
+        results["interrupted"] = True
+        say("interrupted: writing what was measured so far…")
+    results["wall_s"] = time.perf_counter() - t0
+    write_outputs(args.out, results)
+    for line in figure_lines(results):
+        print(line, flush=True)
+    say(f"wrote {args.out}/results.json, report.md and plots in {results['wall_s']:.0f} s")
+    return 130 if results["interrupted"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

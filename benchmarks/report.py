@@ -1,0 +1,230 @@
+"""``report.md`` and the PNG plots of ``veil bench`` (results of ``veil.benchmarks.overhead``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+PATH_ORDER = ("reference", "fast", "split-plain", "protected")
+OPS = ("matvec", "ctct", "rotations", "refresh", "flooding", "serialization", "other")
+# (metric, stat or None, unit label, scale)
+CONTEXT_FIGURES = (
+    ("ttft_s", None, "TTFT (s)", 1.0),
+    ("tpot_s", "mean", "TPOT mean (s)", 1.0),
+    ("tpot_s", "p50", "TPOT p50 (s)", 1.0),
+    ("tpot_s", "p99", "TPOT p99 (s)", 1.0),
+    ("e2el_s", None, "end-to-end latency (s)", 1.0),
+    ("bytes_up_per_token", None, "bytes up / token (kB)", 1e-3),
+    ("bytes_down_per_token", None, "bytes down / token (kB)", 1e-3),
+    ("setup_bytes", None, "setup bytes (MB)", 1e-6),
+    ("round_trips_per_token", None, "round trips / token", 1.0),
+    ("client_cpu_s_per_token", None, "client CPU s / token", 1.0),
+    ("kl_mean", None, "mean KL vs reference", 1.0),
+    ("greedy_agreement", None, "greedy agreement", 1.0),
+)
+CONC_FIGURES = (("output_tok_s", "output tok/s"), ("requests_s", "requests/s"), ("goodput_rps", "goodput (req/s)"),
+                ("ttft_s", "TTFT mean (s)"), ("tpot_s", "TPOT mean (s)"))
+
+
+def _paths(results: dict) -> list[str]:
+    return [p for p in PATH_ORDER if p in results["paths"]]
+
+
+def _tags(results: dict, prefix: str) -> list[str]:
+    """``ctx16, ctx64…`` (prefix "ctx") or ``c1, c4…`` (prefix "c"), in numeric order."""
+    pat = re.compile(rf"{prefix}(\d+)")
+    tags = {t for by in results["paths"].values() for t, v in by.items() if pat.fullmatch(t) and isinstance(v, dict)}
+    return sorted(tags, key=lambda t: int(pat.fullmatch(t)[1]))
+
+
+def _get(r: dict | None, metric: str, stat: str | None):
+    if not isinstance(r, dict):
+        return None
+    v = r.get(metric)
+    if isinstance(v, dict):
+        v = v.get(stat or "mean")
+    return v
+
+
+def _fmt(v, scale: float = 1.0) -> str:
+    if v is None:
+        return "—"
+    v = v * scale
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000 or abs(v) < 0.01:
+        return f"{v:.3g}"
+    return f"{v:.3f}".rstrip("0").rstrip(".")
+
+
+def write_report(path: Path, results: dict) -> None:
+    s, m = results["settings"], results["machine"]
+    paths = _paths(results)
+    ctx_tags, conc_tags = _tags(results, "ctx"), _tags(results, "c")
+    out = ["# Veil overhead report", ""]
+    if results.get("interrupted"):
+        out += ["**Interrupted run: the tables hold what was measured before Ctrl-C.**", ""]
+    out += [f"Machine: {m.get('cpu')} ({m.get('cpus')} CPUs), GPU: {m.get('gpu') or 'none'}; torch {m.get('torch')}, "
+            f"tenseal {m.get('tenseal')}; parameter set `{m.get('param_set')}`; split k={s['k']} "
+            f"(the server runs layers [{s['k']}, L)). Contexts {s['contexts']}, {s['max_new_tokens']} new tokens, greedy; "
+            f"concurrency {s['concurrency']} ({s['concurrency_prompt']}-token prompts); "
+            f"SLO: TTFT ≤ {s['slo_ttft_ms']} ms and TPOT ≤ {s['slo_tpot_ms']} ms. Wall time {results.get('wall_s', 0):.0f} s.",
+            ""]
+    out += ["## How to read this", "",
+            "Each table is one figure; rows are paths, columns context lengths (prompt tokens) or client "
+            "concurrency. `reference` is what a user gets from `transformers` alone; `fast` adds a server "
+            "(batching, paged KV cache) but trusts it with everything; `split-plain` keeps the embedding, the first "
+            "k layers and the sampling on the client and sends hidden states in the clear; `protected` sends "
+            "only CKKS ciphertexts. The price of privacy is the protected/split-plain ratio; the price of "
+            "splitting at all is split-plain/fast. TPOT is one decode step; TTFT includes the whole prefill "
+            "(the protected path prefills position by position). Bytes and round trips are per decode token; "
+            "setup bytes (the client's evaluation keys) are paid once per client. KL is the mean "
+            "KL(reference ‖ path) of the next-token distribution over the generated positions, teacher-forced "
+            "on the path's own tokens; greedy agreement is the fraction of positions whose argmax matches.", ""]
+    ratios = results.get("ratios", {})
+    if ratios:
+        out += ["## Overhead ratios", "", "| ratio | value |", "| --- | --- |"]
+        out += [f"| {k} | {_fmt(v)} |" for k, v in sorted(ratios.items())]
+        out.append("")
+    if ctx_tags:
+        out += ["## Per context", ""]
+        for metric, stat, label, scale in CONTEXT_FIGURES:
+            rows = []
+            for p in paths:
+                vals = [_get(results["paths"][p].get(t), metric, stat) for t in ctx_tags]
+                if any(v is not None for v in vals):
+                    rows.append(f"| {p} | " + " | ".join(_fmt(v, scale) for v in vals) + " |")
+            if rows:
+                out += [f"### {label}", "", "| path | " + " | ".join(ctx_tags) + " |",
+                        "| --- |" + " --- |" * len(ctx_tags), *rows, ""]
+        prot = results["paths"].get("protected", {})
+        ops_rows = []
+        for t in ctx_tags:
+            srv = prot.get(t, {}).get("server_s") if isinstance(prot.get(t), dict) else None
+            if srv:
+                ops_rows.append(f"| {t} | " + " | ".join(_fmt(srv.get(op, 0.0)) for op in OPS) +
+                                f" | {_fmt(sum(srv.values()))} |")
+        if ops_rows:
+            out += ["### Protected server time per token by operation (s)", "",
+                    "| context | " + " | ".join(OPS) + " | total |", "| --- |" + " --- |" * (len(OPS) + 1),
+                    *ops_rows, ""]
+    if conc_tags:
+        out += ["## Under load", ""]
+        for metric, label in CONC_FIGURES:
+            rows = []
+            for p in paths:
+                vals = [_get(results["paths"][p].get(t), metric, "mean") for t in conc_tags]
+                if any(v is not None for v in vals):
+                    rows.append(f"| {p} | " + " | ".join(_fmt(v) for v in vals) + " |")
+            if rows:
+                out += [f"### {label}", "", "| path | " + " | ".join(conc_tags) + " |",
+                        "| --- |" + " --- |" * len(conc_tags), *rows, ""]
+    rss = [(p, results["paths"][p].get("server_peak_rss_bytes"), results["paths"][p].get("client_peak_rss_bytes"))
+           for p in paths]
+    out += ["## Peak memory (after each path; the server is shared, so its figure only grows)", "",
+            "| path | server peak RSS (GB) | client peak RSS (GB) |", "| --- | --- | --- |"]
+    out += [f"| {p} | {_fmt(a, 1e-9)} | {_fmt(b, 1e-9)} |" for p, a, b in rss]
+    out.append("")
+    path.write_text("\n".join(out))
+
+
+def write_plots(out: Path, results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = _paths(results)
+    ctx_tags, conc_tags = _tags(results, "ctx"), _tags(results, "c")
+    ctxs = [int(t[3:]) for t in ctx_tags]
+
+    # TPOT vs context, log scale
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in paths:
+        pts = [(c, _get(results["paths"][p].get(t), "tpot_s", "mean")) for c, t in zip(ctxs, ctx_tags, strict=True)]
+        pts = [(c, v) for c, v in pts if v]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=p)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (prompt tokens)")
+    ax.set_ylabel("TPOT, mean (s, log scale)")
+    ax.set_title("Time per output token vs context")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "tpot_vs_context.png", dpi=110)
+    plt.close(fig)
+
+    # bytes per token (up / down), at the largest measured context of each path, log scale
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    wire = [p for p in paths if p in ("split-plain", "protected")]
+    labels, up, down = [], [], []
+    for p in wire:
+        t = next((t for t in reversed(ctx_tags) if isinstance(results["paths"][p].get(t), dict)), None)
+        if t is None:
+            continue
+        r = results["paths"][p][t]
+        labels.append(f"{p}\n({t})")
+        up.append(r.get("bytes_up_per_token", 0) or 0)
+        down.append(r.get("bytes_down_per_token", 0) or 0)
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], up, width=0.4, label="up (client → server)")
+    ax.bar([i + 0.2 for i in x], down, width=0.4, label="down (server → client)")
+    ax.set_xticks(list(x), labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("bytes per decode token (log scale)")
+    ax.set_title("Wire bytes per token (fast path: token ids only, not shown)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "bytes_per_token.png", dpi=110)
+    plt.close(fig)
+
+    # throughput and goodput vs concurrency
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in [p for p in paths if p in ("fast", "split-plain")]:
+        pts = [(int(t[1:]), results["paths"][p].get(t)) for t in conc_tags if isinstance(results["paths"][p].get(t), dict)]
+        if not pts:
+            continue
+        cs = [c for c, _ in pts]
+        ax.plot(cs, [r["output_tok_s"] for _, r in pts], marker="o", label=f"{p}: output tok/s")
+        if all("goodput_rps" in r for _, r in pts):
+            ax2 = ax.twinx() if not hasattr(ax, "_veil_twin") else ax._veil_twin
+            ax._veil_twin = ax2
+            ax2.plot(cs, [r["goodput_rps"] for _, r in pts], marker="s", linestyle="--", label=f"{p}: goodput (req/s)")
+            ax2.set_ylabel("goodput (requests/s meeting the SLO), dashed")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("output tokens/s, solid")
+    ax.set_title("Throughput and goodput vs concurrency")
+    handles, labels_ = ax.get_legend_handles_labels()
+    if hasattr(ax, "_veil_twin"):
+        h2, l2 = ax._veil_twin.get_legend_handles_labels()
+        handles, labels_ = handles + h2, labels_ + l2
+    if handles:
+        ax.legend(handles, labels_, fontsize=8, loc="upper left")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "throughput_vs_concurrency.png", dpi=110)
+    plt.close(fig)
+
+    # protected server-time breakdown per context (stacked)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    prot = results["paths"].get("protected", {})
+    rows = [(t, prot[t]["server_s"]) for t in ctx_tags if isinstance(prot.get(t), dict) and prot[t].get("server_s")]
+    bottom = [0.0] * len(rows)
+    for op in OPS:
+        vals = [srv.get(op, 0.0) for _, srv in rows]
+        if any(vals):
+            ax.bar([t for t, _ in rows], vals, bottom=bottom, label=op)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("server HE seconds per decode token")
+    ax.set_xlabel("context")
+    k = results["settings"]["k"]
+    ax.set_title(f"Protected server time by operation (k={k})")
+    if rows:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "protected path not measured", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(out / "protected_server_breakdown.png", dpi=110)
+    plt.close(fig)
