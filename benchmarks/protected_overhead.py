@@ -166,8 +166,9 @@ def figure_lines_for(path: str, res: dict, suffix: str) -> list[str]:
             continue
         if isinstance(v, dict):
             for stat, x in v.items():
-                lines.append(f"figure {path}.{metric}.{stat}{suffix} {x:.6g}")
-        else:
+                if isinstance(x, int | float):
+                    lines.append(f"figure {path}.{metric}.{stat}{suffix} {x:.6g}")
+        elif isinstance(v, int | float) and not isinstance(v, bool):
             lines.append(f"figure {path}.{metric}{suffix} {v:.6g}")
     return lines
 

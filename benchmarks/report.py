@@ -179,30 +179,29 @@ def write_plots(out: Path, results: dict) -> None:
     fig.savefig(out / "bytes_per_token.png", dpi=110)
     plt.close(fig)
 
-    # throughput and goodput vs concurrency
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # throughput and goodput vs concurrency: two panels, one colour per path
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     for p in [p for p in paths if p in ("fast", "split-plain")]:
-        pts = [(int(t[1:]), results["paths"][p].get(t)) for t in conc_tags if isinstance(results["paths"][p].get(t), dict)]
+        pts = [(int(t[1:]), results["paths"][p][t]) for t in conc_tags if isinstance(results["paths"][p].get(t), dict)]
         if not pts:
             continue
         cs = [c for c, _ in pts]
-        ax.plot(cs, [r["output_tok_s"] for _, r in pts], marker="o", label=f"{p}: output tok/s")
+        ax.plot(cs, [r["output_tok_s"] for _, r in pts], marker="o", label=p)
         if all("goodput_rps" in r for _, r in pts):
-            ax2 = ax.twinx() if not hasattr(ax, "_veil_twin") else ax._veil_twin
-            ax._veil_twin = ax2
-            ax2.plot(cs, [r["goodput_rps"] for _, r in pts], marker="s", linestyle="--", label=f"{p}: goodput (req/s)")
-            ax2.set_ylabel("goodput (requests/s meeting the SLO), dashed")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("output tokens/s, solid")
-    ax.set_title("Throughput and goodput vs concurrency")
-    handles, labels_ = ax.get_legend_handles_labels()
-    if hasattr(ax, "_veil_twin"):
-        h2, l2 = ax._veil_twin.get_legend_handles_labels()
-        handles, labels_ = handles + h2, labels_ + l2
-    if handles:
-        ax.legend(handles, labels_, fontsize=8, loc="upper left")
-    ax.grid(True, alpha=0.3)
+            ax2.plot(cs, [r["goodput_rps"] for _, r in pts], marker="s", label=p)
+    s_ = results["settings"]
+    for a_, ylabel, title in ((ax, "output tokens/s", "Throughput"),
+                              (ax2, "requests/s within the SLO", f"Goodput (TTFT ≤ {s_['slo_ttft_ms']:g} ms, "
+                                                                 f"TPOT ≤ {s_['slo_tpot_ms']:g} ms)")):
+        a_.set_xscale("log", base=2)
+        a_.set_xticks([int(t[1:]) for t in conc_tags], [t[1:] for t in conc_tags])
+        a_.set_xlabel("concurrency (requests in flight)")
+        a_.set_ylabel(ylabel)
+        a_.set_title(title)
+        a_.set_ylim(bottom=0)
+        a_.grid(True, alpha=0.3)
+        if a_.get_legend_handles_labels()[0]:
+            a_.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "throughput_vs_concurrency.png", dpi=110)
     plt.close(fig)

@@ -95,14 +95,21 @@ class SplitSession:
     def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
         """Feed tokens at the next positions; returns the logits [vocab] after the last one."""
         model = self.client.model
+        cpu = time.thread_time()
         with torch.inference_mode():
             positions = torch.arange(self.pos, self.pos + len(ids))
             h, local_kv = model.forward_layers(model.embed(torch.tensor(ids)), positions, self.local_kv)
+        if stats is not None:
+            stats.client_cpu_s += time.thread_time() - cpu
         out = self._round_trip(HiddenStep(self.id, self.step + 1, h, positions.tolist()), stats)
         # Commit local state only once the server accepted the step, so both halves stay in step.
         self.local_kv, self.step, self.pos = local_kv, self.step + 1, self.pos + len(ids)
+        cpu = time.thread_time()
         with torch.inference_mode():
-            return model.logits(out[-1:])[0]
+            logits = model.logits(out[-1:])[0]
+        if stats is not None:
+            stats.client_cpu_s += time.thread_time() - cpu
+        return logits
 
     def _round_trip(self, msg: HiddenStep, stats: GenerationStats | None) -> torch.Tensor:
         body = msg.to_bytes()

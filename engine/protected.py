@@ -22,8 +22,8 @@ Prefill: a loop of decode steps (multi-token packing is not implemented yet).
 
 Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at level >= 2):
 
-* MLP_IN: m uploaded at 9, h' re-encrypted at 8; h_raw = h' - ρ + W_down m at 8 (folded output:
-  partial sums outside [0, d)).
+* MLP_IN: m uploaded at 9, h' re-encrypted at 8; h_raw = h' - ρ + W_down m at 8 (W_down in the
+  "wide" hybrid diagonal layout, 192 plaintexts; output: partial sums outside [0, d)).
 * layer start: h = replicate(clean(h_raw)) at 7; y = [W_q; K_exp W_k; K_exp W_v] γ1 h at 6
   (K_exp repeats each KV head for its query heads); RoPE on ciphertexts
   q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32) (masks also clean the folded output),
