@@ -86,6 +86,15 @@ def test_server_holds_no_secret_key(server, client, generations):
     assert sent["params"] == PROTECTED_PARAMS.id
 
 
+def test_server_runs_production_parameters_only(server):
+    from veil.crypto.params import production_param_ids
+
+    svc = server.app.state.protected
+    assert svc.params.id in production_param_ids() and svc.params is PROTECTED_PARAMS
+    assert svc.executor().params_id == PROTECTED_PARAMS.id
+    assert all(ks.backend.params.id == PROTECTED_PARAMS.id for ks in svc.keys.values())
+
+
 def test_sessions_and_ciphertexts_are_released(server, generations):
     svc = server.app.state.protected
     assert svc.executor().sessions == {}  # each generation deleted its session
