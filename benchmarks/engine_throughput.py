@@ -29,18 +29,18 @@ from veil.benchmarks.stats import RequestRecord, emit, figure_lines, summarize
 from veil.benchmarks.workload import Workload, random_workload
 
 
-def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str,
-                 threads: int | None = None) -> tuple[subprocess.Popen, str, str]:
+def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str]) -> tuple[subprocess.Popen, str, str]:
+    """A `veil serve` subprocess on a free loopback port with one tenant holding `scopes`;
+    returns (process, url, api key) once /health answers. Its log is tmp/server.log."""
     from veil.server.runner import free_port
 
     tenants = tmp / "tenants.json"
-    key = subprocess.run([sys.executable, "-m", "veil.cli.main", "tenants", "add", "bench", "--scope", "plaintext",
+    scope_args = [a for s in scopes for a in ("--scope", s)]
+    key = subprocess.run([sys.executable, "-m", "veil.cli.main", "tenants", "add", "bench", *scope_args,
                           "--file", str(tenants)], check=True, capture_output=True, text=True).stdout.strip()
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "veil.cli.main", "serve", "--tenants", str(tenants),
-                             "--port", str(port), "--kv-cache-gb", str(kv_cache_gb),
-                             "--max-tokens-per-step", str(max_tokens_per_step), "--dtype", dtype,
-                             *(["--threads", str(threads)] if threads else [])],
+                             "--port", str(port), *serve_args],
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -55,6 +55,13 @@ def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype:
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError("server did not start")
+
+
+def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str,
+                 threads: int | None = None) -> tuple[subprocess.Popen, str, str]:
+    return launch_server(tmp, ("plaintext",), ["--kv-cache-gb", str(kv_cache_gb), "--max-tokens-per-step",
+                                               str(max_tokens_per_step), "--dtype", dtype,
+                                               *(["--threads", str(threads)] if threads else [])])
 
 
 async def _one(client: httpx.AsyncClient, req, rec: RequestRecord, model: str) -> None:

@@ -53,30 +53,9 @@ def context_prompt(tokenizer, ctx: int) -> list[int]:
 
 def start_split_server(tmp: Path, k: int, extra: list[str] | None = None) -> tuple[subprocess.Popen, str, str]:
     """A `veil serve --k K` subprocess with one tenant holding both scopes."""
-    from veil.server.runner import free_port
+    from veil.benchmarks.engine_throughput import launch_server
 
-    tenants = tmp / "tenants.json"
-    key = subprocess.run([sys.executable, "-m", "veil.cli.main", "tenants", "add", "bench", "--scope", "plaintext",
-                          "--scope", "protected", "--file", str(tenants)], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    port = free_port()
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "veil.cli.main", "serve", "--tenants", str(tenants),
-                             "--port", str(port), "--k", str(k), "--session-ttl", "86400", *(extra or [])],
-                            stdout=subprocess.DEVNULL, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {(tmp / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url, key
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not start")
+    return launch_server(tmp, ("plaintext", "protected"), ["--k", str(k), "--session-ttl", "86400", *(extra or [])])
 
 
 def peak_rss(pid: int) -> int:

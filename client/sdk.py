@@ -95,12 +95,7 @@ class SplitSession:
     def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
         """Feed tokens at the next positions; returns the logits [vocab] after the last one."""
         model = self.client.model
-        cpu = time.thread_time()
-        with torch.inference_mode():
-            positions = torch.arange(self.pos, self.pos + len(ids))
-            h, local_kv = model.forward_layers(model.embed(torch.tensor(ids)), positions, self.local_kv)
-        if stats is not None:
-            stats.client_cpu_s += time.thread_time() - cpu
+        h, local_kv, positions = self._local_layers(ids, stats)
         out = self._round_trip(HiddenStep(self.id, self.step + 1, h, positions.tolist()), stats)
         # Commit local state only once the server accepted the step, so both halves stay in step.
         self.local_kv, self.step, self.pos = local_kv, self.step + 1, self.pos + len(ids)
@@ -110,6 +105,17 @@ class SplitSession:
         if stats is not None:
             stats.client_cpu_s += time.thread_time() - cpu
         return logits
+
+    def _local_layers(self, ids: list[int], stats: GenerationStats | None):
+        """Embedding and layers [0, k) for tokens at the next positions (CPU time accounted)."""
+        model = self.client.model
+        cpu = time.thread_time()
+        with torch.inference_mode():
+            positions = torch.arange(self.pos, self.pos + len(ids))
+            h, local_kv = model.forward_layers(model.embed(torch.tensor(ids)), positions, self.local_kv)
+        if stats is not None:
+            stats.client_cpu_s += time.thread_time() - cpu
+        return h, local_kv, positions
 
     def _round_trip(self, msg: HiddenStep, stats: GenerationStats | None) -> torch.Tensor:
         body = msg.to_bytes()
@@ -144,14 +150,8 @@ class ProtectedSession(SplitSession):
 
     def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
         model = self.client.model
-        cpu = time.thread_time()
-        with torch.inference_mode():
-            positions = torch.arange(self.pos, self.pos + len(ids))
-            h, local_kv = model.forward_layers(model.embed(torch.tensor(ids)), positions, self.local_kv)
-        h = h.double().numpy()
-        if stats is not None:
-            stats.client_cpu_s += time.thread_time() - cpu
-        for row in h:  # one position at a time (multi-token packing: not yet)
+        h, local_kv, _ = self._local_layers(ids, stats)
+        for row in h.double().numpy():  # one position at a time (multi-token packing: not yet)
             h_last = self._position(row, stats)
         self.local_kv, self.pos = local_kv, self.pos + len(ids)
         cpu = time.thread_time()

@@ -131,14 +131,15 @@ class ProtectedService:
 
     # ---- sessions and steps --------------------------------------------------------------
     def open(self, keys: KeySet, session_id: str) -> ProtectedSession:
-        ex = self.executor()
-        with self._he_lock:
-            return ex.new_session(keys.backend, session_id)
+        """A new executor session (no HE work: it does not wait for the HE lock)."""
+        return self.executor().new_session(keys.backend, session_id)
 
     def close(self, session_id: str) -> None:
+        """Release a session's ciphertexts. Called from the event loop (DELETE, TTL sweep), so it
+        does not wait for the HE lock: dropping the dict entry is atomic, and a step running for
+        this session finishes on its own reference and is then garbage."""
         if self._executor is not None:
-            with self._he_lock:
-                self._executor.drop_session(session_id)
+            self._executor.drop_session(session_id)
 
     def step(self, msg: ProtectedMessage) -> tuple[ProtectedMessage, dict[str, float]]:
         """Run one client message (blocking; call from a worker thread). Returns the reply and

@@ -69,3 +69,25 @@ def test_report_and_plots(quick_run):
         img = mpimg.imread(out / name)
         assert img.shape[0] > 100 and img.shape[1] > 100
         assert np.ptp(img[..., :3]) > 0.1  # not a blank canvas
+
+
+def test_interrupt_writes_what_was_measured(tmp_path, monkeypatch):
+    """Ctrl-C during the run: results.json, report.md and the plots still appear, marked
+    interrupted. (`measure` is replaced by a stand-in that records one path and then raises
+    KeyboardInterrupt, as a Ctrl-C would; this tests the writing, not the measuring.)"""
+    from veil.benchmarks import overhead
+
+    def fake_measure(args, results):
+        results["paths"]["split-plain"] = {"ctx16": {"ttft_s": 0.1, "tpot_s": {"mean": 0.05, "p50": 0.05, "p95": 0.06,
+                                                                              "p99": 0.06}, "bytes_per_token": 4800.0}}
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(overhead, "measure", fake_measure)
+    monkeypatch.setattr(overhead, "machine", lambda k: {"cpu": "test", "k": k})
+    rc = overhead.main(["--quick", "--no-progress", "--out", str(tmp_path)])
+    assert rc == 130
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["interrupted"] is True and res["paths"]["split-plain"]["ctx16"]["ttft_s"] == 0.1
+    assert "Interrupted run" in (tmp_path / "report.md").read_text()
+    for name in PNGS:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
