@@ -18,7 +18,8 @@ from pathlib import Path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a server in-process and chat with it on both paths")
-    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("--prompt", default="The capital of France is",
+                   help="a completion prompt (see --chat for the chat template)")
     p.add_argument("--mode", default="both", choices=["plaintext", "protected", "both"])
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--k", type=int, default=None,
@@ -86,14 +87,12 @@ def cmd_demo(args) -> int:
         finally:
             server.stop()
     print()
-    print(f"{'path':<10} {'tokens':>6} {'TTFT s':>9} {'TPOT s':>9} {'MB/token':>9} {'round trips/token':>18} "
+    print(f"{'path':<10} {'tokens':>6} {'TTFT s':>9} {'TPOT s':>9} {'MB/token':>9} {'round trips':>12} "
           f"{'setup MB':>9}")
     for mode, (_, s) in results.items():
         n = max(1, s.output_tokens)
-        positions = s.prompt_tokens + max(0, s.output_tokens - 1)
         print(f"{mode:<10} {s.output_tokens:>6} {s.ttft_s:>9.2f} {s.tpot_s:>9.3f} "
-              f"{(s.bytes_up + s.bytes_down) / n / 1e6:>9.3f} {s.round_trips / max(1, positions):>18.1f} "
-              f"{s.setup_bytes / 1e6:>9.0f}")
+              f"{(s.bytes_up + s.bytes_down) / n / 1e6:>9.3f} {s.round_trips:>12} {s.setup_bytes / 1e6:>9.0f}")
     if len(results) == 2:
         (pt, p), (_, q) = results["plaintext"], results["protected"]
         same = "the same" if pt == results["protected"][0] else "DIFFERENT"
