@@ -87,6 +87,7 @@ __all__ = [
     "MessageError",
     "UnknownSession",
     "LimitExceeded",
+    "CapacityExceeded",
     "Levels",
     "LayerWeights",
     "ProtectedLayer",
@@ -127,7 +128,15 @@ class UnknownSession(ProtocolError):
 
 
 class LimitExceeded(ProtocolError):
+    """A limit of this session (context, encrypted KV cache bytes)."""
+
     status = 413
+
+
+class CapacityExceeded(ProtocolError):
+    """A limit of the whole server (encrypted KV cache bytes of all sessions): retry later."""
+
+    status = 429
 
 
 class MsgKind:
@@ -395,6 +404,7 @@ class ProtectedExecutor:
         levels: Levels = LEVELS,
         max_positions: int | None = None,
         max_kv_bytes: int = 8 << 30,
+        max_kv_bytes_total: int = 32 << 30,
     ) -> None:
         if backend.has_secret_key:
             raise ValueError("the server's backend must not hold a secret key")
@@ -409,6 +419,7 @@ class ProtectedExecutor:
             raise ValueError("layers must be contiguous")
         self.max_positions = min(max_positions or self.dims.max_positions, self.dims.max_positions)
         self.max_kv_bytes = max_kv_bytes
+        self.max_kv_bytes_total = max_kv_bytes_total
         self.sessions: dict[str, ProtectedSession] = {}
         self.scale = backend.params.scale
         self.params_id = backend.params.id
@@ -467,7 +478,7 @@ class ProtectedExecutor:
             if msg.position != s.length or msg.layer != self.first:
                 raise ProtocolError("token message for the wrong position or layer")
             if s.length >= s.max_positions:
-                raise LimitExceeded(f"context limit of {s.max_positions} positions reached")
+                raise LimitExceeded(f"context would exceed max_protected_context={s.max_positions} positions")
         elif msg.layer != s.layer or msg.position != s.position:
             raise ProtocolError("message for the wrong layer or position")
         be = s.be
@@ -579,7 +590,11 @@ class ProtectedExecutor:
             values.append(v_hat)
             added = _ct_bytes(be, k_hat) + _ct_bytes(be, v_hat)
         if s.kv_bytes + added > s.max_kv_bytes:
-            raise LimitExceeded(f"encrypted KV cache budget of this session ({s.max_kv_bytes} bytes) exhausted")
+            raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
+                                f"{s.max_kv_bytes}")
+        if added and self.kv_bytes_total + added > self.max_kv_bytes_total:
+            raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed max_protected_kv_bytes_total="
+                                   f"{self.max_kv_bytes_total}")
 
         # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c
         # products one level below the cache: cheaper ct x ct and lane-sum rotations

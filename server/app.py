@@ -85,7 +85,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     protected = ProtectedService(half, max_key_bytes_per_tenant=cfg.max_key_bytes_per_tenant,
                                  max_key_bytes_total=cfg.max_key_bytes_total,
                                  max_kv_bytes_per_session=cfg.max_protected_kv_bytes,
-                                 max_positions=cfg.max_protected_context)
+                                 max_positions=cfg.max_protected_context,
+                                 max_kv_bytes_total=cfg.max_protected_kv_bytes_total)
 
     def drop(s: Session) -> None:
         if s.path == "protected":

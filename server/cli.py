@@ -23,6 +23,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-protected-sessions", type=int, default=8, help="concurrent protected (CKKS) sessions")
     p.add_argument("--protected-kv-gb", type=float, default=4.0,
                    help="encrypted KV cache budget of one protected session")
+    p.add_argument("--protected-kv-total-gb", type=float, default=16.0,
+                   help="encrypted KV cache budget of all protected sessions together")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
     p.add_argument("--tls-self-signed", type=Path, metavar="DIR",
@@ -76,7 +78,8 @@ def cmd_serve(args) -> int:
                        session_ttl_s=args.session_ttl, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
                        max_tokens_per_step=args.max_tokens_per_step,
                        max_protected_sessions=args.max_protected_sessions,
-                       max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)))
+                       max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
+                       max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)))
     if args.bundle:
         half = load_server_half(args.bundle, dtype=dtype)
     else:  # the whole model: split sessions and the OpenAI-compatible fast path

@@ -24,6 +24,7 @@ class ServerConfig:
     max_key_bytes_total: int = 8 << 30
     max_protected_sessions: int = 8  # concurrent protected sessions on this server
     max_protected_kv_bytes: int = 4 << 30  # encrypted KV cache of one protected session
+    max_protected_kv_bytes_total: int = 16 << 30  # encrypted KV cache of all protected sessions
     max_protected_context: int = 512  # positions of one protected session (the layouts' limit)
     # engine
     kv_cache_bytes: int = 2 << 30  # the paged KV pool's memory budget

@@ -54,7 +54,7 @@ class KeySet:
 
 class ProtectedService:
     def __init__(self, half: ServerHalf, *, max_key_bytes_per_tenant: int, max_key_bytes_total: int,
-                 max_kv_bytes_per_session: int, max_positions: int):
+                 max_kv_bytes_per_session: int, max_positions: int, max_kv_bytes_total: int = 16 << 30):
         self.half = half
         self.params = PROTECTED_PARAMS
         self.required_steps = tuple(required_rotation_steps(half.config, self.params))
@@ -62,6 +62,7 @@ class ProtectedService:
         self.max_key_bytes_total = max_key_bytes_total
         self.max_kv_bytes_per_session = max_kv_bytes_per_session
         self.max_positions = max_positions
+        self.max_kv_bytes_total = max_kv_bytes_total
         self.keys: dict[tuple[str, str], KeySet] = {}
         self._keys_lock = threading.Lock()
         self._build_lock = threading.Lock()
@@ -81,7 +82,8 @@ class ProtectedService:
                 tensors = self.half.model.hf_state_dict()
                 self._executor = ProtectedExecutor.from_checkpoint(
                     be, _Tensors(self.half.config, tensors), self.half.k, self.half.config.num_layers,
-                    max_positions=self.max_positions, max_kv_bytes=self.max_kv_bytes_per_session)
+                    max_positions=self.max_positions, max_kv_bytes=self.max_kv_bytes_per_session,
+                    max_kv_bytes_total=self.max_kv_bytes_total)
                 log.info("protected executor ready: layers [%d, %d), %.1f GB of encoded weights, %.1f s",
                          self.half.k, self.half.config.num_layers, self._executor.encoded_bytes / 1e9,
                          time.perf_counter() - t)

@@ -182,3 +182,30 @@ def test_protocol_rejects_replay_and_wrong_kind(ckpt, keys, executor, plain):
     # and the session goes on
     nxt = c.handle(reply)
     assert executor.handle(nxt).kind == MsgKind.MLP
+
+
+def test_kv_limits_are_refused_without_changing_state(ckpt, keys, executor, plain):
+    """Per-session (413) and server-wide (429) encrypted KV budgets: the refused token leaves the
+    session as it was."""
+    from veil.engine.protected import CapacityExceeded, LimitExceeded
+
+    h_in, _ = plain
+    saved = executor.max_kv_bytes_total
+    try:
+        s = executor.new_session()
+        c = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id)
+        executor.max_kv_bytes_total = executor.kv_bytes_total  # no room for a new chunk
+        with pytest.raises(CapacityExceeded) as e:
+            executor.handle(c.token_message(h_in[0]))
+        assert e.value.status == 429 and "max_protected_kv_bytes_total" in str(e.value)
+        assert (s.step, s.expect, s.kv_bytes, s.length) == (-1, MsgKind.TOKEN, 0, 0)
+        executor.max_kv_bytes_total = saved
+        s.max_kv_bytes = 0
+        c2 = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id)
+        with pytest.raises(LimitExceeded) as e:
+            executor.handle(c2.token_message(h_in[0]))
+        assert e.value.status == 413 and "max_protected_kv_bytes" in str(e.value)
+        assert s.kv_bytes == 0 and s.expect == MsgKind.TOKEN
+    finally:
+        executor.max_kv_bytes_total = saved
+        executor.drop_session(s.id)
