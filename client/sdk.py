@@ -53,6 +53,7 @@ class GenerationStats:
     round_trips: int = 0
     setup_bytes: int = 0  # evaluation keys uploaded for this generation (0 when already cached)
     client_cpu_s: float = 0.0  # CPU time of the calling thread spent on local work
+    reestablished: int = 0  # sessions re-opened (and re-prefilled) after the server lost one
 
     @property
     def tpot_s(self) -> float:
@@ -120,8 +121,7 @@ class SplitSession:
     def _round_trip(self, msg: HiddenStep, stats: GenerationStats | None) -> torch.Tensor:
         body = msg.to_bytes()
         c = self.client
-        r = c._check(c.http.post(f"/v1/sessions/{self.id}/steps", content=body,
-                                 headers={"Content-Type": CONTENT_TYPE}))
+        r = c._post(f"/v1/sessions/{self.id}/steps", content=body, headers={"Content-Type": CONTENT_TYPE})
         if stats is not None:
             stats.bytes_up += len(body)
             stats.bytes_down += len(r.content)
@@ -169,8 +169,7 @@ class ProtectedSession(SplitSession):
             body = msg.to_bytes()
             if stats is not None:
                 stats.client_cpu_s += time.thread_time() - cpu
-            r = c._check(c.http.post(f"/v1/sessions/{self.id}/steps", content=body,
-                                     headers={"Content-Type": CONTENT_TYPE}))
+            r = c._post(f"/v1/sessions/{self.id}/steps", content=body, headers={"Content-Type": CONTENT_TYPE})
             cpu = time.thread_time()
             if stats is not None:
                 stats.bytes_up += len(body)
@@ -225,12 +224,33 @@ class VeilClient:
                 raise VeilError(r.status_code, "error", r.text[:200]) from None
         return r
 
+    def _post(self, path: str, retry: bool = True, **kw) -> httpx.Response:
+        """POST with one retry on a broken connection (a restarted server closes our keep-alive
+        connection); a server that stays unreachable is a clear 503 error, not a stack trace.
+        Retrying a step is safe: if the first attempt was processed, the retry is a replay (409)."""
+        for attempt in range(2 if retry else 1):
+            try:
+                return self._check(self.http.post(path, **kw))
+            except httpx.TransportError as e:
+                if attempt or not retry:
+                    raise VeilError(503, "server_unreachable", f"{self.http.base_url}: {type(e).__name__}: {e}") from None
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
+
     def _create_session(self, stats: GenerationStats | None = None) -> dict:
         body = {"path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}
         if self.mode == "protected":
             body["keys_id"] = self.ensure_keys(stats)
             body["param_set"] = self.he.params.id
-        r = self._check(self.http.post("/v1/sessions", json=body))
+        try:
+            r = self._post("/v1/sessions", json=body)
+        except VeilError as e:
+            if self.mode != "protected" or e.code != "keys_not_found":
+                raise
+            # the server no longer has our evaluation keys (it restarted): upload them again
+            self._keys_id = None
+            body["keys_id"] = self.ensure_keys(stats)
+            r = self._post("/v1/sessions", json=body)
         return r.json()
 
     def generate_keys(self, progress: bool = True) -> None:
@@ -263,7 +283,7 @@ class VeilClient:
             # every send, copying the rest each time (quadratic: ~80 s for the 660 MB of keys).
             data = memoryview(self._material)
             chunks = (bytes(data[i:i + (1 << 20)]) for i in range(0, len(data), 1 << 20))
-            r = self._check(self.http.post("/v1/keys", content=chunks, headers={"Content-Type": CONTENT_TYPE}))
+            r = self._post("/v1/keys", content=chunks, headers={"Content-Type": CONTENT_TYPE}, retry=False)
             self._keys_id = r.json()["keys_id"]
             if stats is not None:
                 stats.setup_bytes += len(self._material)
@@ -310,10 +330,20 @@ class VeilClient:
             self.ensure_keys(stats)  # key generation and upload are setup, not time to first token
         t0 = time.perf_counter()
         session = self.open_session(stats)
-        ids = list(prompt_ids)
+        ids, history = list(prompt_ids), list(prompt_ids)
         try:
             while stats.output_tokens < max_new_tokens:
-                token = sampler(session.forward(ids, stats))
+                try:
+                    logits = session.forward(ids, stats)
+                except VeilError as e:
+                    if e.code not in ("session_not_found", "server_unreachable"):
+                        raise
+                    # The server lost the session (restarted, or the session expired): open a
+                    # new one and prefill everything so far again, once per token at most.
+                    session = self._reestablish(session, stats)
+                    logits = session.forward(history, stats)
+                token = sampler(logits)
+                history.append(token)
                 now = time.perf_counter()
                 if stats.output_tokens == 0:
                     stats.ttft_s = now - t0
@@ -325,6 +355,19 @@ class VeilClient:
                 ids = [token]
         finally:
             session.close()
+
+    def _reestablish(self, lost: SplitSession, stats: GenerationStats) -> SplitSession:
+        try:
+            lost.close()
+        except VeilError:
+            pass
+        try:
+            session = self.open_session(stats)
+        except VeilError as e:
+            raise VeilError(e.status, e.code, f"the session was lost and could not be re-established: {e.message}") \
+                from None
+        stats.reestablished += 1
+        return session
 
     def chat(self, messages: list[dict], max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, stream: bool = False) -> str | Iterator[str]:

@@ -176,3 +176,31 @@ def test_key_and_session_errors(server, client):
     body["param_set"] = PROTECTED_PARAMS.id
     hb = {"Authorization": f"Bearer {server.keys['bob']}"}
     assert httpx.post(f"{url}/v1/sessions", json=body, headers=hb).status_code == 404
+
+
+def test_abandoned_session_is_reclaimed_within_the_ttl(ckpt, client, live_server_cls, tmp_path):
+    """A client that disappears mid-generation: its session, encrypted KV cache and refresh mask
+    are dropped by the TTL sweeper (short TTL here), and the server goes on serving."""
+    import time
+
+    srv = live_server_cls(ckpt, tmp_path, k=29, session_ttl_s=1.0, sweep_interval_s=0.2)
+    try:
+        c = VeilClient(srv.url, srv.keys["carol"], mode="protected", half=client_half_from(ckpt, 29))
+        c.he, c._material = client.he, client._material  # the same key pair: no new key generation
+        session = c.open_session()
+        state = session.state
+        r = _post(srv, session.id, state.token_message(np.ones(ckpt.config.hidden_size)).to_bytes())
+        assert r.status_code == 200  # the first layer's keys and values are now cached
+        svc = srv.app.state.protected
+        assert svc.kv_bytes() > 0 and session.id in svc.executor().sessions
+        deadline = time.monotonic() + 30
+        while session.id in svc.executor().sessions and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session.id not in svc.executor().sessions and svc.kv_bytes() == 0
+        assert len(srv.app.state.sessions) == 0
+        # the server still serves a fresh session with the same keys
+        res = c.generate(c.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False)
+        assert res.stats.output_tokens == 1
+        c.close()
+    finally:
+        srv.stop()

@@ -4,6 +4,7 @@ import httpx
 import pytest
 
 from veil.client import VeilClient
+from veil.client.sdk import VeilError
 from veil.engine.split import server_half_from
 from veil.server.app import create_app
 from veil.server.config import ServerConfig
@@ -71,3 +72,25 @@ def test_tls_with_a_self_signed_pair(ckpt, client_half, tmp_path, chat_prompts, 
             assert c.generate(chat_prompts[0], 8, stop_at_eos=False).tokens == local_greedy[0][:8]
     finally:
         srv.stop()
+
+
+def test_client_reestablishes_the_session_after_a_server_restart(make_server, client_half, chat_prompts,
+                                                                 local_greedy):
+    """The server restarts mid-generation (same port, all state lost): the SDK gets 404 for its
+    session, opens a new one, re-prefills prompt + tokens so far, and the output is unchanged.
+    A server that stays down is a clear 503 error."""
+    srv = make_server()
+    port = int(srv.url.rsplit(":", 1)[1])
+    client = VeilClient(srv.url, srv.keys["alice"], mode="plaintext", half=client_half)
+    it = client.iter_tokens(chat_prompts[0], 32, stop_at_eos=False)
+    first = [next(it) for _ in range(10)]
+    srv.bg.stop()
+    srv.bg = start_background(create_app(srv.cfg, srv.half, srv.tenants), port=port)
+    rest = list(it)
+    assert first + rest == local_greedy[0]
+    assert client.last_stats.reestablished == 1
+    srv.bg.stop()
+    with pytest.raises(VeilError) as e:
+        client.generate(chat_prompts[0], 2)
+    assert e.value.status == 503 and e.value.code == "server_unreachable"
+    client.close()
