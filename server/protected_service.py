@@ -6,7 +6,7 @@ tenants' evaluation keys, the executor (built on first use), and one HE worker.
   backend, stored per tenant under the SHA-256 of its bytes. Sessions name the keys they use.
   A tenant never sees or uses another tenant's keys: the store is keyed by tenant.
 * **Executor.** Encoding the protected layers' weights takes seconds per layer and about
-  0.9 GB per layer, so it happens once, on the first protected request, not at start-up: a
+  0.68 GB per layer, so it happens once, on the first protected request, not at start-up: a
   server that only serves plaintext tenants never pays for it.
 * **One HE worker.** Every HE computation runs on one worker thread under one lock: SEAL's
   operations are CPU-bound and single-threaded, a step is seconds long, and two steps of

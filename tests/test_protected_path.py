@@ -138,6 +138,12 @@ def test_bad_messages_are_rejected_and_the_session_goes_on(server, client, ckpt,
     other = ProtectedMessage(nxt.kind, "someone-else", nxt.step, nxt.layer, nxt.position, nxt.cts, nxt.params_id)
     assert send(other).status_code == 400  # body names another session than the URL
     assert _post(server, sid, nxt.to_bytes(), key="alice").status_code in (403, 404)  # foreign tenant
+    # bob holds the protected scope too, yet carol's session does not exist for him (404, the
+    # same answer as an unknown id), neither to step nor to delete
+    assert _post(server, sid, nxt.to_bytes(), key="bob").status_code == 404
+    assert _post(server, "x" * 32, nxt.to_bytes(), key="bob").status_code == 404
+    r = httpx.delete(f"{server.url}/v1/sessions/{sid}", headers={"Authorization": f"Bearer {server.keys['bob']}"})
+    assert r.status_code == 404
     # the session goes on: finish the position and compare with the plaintext layers
     msg = nxt
     while True:
