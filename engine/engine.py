@@ -126,7 +126,9 @@ class Engine:
         """Append a client step's input rows [T, d]; on_done(outputs [T, d] | exception)."""
         with self._cv:
             self._check_alive()
-            if seq.finished or seq.pending:
+            # A session preempted while idle still has positions to recompute (seq.pending > 0)
+            # but no step in flight: its next step is accepted, and the recompute runs first.
+            if seq.finished or seq.on_step_done is not None:
                 raise RuntimeError("the session is closed or has a step in flight")
             seq.hidden_rows.append(rows)
             seq.step_start, seq.num_hidden = seq.num_hidden, seq.num_hidden + rows.shape[0]
