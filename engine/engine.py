@@ -195,7 +195,12 @@ class Engine:
             if seq.kind is SeqKind.TOKENS:
                 self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, seq.num_computed)
                 if seq.id in logits:
-                    token = seq.sampler(logits[seq.id])
+                    try:
+                        token = seq.sampler(logits[seq.id])
+                    except Exception:  # one request's sampling must not take the engine down
+                        log.exception("sampling failed for sequence %d; aborting it", seq.id)
+                        self._finish(seq, "abort")
+                        continue
                     seq.token_ids.append(token)
                     if seq.first_token_time is None:
                         seq.first_token_time = time.monotonic()

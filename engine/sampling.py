@@ -47,7 +47,10 @@ class Sampler:
             sorted_p, order = torch.sort(probs, descending=True)
             # keep the smallest prefix whose mass reaches top_p (the first token always stays)
             keep = (sorted_p.cumsum(0) - sorted_p) < p.top_p
+            keep[0] = True  # also when top_p rounds to 0 in float32 (a denormal top_p did: NaN)
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
             probs = probs / probs.sum()
+        if not torch.isfinite(probs).all() or probs.sum() <= 0:  # degenerate logits: fall back to greedy
+            return int(torch.argmax(logits))
         return int(torch.multinomial(probs, 1, generator=self.gen))

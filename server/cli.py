@@ -20,6 +20,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch intra-op threads of the engine (default: torch's choice)")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="memory budget of the paged KV pool")
     p.add_argument("--max-tokens-per-step", type=int, default=512, help="token budget of one engine iteration")
+    p.add_argument("--max-context", type=int, default=8192, help="tokens per session or request (413 above)")
     p.add_argument("--max-protected-sessions", type=int, default=8, help="concurrent protected (CKKS) sessions")
     p.add_argument("--protected-kv-gb", type=float, default=4.0,
                    help="encrypted KV cache budget of one protected session")
@@ -75,7 +76,8 @@ def cmd_serve(args) -> int:
         print("error: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
     cfg = ServerConfig(tenants_file=args.tenants, k=args.k, bundle=args.bundle, model=args.model,
-                       session_ttl_s=args.session_ttl, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
+                       session_ttl_s=args.session_ttl, max_context=args.max_context,
+                       kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
                        max_tokens_per_step=args.max_tokens_per_step,
                        max_protected_sessions=args.max_protected_sessions,
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
