@@ -210,3 +210,31 @@ def test_abandoned_session_is_reclaimed_within_the_ttl(ckpt, client, live_server
         c.close()
     finally:
         srv.stop()
+
+
+def test_four_concurrent_protected_sessions(server, client, ckpt, full_model):
+    """4 protected generations at once (4 threads, one session each, the same key pair): 0
+    errors, and each equals the plaintext greedy continuation of its prompt."""
+    import threading
+
+    prompts = [client.tokenizer(p)["input_ids"] for p in ("Hello", "One", "The sky", "Water")]
+    results: dict = {}
+
+    def run(i):
+        c = VeilClient(server.url, server.keys["carol"], mode="protected", half=client.half)
+        c.he, c._material, c._keys_id = client.he, client._material, client._keys_id
+        try:
+            results[i] = c.generate(prompts[i], 2, stop_at_eos=False).tokens
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            results[i] = e
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, ids in enumerate(prompts):
+        assert results[i] == generate_local(full_model, ids, 2), results[i]
+    assert server.app.state.protected.executor().sessions == {}
