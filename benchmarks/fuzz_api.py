@@ -42,7 +42,7 @@ def fuzz(url: str, api_key: str, cases_per_operation: int) -> tuple[Counter, lis
 
         try:
             run()
-        except Exception as e:  # noqa: BLE001 - a finding, reported with its reproduction
+        except (Exception, BaseExceptionGroup) as e:  # noqa: BLE001 - a finding, with its reproduction
             failures.append(f"{op.label}: {e}")
     return ran, failures
 

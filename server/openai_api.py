@@ -121,6 +121,9 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
         if any(not 0 <= t < half.config.vocab_size for t in prompt_ids):
             raise ApiError(400, "bad_request", "prompt token ids must lie in [0, vocab_size)")
         room = cfg.max_context - len(prompt_ids)
+        if room < 1:  # found by schemathesis: a prompt filling the context asked the engine for 0 tokens (500)
+            raise ApiError(400, "context_length_exceeded",
+                           f"the prompt ({len(prompt_ids)} tokens) leaves no room under max_context={cfg.max_context}")
         max_tokens = body.max_completion_tokens or body.max_tokens or min(room, 1024)
         if max_tokens > room:
             raise ApiError(400, "context_length_exceeded",

@@ -108,3 +108,13 @@ def test_concurrent_mixed_requests_match_solo_runs(live_server, client_half, cha
                 assert f.result() == tok.decode(expected, skip_special_tokens=True), i
     # batching really happened: far fewer engine steps than the 8 × 24 tokens
     assert live_server.app.state.engine.steps - steps_before < 8 * 24
+
+
+def test_prompt_filling_the_context_is_400_not_500(make_server):
+    """Found by schemathesis: a prompt at or over max_context without max_tokens reached the
+    engine as a request for <= 0 tokens and answered 500."""
+    srv = make_server(max_context=16)
+    h = {"Authorization": f"Bearer {srv.keys['alice']}"}
+    for prompt in (list(range(100, 116)), list(range(100, 140))):  # exactly full, and over
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": prompt}, headers=h, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
