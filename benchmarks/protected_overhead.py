@@ -217,12 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             lines += figure_lines_for(path, r, f".{tag}")
     lines.append(f"figure split.server_peak_rss_bytes {res['server_peak_rss_bytes']}")
     lines.append(f"figure split.client_peak_rss_bytes {res['client_peak_rss_bytes']}")
-    if "split-plain" in res and "protected" in res:
-        for tag in res["protected"]:
-            if tag in res["split-plain"]:
-                ratio = res["protected"][tag]["tpot_s"]["mean"] / res["split-plain"][tag]["tpot_s"]["mean"]
-                results.setdefault("ratios", {})[f"protected_over_split_plain.tpot_s.{tag}"] = ratio
-                lines.append(f"figure ratio.protected_over_split_plain.tpot_s.{tag} {ratio:.4g}")
+    from veil.benchmarks.overhead import ratios
+
+    results["ratios"] = ratios(results["paths"])
+    lines += [f"figure ratio.{name} {v:.6g}" for name, v in results["ratios"].items()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     emit(lines, results, args.out)
     return 0
