@@ -332,6 +332,10 @@ class SealBackend(HEBackend):
                 raise KeyMaterialError(f"invalid {name}: {e}") from e
             if not sealapi.is_valid_for(obj, self._ctx):
                 raise KeyMaterialError(f"{name} not valid for {self.params.id}")
+            # Relin and Galois keys share SEAL's serialized form: a Galois-key blob loads as
+            # "relin keys" (found by fuzzing). Relinearization keys hold exactly the s^2 key.
+            if name == "relin keys" and (obj.size() != 1 or not obj.has_key(2)):
+                raise KeyMaterialError("relin keys must hold exactly the key for s^2")
         steps = tuple(int(s) for s in material.rotation_steps)
         for s in steps:
             try:
