@@ -43,11 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         for start in range(0, len(ids), 256):
             chunk = torch.tensor(ids[start:start + 256])
+            h = model.run_layers(model.embed(chunk), 0, k)
             pos = torch.arange(len(chunk))
-            h = model.embed(chunk)
             cos, sin = model.rotary.cos_sin(pos, h.dtype)
-            for i in range(k):
-                h, _ = model.layers[str(i)](h, cos, sin, pos, None)
             a, _ = layer.self_attn(layer.input_layernorm(h), cos, sin, pos, None)
             xs.append(h.double().numpy())
             xps.append((h + a).double().numpy())

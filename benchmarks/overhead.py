@@ -52,15 +52,15 @@ from pathlib import Path
 import torch
 
 from veil.benchmarks.protected_overhead import (
+    NOT_FIGURES,
     PATH_MODES,
     context_prompt,
-    figure_lines_for,
     logits_of,
     peak_rss,
     run_session,
     start_split_server,
 )
-from veil.benchmarks.stats import RequestRecord, distribution, summarize
+from veil.benchmarks.stats import RequestRecord, distribution, figure_lines, summarize
 
 SCHEMA = "veil.bench/1"
 ALL_PATHS = ("reference", "fast", "split-plain", "protected")
@@ -71,39 +71,24 @@ def say(msg: str) -> None:
 
 
 # ---- reference ------------------------------------------------------------------------------
-def run_reference_context(hf_model, prompt: list[int], new_tokens: int, reference_logits) -> dict:
-    """One greedy `generate` call; token times from a streamer (the prompt is put first)."""
-    import copy
+def run_reference_context(hf_model, prompt: list[int], new_tokens: int) -> dict:
+    """One greedy `generate` call (EOS disabled, exact length), timed by a streamer exactly as
+    the engine benchmark's reference does (``reference_hf``). The reference is the baseline of
+    every KL and agreement figure, so it reports none of its own."""
+    from veil.benchmarks.reference_hf import _generation_config, _NoEos, _StepClock
 
-    times: list[float] = []
-
-    class Clock:
-        def put(self, value):
-            times.append(time.perf_counter())
-
-        def end(self):
-            pass
-
-    cfg = copy.deepcopy(hf_model.generation_config)
-    cfg.eos_token_id, cfg.do_sample, cfg.max_new_tokens, cfg.min_new_tokens = None, False, new_tokens, new_tokens
-    cfg.temperature = cfg.top_p = cfg.top_k = None
-    cfg.pad_token_id = 0
-    saved = hf_model.generation_config
-    hf_model.generation_config = copy.deepcopy(saved)
-    hf_model.generation_config.eos_token_id = None
-    try:
+    clock = _StepClock()
+    with _NoEos(hf_model), torch.inference_mode():
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                    generation_config=cfg, streamer=Clock())
-    finally:
-        hf_model.generation_config = saved
+        out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                generation_config=_generation_config(hf_model, new_tokens, 0), streamer=clock)
     tokens = out[0, len(prompt):].tolist()
-    tok_times = times[1:]  # times[0]: the prompt handed to the streamer
+    if len(tokens) != new_tokens:
+        raise RuntimeError(f"reference produced {len(tokens)} tokens, expected {new_tokens}")
+    tok_times = clock.times[1:]  # times[0]: the prompt handed to the streamer
     gaps = [b - a for a, b in zip(tok_times[:-1], tok_times[1:], strict=True)]
     return {"context": len(prompt), "tokens": tokens, "ttft_s": tok_times[0] - t0, "tpot_s": distribution(gaps),
-            "itl_s": distribution(gaps), "e2el_s": tok_times[-1] - t0, "bytes_per_token": 0.0,
-            "client_cpu_s_per_token": None, "kl_mean": 0.0, "greedy_agreement": 1.0}
+            "itl_s": distribution(gaps), "e2el_s": tok_times[-1] - t0}
 
 
 # ---- fast -----------------------------------------------------------------------------------
@@ -213,7 +198,7 @@ def measure(args, results: dict) -> None:
     ref_tokens = {}
     # the reference tokens are needed for the fast path's agreement even when not reported
     for c in tqdm(contexts, desc="reference", disable=not args.progress):
-        r = run_reference_context(hf, prompts[c], n, reference_logits)
+        r = run_reference_context(hf, prompts[c], n)
         ref_tokens[c] = r["tokens"]
         if "reference" in paths:
             P.setdefault("reference", {})[f"ctx{c}"] = r
@@ -227,7 +212,7 @@ def measure(args, results: dict) -> None:
         proc, url, key = start_split_server(Path(tmp), args.k)
         try:
             if "fast" in paths:
-                _fast_context_warmup(url, key)
+                _completion_text(url, key, [1, 2, 3, 4], 2)  # warm-up (first-call allocations)
                 for c in tqdm(contexts, desc="fast: contexts", disable=not args.progress):
                     P.setdefault("fast", {})[f"ctx{c}"] = run_fast_context(url, key, prompts[c], n, ref_tokens[c],
                                                                            ckpt.tokenizer)
@@ -257,10 +242,6 @@ def measure(args, results: dict) -> None:
             proc.wait(60)
 
 
-def _fast_context_warmup(url: str, key: str) -> None:
-    _completion_text(url, key, [1, 2, 3, 4], 2)
-
-
 def ratios(paths: dict) -> dict:
     out = {}
     pairs = (("protected", "split-plain", "protected_over_split_plain"), ("split-plain", "fast", "split_plain_over_fast"),
@@ -285,12 +266,12 @@ def _scalar(v):
     return v
 
 
-def figure_lines(results: dict) -> list[str]:
+def all_figure_lines(results: dict) -> list[str]:
     lines = []
     for path, by_tag in results["paths"].items():
         for tag, r in by_tag.items():
             if isinstance(r, dict):
-                lines += figure_lines_for(path, r, f".{tag}")
+                lines += figure_lines(path, r, f".{tag}", skip=NOT_FIGURES)
             else:
                 lines.append(f"figure {path}.{tag} {r:.6g}")
     for name, v in results.get("ratios", {}).items():
@@ -347,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted: writing what was measured so far…")
     results["wall_s"] = time.perf_counter() - t0
     write_outputs(args.out, results)
-    for line in figure_lines(results):
+    for line in all_figure_lines(results):
         print(line, flush=True)
     say(f"wrote {args.out}/results.json, report.md and plots in {results['wall_s']:.0f} s")
     return 130 if results["interrupted"] else 0

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from veil.benchmarks.stats import distribution, emit
+from veil.benchmarks.stats import distribution, emit, figure_lines
 
 PATH_MODES = {"split-plain": "plaintext", "protected": "protected"}
 TEXT = ("Veil runs the protected layers of a language model on encrypted activations. The server never "
@@ -138,18 +138,8 @@ def run_session(client, prompt: list[int], new_tokens: int, reference_logits, ur
     return out
 
 
-def figure_lines_for(path: str, res: dict, suffix: str) -> list[str]:
-    lines = []
-    for metric, v in res.items():
-        if metric in ("tokens", "context", "new_tokens"):
-            continue
-        if isinstance(v, dict):
-            for stat, x in v.items():
-                if isinstance(x, int | float):
-                    lines.append(f"figure {path}.{metric}.{stat}{suffix} {x:.6g}")
-        elif isinstance(v, int | float) and not isinstance(v, bool):
-            lines.append(f"figure {path}.{metric}{suffix} {v:.6g}")
-    return lines
+#: result fields that are not figures
+NOT_FIGURES = ("tokens", "context", "new_tokens", "requests")
 
 
 def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_tokens: int, ckpt=None,
@@ -214,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for path in paths:
         for tag, r in res.get(path, {}).items():
-            lines += figure_lines_for(path, r, f".{tag}")
+            lines += figure_lines(path, r, f".{tag}", skip=NOT_FIGURES)
     lines.append(f"figure split.server_peak_rss_bytes {res['server_peak_rss_bytes']}")
     lines.append(f"figure split.client_peak_rss_bytes {res['client_peak_rss_bytes']}")
     from veil.benchmarks.overhead import ratios

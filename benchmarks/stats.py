@@ -67,14 +67,20 @@ def summarize(records: list[RequestRecord], duration_s: float, slo_ttft_s: float
     return out
 
 
-def figure_lines(path: str, summary: dict, suffix: str = "") -> list[str]:
-    """`figure <path>.<metric>[.<stat>]<suffix> <value>` for every number in a summary."""
+def figure_lines(path: str, summary: dict, suffix: str = "", skip: tuple[str, ...] = ("requests",)) -> list[str]:
+    """`figure <path>.<metric>[.<stat>]<suffix> <value>` for every number in a summary (metrics in
+    `skip`, and values that are not numbers, are left out)."""
+
+    def number(x) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool)
+
     lines = []
     for metric, v in summary.items():
+        if metric in skip:
+            continue
         if isinstance(v, dict):
-            for stat, x in v.items():
-                lines.append(f"figure {path}.{metric}.{stat}{suffix} {x:.6g}")
-        elif isinstance(v, int | float) and metric not in ("requests",):
+            lines += [f"figure {path}.{metric}.{stat}{suffix} {x:.6g}" for stat, x in v.items() if number(x)]
+        elif number(v):
             lines.append(f"figure {path}.{metric}{suffix} {v:.6g}")
     return lines
 

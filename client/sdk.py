@@ -228,14 +228,13 @@ class VeilClient:
         """POST with one retry on a broken connection (a restarted server closes our keep-alive
         connection); a server that stays unreachable is a clear 503 error, not a stack trace.
         Retrying a step is safe: if the first attempt was processed, the retry is a replay (409)."""
-        for attempt in range(2 if retry else 1):
-            try:
-                return self._check(self.http.post(path, **kw))
-            except httpx.TransportError as e:
-                if attempt or not retry:
-                    raise VeilError(503, "server_unreachable", f"{self.http.base_url}: {type(e).__name__}: {e}") from None
-                time.sleep(0.5)
-        raise AssertionError("unreachable")
+        try:
+            return self._check(self.http.post(path, **kw))
+        except httpx.TransportError as e:
+            if not retry:
+                raise VeilError(503, "server_unreachable", f"{self.http.base_url}: {type(e).__name__}: {e}") from None
+        time.sleep(0.5)
+        return self._post(path, retry=False, **kw)
 
     def _create_session(self, stats: GenerationStats | None = None) -> dict:
         body = {"path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}

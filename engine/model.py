@@ -189,6 +189,15 @@ class LlamaModel(nn.Module):
             new.append(kv)
         return h, new
 
+    def run_layers(self, h: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """h [T, d] at positions 0..T-1 through layers [first, last) of this model, causal and
+        without a cache: the plaintext reference the protected path is checked against."""
+        positions = torch.arange(h.shape[0])
+        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        for i in range(first, last):
+            h, _ = self.layers[str(i)](h, cos, sin, positions, None)
+        return h
+
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 

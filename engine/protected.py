@@ -244,11 +244,15 @@ def dims_of(cfg, slots: int) -> LayoutDims:
     return dims
 
 
-def matrix_shapes(dims: LayoutDims) -> list[tuple[int, int, str]]:
-    """(rows, cols, layout) of W_qkv, W_o, W_gate|up and W_down. W_down (d x F, wide) uses the
-    hybrid diagonal layout: half the plaintexts and 11 fewer rotations than "folded"."""
-    return [(3 * dims.qdim, dims.d, "folded"), (dims.d, BLOCK, "folded"), (2 * dims.ffn, dims.d, "folded"),
-            (dims.d, dims.ffn, "wide")]
+#: Slot layout of each product (``veil.crypto.backend.MatvecPlan``). W_down (d x F, wide) uses
+#: the hybrid diagonal layout: half the plaintexts and 11 fewer rotations than "folded".
+MATRIX_LAYOUTS = {"wqkv": "folded", "wo": "folded", "wgu": "folded", "wdown": "wide"}
+
+
+def matrix_shapes(dims: LayoutDims) -> dict[str, tuple[int, int]]:
+    """(rows, cols) of W_qkv, W_o (padded to BLOCK columns), W_gate|up and W_down."""
+    return {"wqkv": (3 * dims.qdim, dims.d), "wo": (dims.d, BLOCK), "wgu": (2 * dims.ffn, dims.d),
+            "wdown": (dims.d, dims.ffn)}
 
 
 def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
@@ -257,8 +261,8 @@ def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
 
     dims = dims_of(cfg, params.slot_count)
     steps: set[int] = set()
-    for rows, cols, layout in matrix_shapes(dims):
-        steps |= set(plan_matvec(rows, cols, dims.slots, layout, N1).rotation_steps)
+    for name, (rows, cols) in matrix_shapes(dims).items():
+        steps |= set(plan_matvec(rows, cols, dims.slots, MATRIX_LAYOUTS[name], N1).rotation_steps)
     hd = dims.head_dim
     steps |= {hd // 2, -(hd // 2), dims.qdim, 2 * dims.qdim}  # RoPE, k/v alignment
     steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
@@ -344,10 +348,11 @@ class ProtectedLayer:
     def __init__(self, backend: HEBackend, weights: LayerWeights, dims: LayoutDims, levels: Levels = LEVELS):
         self.index = weights.index
         be = backend
-        self.wqkv: EncodedMatrix = be.encode_matrix(weights.w_qkv, levels.wqkv, N1, "folded")
-        self.wo: EncodedMatrix = be.encode_matrix(weights.w_o_pad, levels.wo, N1, "folded")
-        self.wgu: EncodedMatrix = be.encode_matrix(weights.w_gu, levels.wgu, N1, "folded")
-        self.wdown: EncodedMatrix = be.encode_matrix(weights.w_down, levels.wdown, N1, "wide")
+        lay = MATRIX_LAYOUTS
+        self.wqkv: EncodedMatrix = be.encode_matrix(weights.w_qkv, levels.wqkv, N1, lay["wqkv"])
+        self.wo: EncodedMatrix = be.encode_matrix(weights.w_o_pad, levels.wo, N1, lay["wo"])
+        self.wgu: EncodedMatrix = be.encode_matrix(weights.w_gu, levels.wgu, N1, lay["wgu"])
+        self.wdown: EncodedMatrix = be.encode_matrix(weights.w_down, levels.wdown, N1, lay["wdown"])
         limit = dims.copies * dims.d  # server-made replicas have whole copies only
         for name, m in (("wqkv", self.wqkv), ("wgu", self.wgu)):
             if m.plan.input_span > limit:

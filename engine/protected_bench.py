@@ -45,12 +45,8 @@ def _plain_inputs(model, tok, layer: int, ctx: int):
     ids = tok(PROMPT, return_tensors="pt")["input_ids"][0][:ctx]
     assert len(ids) == ctx
     with torch.no_grad():
-        h = model.embed(ids)
-        pos = torch.arange(ctx)
-        cos, sin = model.rotary.cos_sin(pos, h.dtype)
-        for i in range(layer):
-            h, _ = model.layers[str(i)](h, cos, sin, pos, None)
-        out, _ = model.layers[str(layer)](h, cos, sin, pos, None)
+        h = model.run_layers(model.embed(ids), 0, layer)
+        out = model.run_layers(h, layer, layer + 1)
     return h.double().numpy(), out.double().numpy()
 
 

@@ -9,9 +9,8 @@ tenants' evaluation keys, the executor (built on first use), and one HE worker.
   0.68 GB per layer, so it happens once, on the first protected request, not at start-up: a
   server that only serves plaintext tenants never pays for it.
 * **One HE worker.** Every HE computation runs on one worker thread under one lock: SEAL's
-  operations are CPU-bound and single-threaded, a step is seconds long, and two steps of
-  different sessions in parallel only split the same cores (measured on the 2-core machine:
-  no gain). Steps of different sessions queue FCFS at the lock; each session's step ids are
+  operations are CPU-bound and `tenseal.sealapi` holds the GIL while they run, so a second
+  thread gains nothing (measured: 60 rotations took 1.37 s on one thread, 1.51 s on two). Steps of different sessions queue FCFS at the lock; each session's step ids are
   checked by the executor.
 """
 
@@ -27,7 +26,12 @@ from veil.crypto.backend import HEBackend, KeyMaterialError
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.crypto.seal_backend import SealBackend
 from veil.crypto.wire import ProtectedMessage, WireError, public_material_from_bytes
-from veil.engine.protected import ProtectedExecutor, ProtectedSession, required_rotation_steps
+from veil.engine.protected import (
+    ProtectedExecutor,
+    ProtectedSession,
+    layer_weights_from_tensors,
+    required_rotation_steps,
+)
 from veil.engine.split import ServerHalf
 
 log = logging.getLogger("veil.server.protected")
@@ -49,7 +53,6 @@ class KeySet:
     tenant: str
     backend: HEBackend = field(repr=False)
     nbytes: int = 0
-    created: float = field(default_factory=time.time)
 
 
 class ProtectedService:
@@ -70,18 +73,16 @@ class ProtectedService:
         self._executor: ProtectedExecutor | None = None
 
     # ---- executor ------------------------------------------------------------------------
-    @property
-    def ready(self) -> bool:
-        return self._executor is not None
-
     def executor(self) -> ProtectedExecutor:
         with self._build_lock:
             if self._executor is None:
                 t = time.perf_counter()
                 be = SealBackend(self.params)  # key-less: only encodes the weights
                 tensors = self.half.model.hf_state_dict()
-                self._executor = ProtectedExecutor.from_checkpoint(
-                    be, _Tensors(self.half.config, tensors), self.half.k, self.half.config.num_layers,
+                cfg = self.half.config
+                weights = [layer_weights_from_tensors(tensors, cfg, i) for i in range(self.half.k, cfg.num_layers)]
+                self._executor = ProtectedExecutor(
+                    be, cfg, weights,
                     max_positions=self.max_positions, max_kv_bytes=self.max_kv_bytes_per_session,
                     max_kv_bytes_total=self.max_kv_bytes_total)
                 log.info("protected executor ready: layers [%d, %d), %.1f GB of encoded weights, %.1f s",
@@ -154,10 +155,3 @@ class ProtectedService:
 
     def kv_bytes(self) -> int:
         return self._executor.kv_bytes_total if self._executor is not None else 0
-
-
-class _Tensors:
-    """The (config, tensors) pair ``ProtectedExecutor.from_checkpoint`` reads."""
-
-    def __init__(self, config, tensors):
-        self.config, self.tensors = config, tensors

@@ -184,38 +184,27 @@ def test_matvec_1536_to_576(pair, rng):
     assert np.abs(out - w @ x).max() < 1e-5
 
 
-@pytest.mark.parametrize("rows,cols", FOLDED_SHAPES)
-def test_matvec_folded_layout(pair, rng, rows, cols):
-    """Folded layout: blocks of diagonals share plaintexts; slots [0, rows) hold W x."""
+@pytest.mark.parametrize("layout,rows,cols", [("folded", r, c) for r, c in FOLDED_SHAPES]
+                         + [("wide", r, c) for r, c in WIDE_SHAPES])
+def test_matvec_packed_layouts(pair, rng, layout, rows, cols):
+    """Folded: blocks of diagonals share plaintexts. Wide (Halevi-Shoup hybrid, rows < cols):
+    the diagonals of the row-tiled matrix, no more plaintexts than folded. Both: slots
+    [0, rows) hold W x after one level."""
     client, server = pair
     w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
     x = rng.standard_normal(cols)
     level = 2
     ct = client.encrypt(replicate_input(x, SLOTS), level=level)
-    m = server.encode_matrix(w, level, layout="folded")
+    m = server.encode_matrix(w, level, layout=layout)
     plan = m.plan
-    assert plan.layout == "folded" and plan.blocks & (plan.blocks - 1) == 0
-    assert plan.stride >= rows and plan.stride % cols == plan.per_block % cols
-    assert plan.blocks * plan.per_block >= cols and plan.input_span <= SLOTS
-    assert len(m.plaintexts) <= plan.per_block < cols or cols < 8
-    y = server.matvec(m, ct)
-    assert server.level(y) == level - 1
-    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
-
-
-@pytest.mark.parametrize("rows,cols", WIDE_SHAPES)
-def test_matvec_wide_layout(pair, rng, rows, cols):
-    """Wide layout (Halevi-Shoup hybrid): fewer plaintexts than folded, same result in [0, rows)."""
-    client, server = pair
-    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
-    x = rng.standard_normal(cols)
-    level = 2
-    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
-    m = server.encode_matrix(w, level, layout="wide")
-    plan = m.plan
-    assert plan.layout == "wide" and rows <= plan.row_period < cols and cols % plan.row_period == 0
-    assert plan.input_span <= SLOTS and plan.row_folds
-    assert len(m.plaintexts) <= len(server.encode_matrix(w, level, layout="folded").plaintexts)
+    assert plan.layout == layout and plan.blocks & (plan.blocks - 1) == 0 and plan.input_span <= SLOTS
+    if layout == "folded":
+        assert plan.stride >= rows and plan.stride % cols == plan.per_block % cols
+        assert plan.blocks * plan.per_block >= cols
+        assert len(m.plaintexts) <= plan.per_block < cols or cols < 8
+    else:
+        assert rows <= plan.row_period < cols and cols % plan.row_period == 0 and plan.row_folds
+        assert len(m.plaintexts) <= len(server.encode_matrix(w, level, layout="folded").plaintexts)
     y = server.matvec(m, ct)
     assert server.level(y) == level - 1
     assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5

@@ -52,14 +52,9 @@ def plain(ckpt, full_model):
     ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][:POSITIONS]
     assert len(ids) == POSITIONS
     with torch.no_grad():
-        h = full_model.embed(ids)
-        pos = torch.arange(POSITIONS)
-        cos, sin = full_model.rotary.cos_sin(pos, h.dtype)
-        for i in range(FIRST):
-            h, _ = full_model.layers[str(i)](h, cos, sin, pos, None)
+        h = full_model.run_layers(full_model.embed(ids), 0, FIRST)
         h_in = h.double().numpy()
-        for i in range(FIRST, LAST):
-            h, _ = full_model.layers[str(i)](h, cos, sin, pos, None)
+        h = full_model.run_layers(h, FIRST, LAST)
     return h_in, h.double().numpy()
 
 
