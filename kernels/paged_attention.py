@@ -309,6 +309,31 @@ def paged_decode_attention_triton(
     return out
 
 
+def _length_groups(context_lens: list[int], block_size: int, call_cost_blocks: int = 24) -> list[list[int]]:
+    """Split a decode batch into groups of similar context length.
+
+    The CPU twin gathers every sequence's KV up to the longest table of its group and attends
+    over that padded width, so one long sequence makes a whole batch pay for its length. A
+    dynamic programme over the sequences sorted by length minimises the padded work
+    (sequences × blocks of the group's longest) plus a fixed cost per extra group (one more
+    gather and attention call, worth about `call_cost_blocks` blocks of work on this CPU).
+    """
+    order = sorted(range(len(context_lens)), key=lambda i: context_lens[i])
+    blocks = [max(1, -(-context_lens[i] // block_size)) for i in order]
+    n = len(order)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * blocks[j - 1] + call_cost_blocks
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups
+
+
 def paged_decode_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -323,9 +348,24 @@ def paged_decode_attention_torch(
     Hkv, D]; block_tables: [B, max_blocks_per_seq] int; context_lens: [B] int, the number of
     cached tokens including the current one (already stored). Entries of block_tables past a
     sequence's last block may hold anything. Returns [B, Hq, D] in q's dtype; a sequence
-    with context_len 0 gets zeros.
+    with context_len 0 gets zeros. Sequences of very different lengths are attended in
+    separate groups (`_length_groups`), each padded only to its own longest.
     """
     _check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
+    lens = context_lens.tolist()
+    groups = _length_groups(lens, k_cache.shape[1]) if len(lens) > 1 else [list(range(len(lens)))]
+    if len(groups) == 1:
+        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale)
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    for g in groups:
+        idx = torch.tensor(g, device=q.device)
+        width = max(1, -(-max(lens[i] for i in g) // block_size))
+        out[idx] = _decode_group(q[idx], k_cache, v_cache, block_tables[idx, :width], context_lens[idx], scale)
+    return out
+
+
+def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     # Unused table entries may be garbage: clamp them to a valid index; they are masked below.

@@ -157,3 +157,52 @@ def test_session_limit_per_tenant_is_429(make_server, client_half):
     r = _post_session(srv.url, key)
     assert r.status_code == 429 and "max_sessions_per_tenant" in r.json()["error"]["message"]
     assert _post_session(srv.url, srv.keys["bob"]).status_code == 201  # other tenants unaffected
+
+
+_KILLED_CLIENT = r'''
+import os, signal, sys, httpx, torch
+from veil.crypto.wire import CONTENT_TYPE, HiddenStep
+url, key = sys.argv[1], sys.argv[2]
+h = {"Authorization": f"Bearer {key}"}
+sid = httpx.post(f"{url}/v1/sessions", json={"path": "plaintext"}, headers=h).json()["id"]
+body = HiddenStep(sid, 1, torch.randn(40, 576), list(range(40))).to_bytes()
+r = httpx.post(f"{url}/v1/sessions/{sid}/steps", content=body, headers={**h, "Content-Type": CONTENT_TYPE})
+assert r.status_code == 200, r.text
+req = {"model": sys.argv[3], "prompt": list(range(100, 150)), "max_tokens": 1500, "ignore_eos": True, "stream": True}
+with httpx.stream("POST", f"{url}/v1/completions", json=req, headers=h, timeout=60) as s:
+    assert s.status_code == 200, s.read()
+    for line in s.iter_lines():
+        if line.startswith("data: "):
+            print("streaming", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)  # dies mid-generation, holding a session and a stream
+'''
+
+
+def test_killed_client_is_reclaimed(make_server, tmp_path):
+    """A client process SIGKILLed mid-generation, holding a split session (40 positions of KV)
+    and a streaming completion of 1500 tokens (~30 s of decoding alone): the stream's sequence is
+    aborted when the connection drops (well before it could finish), the
+    session is dropped by the TTL sweeper, and every KV block returns to the pool."""
+    import subprocess
+    import sys
+
+    srv = make_server(session_ttl_s=1.0, sweep_interval_s=0.1)
+    cache = srv.app.state.engine.cache
+    free0 = cache.num_free
+    script = tmp_path / "killed_client.py"
+    script.write_text(_KILLED_CLIENT)
+    model = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": f"Bearer {srv.keys['alice']}"}).json()
+    model = model["data"][0]["id"]
+    proc = subprocess.run([sys.executable, str(script), srv.url, srv.keys["alice"], model], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -9 and "streaming" in proc.stdout, proc.stderr[-2000:]
+    assert len(srv.app.state.sessions) == 1 and cache.num_free < free0  # it held KV when it died
+    deadline = time.monotonic() + 10
+    while (len(srv.app.state.sessions) or cache.num_free != free0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(srv.app.state.sessions) == 0
+    assert cache.num_free == free0 and not srv.app.state.engine.scheduler.seqs
+    # the server goes on serving
+    r = httpx.post(f"{srv.url}/v1/completions", json={"model": model, "prompt": [1, 2, 3], "max_tokens": 2},
+                   headers={"Authorization": f"Bearer {srv.keys['alice']}"}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
