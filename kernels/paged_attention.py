@@ -18,6 +18,8 @@ Query head ``h`` reads KV head ``h // (num_q_heads // num_kv_heads)`` (HF's repe
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -309,7 +311,8 @@ def paged_decode_attention_triton(
     return out
 
 
-def _length_groups(context_lens: list[int], block_size: int, call_cost_blocks: int = 24) -> list[list[int]]:
+@functools.lru_cache(maxsize=64)
+def _length_groups(context_lens: tuple[int, ...], block_size: int, call_cost_blocks: int = 24) -> list[list[int]]:
     """Split a decode batch into groups of similar context length.
 
     The CPU twin gathers every sequence's KV up to the longest table of its group and attends
@@ -317,6 +320,8 @@ def _length_groups(context_lens: list[int], block_size: int, call_cost_blocks: i
     dynamic programme over the sequences sorted by length minimises the padded work
     (sequences × blocks of the group's longest) plus a fixed cost per extra group (one more
     gather and attention call, worth about `call_cost_blocks` blocks of work on this CPU).
+    Cached: every layer of an engine step asks again with the same lengths. Callers must not
+    mutate the returned lists.
     """
     order = sorted(range(len(context_lens)), key=lambda i: context_lens[i])
     blocks = [max(1, -(-context_lens[i] // block_size)) for i in order]
@@ -353,7 +358,7 @@ def paged_decode_attention_torch(
     """
     _check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
     lens = context_lens.tolist()
-    groups = _length_groups(lens, k_cache.shape[1]) if len(lens) > 1 else [list(range(len(lens)))]
+    groups = _length_groups(tuple(lens), k_cache.shape[1]) if len(lens) > 1 else [list(range(len(lens)))]
     if len(groups) == 1:
         return _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale)
     out = torch.empty_like(q)

@@ -302,7 +302,7 @@ def test_paged_decode_twin_groups_by_length():
     from veil.kernels.paged_attention import _length_groups
 
     lens = [3, 700, 9, 0, 650, 5, 690]
-    groups = _length_groups(lens, 4)
+    groups = _length_groups(tuple(lens), 4)
     assert len(groups) >= 2 and sorted(i for g in groups for i in g) == list(range(len(lens)))
     q, k_cache, v_cache, tables, ctx = _make_paged_case(lens, 9, 3, 64, 4, torch.float32, 23)
     got = paged_decode_attention_torch(q, k_cache, v_cache, tables, ctx, 0.125)
