@@ -270,12 +270,11 @@ def figures(res: dict) -> list[str]:
     return lines
 
 
-def run(n_tokens: int | None = None, k: int | None = None, chunk: int = 32, progress: bool = True,
-        ckpt=None, model=None) -> dict:
+def run(n_tokens: int | None = None, k: int | None = None, chunk: int = 32, progress: bool = True) -> dict:
     from veil.engine.loader import build_model, load_checkpoint
 
-    ckpt = ckpt or load_checkpoint()
-    model, cfg = model or build_model(ckpt), ckpt.config
+    ckpt = load_checkpoint()
+    model, cfg = build_model(ckpt), ckpt.config
     k = cfg.num_layers - 1 if k is None else k
     n_tokens = n_tokens or 2 * cfg.hidden_size
     chunks = text_chunks(ckpt.tokenizer, n_tokens, chunk)
