@@ -152,10 +152,10 @@ class HiddenReply:
 # The protected path (PROTOCOL.md): ciphertext messages and the client's public key material
 # ---------------------------------------------------------------------------------------------
 
-#: Message kinds of the protected protocol; the first three travel client -> server.
-PROTECTED_UPLOAD_KINDS = ("token", "weights", "mlp_in")
-PROTECTED_KINDS = (*PROTECTED_UPLOAD_KINDS, "scores", "mlp", "final")
-_MAX_CTS = 4  # the most ciphertexts any protected message carries (MLP_IN has 2)
+#: Message kinds of the protected protocol; the upload kinds travel client -> server.
+PROTECTED_UPLOAD_KINDS = ("token", "weights", "mlp_in", "refreshed")
+PROTECTED_KINDS = (*PROTECTED_UPLOAD_KINDS, "scores", "mlp", "refresh", "final")
+_MAX_CTS = 4  # the most ciphertexts a protected message may carry (each carries one today)
 
 
 @dataclass(frozen=True)

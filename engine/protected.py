@@ -11,20 +11,29 @@ Message flow of one token (decode step at position ``t``), ``n = last - first`` 
  #      client -> server                             server -> client
 =====  ===========================================  =============================================
  0      TOKEN: ct(h_t) (layer ``first`` input)        SCORES(first): ct[ŝ_t·/sqrt(hd), σ_t/d]
- 1      WEIGHTS(l): ct(w_t·) compact                  MLP(l): ct[û_g, û_u, σ'/(8d)], ct(h'+ρ)
- 2      MLP_IN(l): ct(m_t), ct(h') re-encrypted       SCORES(l+1) ... or FINAL: ct(h_L)
+ 1      WEIGHTS(l): ct(w_t·) compact                  MLP(l): ct[û_g, û_u, σ'/(8d)]
+ 2      MLP_IN(l): ct(m_t)                            REFRESH(l): ct(h''+ρ) ... or FINAL: ct(h_L)
+ 3      REFRESHED(l): ct(h''+ρ) re-encrypted          SCORES(l+1)
 =====  ===========================================  =============================================
 
-Messages 1 and 2 repeat per layer: two round trips per layer, the second carrying ct(m_t) and
-the refreshed h' of layer l together with layer l+1's first download, plus round trip 0
-(hand over h_t; the reply of the last MLP_IN is h_L). ``2n + 1`` round trips per token.
-Prefill: a loop of decode steps (multi-token packing is not implemented yet).
+Messages 1-3 repeat per layer (3 after the last layer is replaced by FINAL): ``3n`` round trips
+per token. Prefill: a loop of decode steps (multi-token packing is not implemented yet).
+
+Why three round trips per layer where PROTOCOL.md sketches two: the refresh sits *after*
+W_down (on h'' = h' + W_down m) instead of on h'. Refreshing h' forced h'' to be born at the
+top of the chain (its clean + replicate must end at the layer-start level 7), hence m uploaded
+and W_down evaluated at level 9 with 10 primes: 28% of the layer's server time and 252 MB of
+encoded plaintexts per layer. Refreshing h'' lets W_down run at level 4 (measured 3.9x faster,
+half the plaintext bytes) and m go up at level 4; the client uploads the refreshed h'' already
+clean and replicated at level 7, so the layer start needs no clean + replicate either. The
+price is one more round trip per layer (28 per token at k=2: ~0.6 s per token on a 20 ms link).
+What each party sees is unchanged: the client decrypts h'' + ρ instead of h' + ρ (uniformly
+masked either way).
 
 Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at level >= 2):
 
-* MLP_IN: m uploaded at 9, h' re-encrypted at 8; h_raw = h' - ρ + W_down m at 8 (W_down in the
-  "wide" hybrid diagonal layout, 192 plaintexts; output: partial sums outside [0, d)).
-* layer start: h = replicate(clean(h_raw)) at 7; y = [W_q; K_exp W_k; K_exp W_v] γ1 h at 6
+* layer start: h (clean, replicated: ``hidden_layout``) at 7, uploaded by the client (TOKEN or
+  REFRESHED); y = [W_q; K_exp W_k; K_exp W_v] γ1 h at 6
   (K_exp repeats each KV head for its query heads); RoPE on ciphertexts
   q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32) (masks also clean the folded output),
   k̂ likewise, v̂ = 1_v ⊙ y: all at 5, appended to the KV cache (chunk j//8, block j%8).
@@ -40,12 +49,17 @@ Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at le
   1024; o = [W_o | 0] â (3); cleaned (2) and replicated; h' = h + o at 2.
   σ' by a cyclic sum (1) times the constant 1/(14*8d) in every slot (0), û = [W_gate; W_up] γ2 h'
   (1), cleaned (0), added: one download at level 0 (slot 2F holds σ'/(8d), slots [0, 2F) hold
-  û + σ'/(8d)). h_L: cleaned at scale 2^56, downloaded at level 1.
-  h' is masked for refresh at level 2 (uniform integer mask, ``HEBackend.mask_for_refresh``).
+  û + σ'/(8d)).
+* MLP_IN (m uploaded at 4): W_down m at 3 (the "wide" hybrid diagonal layout, 192 plaintexts;
+  partial sums outside [0, d)), cleaned (2) and replicated; h'' = h' + W_down m at 2, masked
+  for refresh there (uniform integer mask, ``HEBackend.mask_for_refresh``) and sent down; the
+  client re-encrypts the masked polynomial at 7. After the last layer instead: h' and W_down m
+  are each cleaned at scale 2^56 (h' 2 -> 1, W_down m 3 -> 2 -> switched to 1) and h_L is
+  downloaded at level 1.
 
 Circuit privacy: every ciphertext that leaves is ``rerandomize``d (fresh encryption of zero +
 Gaussian flooding of std ``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units, ~2^-11.5 absolute
-per slot); the masked h' is re-randomized and hidden by the mask. Every server-side output that
+per slot); the masked h'' is re-randomized and hidden by the mask. Every server-side output that
 leaves is cleaned by a 0/1 mask first, so the client decrypts flooding noise outside the
 documented slots. Known margin gap: a CKKS 0/1 mask leaves its encoding error (~2^5.2 / its
 plaintext scale) times the masked-out values; at the level-0 MLP download the plaintext scale
@@ -143,8 +157,10 @@ class MsgKind:
     TOKEN = "token"  # c->s: ct(h) input of layer `first`
     SCORES = "scores"  # s->c: ct[ŝ, σ]
     WEIGHTS = "weights"  # c->s: ct(w)
-    MLP = "mlp"  # s->c: ct[û, σ'], ct(h' + ρ)
-    MLP_IN = "mlp_in"  # c->s: ct(m), ct(h' re-encrypted)
+    MLP = "mlp"  # s->c: ct[û, σ']
+    MLP_IN = "mlp_in"  # c->s: ct(m)
+    REFRESH = "refresh"  # s->c: ct(h'' + ρ), masked for the refresh
+    REFRESHED = "refreshed"  # c->s: ct(h'' + ρ) re-encrypted at the layer-start level
     FINAL = "final"  # s->c: ct(h_L)
 
 
@@ -163,12 +179,11 @@ class Tag:
 class Levels:
     """Where each value lives (see the module docstring)."""
 
-    m: int = 9
-    h_raw: int = 8
+    m: int = 4
     h: int = 7
     kv: int = 5
     w: int = 6
-    h_prime: int = 2
+    h_prime: int = 2  # h' and h'' (the refresh mask level)
     scores_download: int = 1
     mlp_download: int = 0
     final_download: int = 1
@@ -386,8 +401,8 @@ class ProtectedSession:
     expect: str = MsgKind.TOKEN
     layer: int = 0
     position: int = 0
-    h: Ciphertext | None = None  # clean replicated h of the current layer (level LEVELS.h)
-    h_prime_mask: RefreshMask | None = None
+    h: Ciphertext | None = None  # clean replicated h (level 7), after WEIGHTS h' (level 2)
+    refresh_mask: RefreshMask | None = None  # ρ of the h'' awaiting its REFRESHED upload
     kv_bytes: int = 0
     be: TimedBackend | None = field(default=None, repr=False)  # evaluates with this session's keys
 
@@ -488,12 +503,14 @@ class ProtectedExecutor:
             raise ProtocolError("message for the wrong layer or position")
         be = s.be
         if msg.kind == MsgKind.TOKEN:
-            h_raw = self._load(be, msg.ct(Tag.H_IN), self.levels.h_raw)
-            reply = self._start_layer(s, self.first, msg.position, h_raw, msg.step)
+            h = self._load(be, msg.ct(Tag.H_IN), self.levels.h)
+            reply = self._start_layer(s, self.first, msg.position, h, msg.step)
         elif msg.kind == MsgKind.WEIGHTS:
             reply = self._attend(s, msg)
-        else:
+        elif msg.kind == MsgKind.MLP_IN:
             reply = self._finish_layer(s, msg)
+        else:
+            reply = self._next_layer(s, msg)
         s.step = msg.step
         return reply
 
@@ -557,10 +574,10 @@ class ProtectedExecutor:
         return v
 
     # ---- segment A: layer start -> scores download -----------------------------------------
-    def _start_layer(self, s: ProtectedSession, layer: int, t: int, h_raw: Ciphertext, step: int) -> ProtectedMessage:
+    def _start_layer(self, s: ProtectedSession, layer: int, t: int, h: Ciphertext, step: int) -> ProtectedMessage:
+        """``h``: the layer input, clean and replicated (``hidden_layout``) at level 7."""
         be, dims, L = s.be, self.dims, self.layers[layer - self.first]
         d, hd, q = dims.d, dims.head_dim, dims.qdim
-        h = be.replicate(self._select(be, h_raw, self._mask([(0, d)])), d, dims.copies)  # level 7
         y = be.matvec(L.wqkv, h)  # 6, folded
         cos, sin = rope_cos_sin(self.cfg, t)
         lane = np.arange(q) % hd
@@ -675,28 +692,39 @@ class ProtectedExecutor:
         u = be.matvec(L.wgu, h_prime)  # 1, folded
         out = be.add(self._select(be, u, self._mask([(0, 2 * f)])), self._select(be, sq, sig))  # 0
         p_u = self._send(be, out, Tag.U_SIGMA2, self.levels.mlp_download)
-        masked, rho = be.mask_for_refresh(h_prime)
-        p_h = CtPayload(Tag.MASKED_H, be.level(masked), be.serialize(masked))
-        s.h_prime_mask, s.expect = rho, MsgKind.MLP_IN
-        return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, t, (p_u, p_h), self.params_id)
+        s.h, s.expect = h_prime, MsgKind.MLP_IN
+        return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, t, (p_u,), self.params_id)
 
-    # ---- segment C: m and refreshed h' -> next layer or h_L -----------------------------------
+    # ---- segment C: m -> h'' masked for its refresh, or h_L ------------------------------------
     def _finish_layer(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
-        be = s.be
+        be, d = s.be, self.dims.d
         L = self.layers[s.layer - self.first]
         m = self._load(be, msg.ct(Tag.M), self.levels.m)
-        hf = self._load(be, msg.ct(Tag.H_REFRESHED), self.levels.h_raw)
-        h_prime = be.unmask_refresh(hf, s.h_prime_mask)
-        h_raw = be.add(h_prime, be.matvec(L.wdown, m))  # 8, folded part outside [0, d)
+        down = be.matvec(L.wdown, m)  # 3, wide: partial sums outside [0, d)
         if s.layer + 1 < self.last:
-            reply = self._start_layer(s, s.layer + 1, s.position, h_raw, msg.step)  # commits
-            s.h_prime_mask = None
-            return reply
-        h_out = self._select(be, h_raw, self._mask([(0, self.dims.d)]), DOWNLOAD_SCALE)
+            y = be.replicate(self._select(be, down, self._mask([(0, d)])), d, self.dims.copies)  # 2
+            h2 = be.add(s.h, y)  # h'' at 2: clean, replicated
+            masked, rho = be.mask_for_refresh(h2)
+            payload = CtPayload(Tag.MASKED_H, be.level(masked), be.serialize(masked))
+            s.h, s.refresh_mask, s.expect = None, rho, MsgKind.REFRESHED
+            return ProtectedMessage(MsgKind.REFRESH, s.id, msg.step, s.layer, s.position, (payload,), self.params_id)
+        # h_L = h' + W_down m, both cleaned at the download scale (see DOWNLOAD_SCALE)
+        only_h = self._mask([(0, d)])
+        h_out = self._select(be, s.h, only_h, DOWNLOAD_SCALE)  # 1
+        h_out = be.add(h_out, be.mod_switch_to(self._select(be, down, only_h, DOWNLOAD_SCALE), be.level(h_out)))
         payload = self._send(be, h_out, Tag.H_FINAL, self.levels.final_download)
         s.length = s.position + 1
-        s.h, s.expect, s.layer, s.h_prime_mask = None, MsgKind.TOKEN, self.first, None
+        s.h, s.expect, s.layer = None, MsgKind.TOKEN, self.first
         return ProtectedMessage(MsgKind.FINAL, s.id, msg.step, self.last, s.position, (payload,), self.params_id)
+
+    # ---- segment D: refreshed h'' -> next layer ------------------------------------------------
+    def _next_layer(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
+        be = s.be
+        hf = self._load(be, msg.ct(Tag.H_REFRESHED), self.levels.h)
+        h = be.unmask_refresh(hf, s.refresh_mask)
+        reply = self._start_layer(s, s.layer + 1, s.position, h, msg.step)  # commits
+        s.refresh_mask = None
+        return reply
 
     def kv_bytes(self, s: ProtectedSession) -> int:
         return s.kv_bytes

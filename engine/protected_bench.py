@@ -1,15 +1,20 @@
 """Per-layer timing of the protected executor: ``python -m veil.engine.protected_bench``.
 
-For each context length (default 16 and 64) it times one decode step of one protected layer
-at position ``ctx - 1`` with ``ctx - 1`` positions already in the encrypted KV cache, on the
-real SmolLM2 weights and the real parameter set. The cache of the earlier positions is seeded
-directly (the client encrypts the true k̂_j, v̂_j in the cache layout; bench-only shortcut so
-that context 64 does not need 63 timed steps); the timed step is the real protocol.
+For each context length (default 16 and 64) it times one decode step through two protected
+layers ``[layer, layer + 2)`` at position ``ctx - 1`` with ``ctx - 1`` positions already in
+the encrypted KV cache, on the real SmolLM2 weights and the real parameter set. The cache of
+the earlier positions is seeded directly (the client encrypts the true k̂_j, v̂_j in the cache
+layout; bench-only shortcut so that context 64 does not need 63 timed steps); the timed step
+is the real protocol.
+
+Two layers because a middle layer's cycle (WEIGHTS -> MLP, MLP_IN -> REFRESH, REFRESHED ->
+next layer's SCORES) differs from the last layer's (MLP_IN -> FINAL). The per-layer figures are
+the first layer's cycle; the whole-model extrapolation (``--layers`` protected layers, default
+28 for k=2) is the measured two-layer step plus ``layers - 2`` cycles.
 
 Prints the server time split by operation kind (matvec, ctct, rotations, refresh, flooding,
-serialization, other), the client time, bytes up and down for the layer, the layer's output
-error against the plaintext block, and a whole-model extrapolation (``--layers`` protected
-layers, default 28 for k=2), one ``figure protected.<metric> <value>`` line per number.
+serialization, other), the client time, bytes up and down for the layer, the output error
+against the plaintext blocks, one ``figure protected.<metric> <value>`` line per number.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from veil.crypto.layouts import BLOCK, PROTECTED_PARAMS
 from veil.crypto.seal_backend import SealBackend
 from veil.engine.protected import (
+    MsgKind,
     ProtectedExecutor,
     layer_weights_from_tensors,
     required_rotation_steps,
@@ -42,12 +48,14 @@ def fig(name: str, value: float) -> None:
 
 
 def _plain_inputs(model, tok, layer: int, ctx: int):
+    """Inputs of layers ``layer`` and ``layer + 1`` and the output of ``layer + 1``."""
     ids = tok(PROMPT, return_tensors="pt")["input_ids"][0][:ctx]
     assert len(ids) == ctx
     with torch.no_grad():
-        h = model.run_layers(model.embed(ids), 0, layer)
-        out = model.run_layers(h, layer, layer + 1)
-    return h.double().numpy(), out.double().numpy()
+        h0 = model.run_layers(model.embed(ids), 0, layer)
+        h1 = model.run_layers(h0, layer, layer + 1)
+        out = model.run_layers(h1, layer + 1, layer + 2)
+    return h0.double().numpy(), h1.double().numpy(), out.double().numpy()
 
 
 def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
@@ -72,7 +80,7 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
     kv = session.kv[layer]
     kv.keys = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_k]
     kv.values = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_v]
-    session.kv_bytes = 2 * len(chunks_k) * 2 * (lv.kv + 1) * dims.slots * 2 * 8
+    session.kv_bytes += 2 * len(chunks_k) * 2 * (lv.kv + 1) * dims.slots * 2 * 8
     session.length = session.position = n
     client.position = n
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]
@@ -100,58 +108,66 @@ def main(argv: list[str] | None = None) -> None:
     server_be = SealBackend(PROTECTED_PARAMS)
     server_be.import_public_material(material)
     t = time.perf_counter()
-    weights = layer_weights_from_tensors(ckpt.tensors, cfg, args.layer)
-    ex = ProtectedExecutor(server_be, cfg, [weights])
-    fig("encode_layer_s", time.perf_counter() - t)
-    fig("encoded_bytes_per_layer", ex.encoded_bytes)
+    layers = (args.layer, args.layer + 1)
+    weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i) for i in layers]
+    ex = ProtectedExecutor(server_be, cfg, weights)
+    fig("encode_layer_s", (time.perf_counter() - t) / 2)
+    fig("encoded_bytes_per_layer", ex.encoded_bytes / 2)
 
     for ctx in (int(c) for c in args.contexts.split(",")):
-        h_in, ref = _plain_inputs(model, ckpt.tokenizer, args.layer, ctx)
+        h0, h1, ref = _plain_inputs(model, ckpt.tokenizer, args.layer, ctx)
         session = ex.new_session()
-        client = ProtectedClientState(client_be, cfg, args.layer, args.layer + 1, session.id)
-        _seed_cache(ex, client, session, weights, cfg, args.layer, h_in, ctx - 1)
+        client = ProtectedClientState(client_be, cfg, layers[0], layers[1] + 1, session.id)
+        _seed_cache(ex, client, session, weights[0], cfg, layers[0], h0, ctx - 1)
+        _seed_cache(ex, client, session, weights[1], cfg, layers[1], h1, ctx - 1)
         ex.be.reset()
-        t_client = 0.0
         t0 = time.perf_counter()
-        tc = time.perf_counter()
-        msg = client.token_message(h_in[ctx - 1])
-        t_client += time.perf_counter() - tc
-        first_up = msg.nbytes
-        round_trips = 0
+        msg = client.token_message(h0[ctx - 1])
+        # one record per round trip: (upload kind, layer, server s, client s, bytes up, bytes down)
+        trips, per_op = [], {}
         while True:
+            if (msg.kind, msg.layer) == (MsgKind.WEIGHTS, layers[0]):
+                ex.be.reset()  # the first layer's cycle starts here
+            ts = time.perf_counter()
             reply = ex.handle(msg)
-            round_trips += 1
+            ts = time.perf_counter() - ts
+            if (msg.kind, msg.layer) == (MsgKind.REFRESHED, layers[0]):
+                per_op, counts = dict(ex.be.times), dict(ex.be.counts)
+                by_shape = dict(ex.be.matvec_by_shape)
             tc = time.perf_counter()
             nxt = client.handle(reply)
-            t_client += time.perf_counter() - tc
+            tc = time.perf_counter() - tc
+            trips.append((msg.kind, msg.layer, ts, tc, msg.nbytes, reply.nbytes))
             if isinstance(nxt, np.ndarray):
                 break
             msg = nxt
         wall = time.perf_counter() - t0
-        server = sum(ex.be.times.values())
         err = np.linalg.norm(nxt - ref[ctx - 1]) / np.linalg.norm(ref[ctx - 1])
-        final_down = reply.nbytes
-        up_layer = client.bytes_up - first_up  # weights + mlp_in of the layer
-        down_layer = client.bytes_down - final_down  # scores + mlp of the layer
+        cycle = [r for r in trips if r[1] == layers[0] and r[0] != MsgKind.TOKEN]
+        assert [r[0] for r in cycle] == [MsgKind.WEIGHTS, MsgKind.MLP_IN, MsgKind.REFRESHED]
+        server = sum(r[2] for r in cycle)
+        t_client = sum(r[3] for r in cycle)
+        up_layer, down_layer = sum(r[4] for r in cycle), sum(r[5] for r in cycle)
         tag = f"ctx{ctx}"
         fig(f"layer_server_s.{tag}", server)
         for kind in ("matvec", "ctct", "rotations", "refresh", "flooding", "serialization", "other"):
-            fig(f"layer_server_s.{kind}.{tag}", ex.be.times.get(kind, 0.0))
+            fig(f"layer_server_s.{kind}.{tag}", per_op.get(kind, 0.0))
         fig(f"layer_client_s.{tag}", t_client)
-        fig(f"layer_wall_s.{tag}", wall)
         fig(f"layer_bytes_up.{tag}", up_layer)
         fig(f"layer_bytes_down.{tag}", down_layer)
-        fig(f"token_bytes_in_out.{tag}", first_up + final_down)
-        fig(f"layer_rel_err.{tag}", err)
-        fig(f"kv_bytes_per_layer.{tag}", session.kv_bytes)
-        fig(f"rotations_per_layer.{tag}", ex.be.counts.get("rotate", 0))
+        fig(f"two_layer_wall_s.{tag}", wall)
+        fig(f"two_layer_rel_err.{tag}", err)
+        fig(f"kv_bytes_per_layer.{tag}", session.kv_bytes / 2)
+        fig(f"rotations_per_layer.{tag}", counts.get("rotate", 0))
         n = args.layers
-        fig(f"tpot_s.extrapolated.{tag}", n * (server + t_client))
-        fig(f"bytes_per_token.extrapolated.{tag}", n * (up_layer + down_layer) + first_up + final_down)
-        fig(f"round_trips_per_token.{tag}", 2 * n + 1)
-        for shape, dt in ex.be.matvec_by_shape.items():
+        step_s = sum(r[2] + r[3] for r in trips)
+        step_bytes = sum(r[4] + r[5] for r in trips)
+        fig(f"tpot_s.extrapolated.{tag}", step_s + (n - 2) * (server + t_client))
+        fig(f"bytes_per_token.extrapolated.{tag}", step_bytes + (n - 2) * (up_layer + down_layer))
+        fig(f"round_trips_per_token.{tag}", len(trips) + (n - 2) * len(cycle))
+        for shape, dt in by_shape.items():
             print(f"# ctx {ctx}: matvec {shape}: {dt:.3f} s", flush=True)
-        print(f"# ctx {ctx}: counts {dict(ex.be.counts)}", flush=True)
+        print(f"# ctx {ctx}: counts {counts}", flush=True)
     fig("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 

@@ -134,8 +134,8 @@ class ProtectedClientState:
     # ---- the protocol ------------------------------------------------------------------------
     def token_message(self, h: np.ndarray) -> ProtectedMessage:
         """Round trip 0: the input of layer ``first`` for the next position."""
-        data = self.be.encrypt_to_bytes(hidden_layout(h, self.dims.slots), level=self.levels.h_raw)
-        return self._msg(MsgKind.TOKEN, self.first, (CtPayload(Tag.H_IN, self.levels.h_raw, data),))
+        data = self.be.encrypt_to_bytes(hidden_layout(h, self.dims.slots), level=self.levels.h)
+        return self._msg(MsgKind.TOKEN, self.first, (CtPayload(Tag.H_IN, self.levels.h, data),))
 
     def handle(self, msg: ProtectedMessage) -> ProtectedMessage | np.ndarray:
         """Process a server reply; returns the next upload, or h_L (np.ndarray) at the end."""
@@ -146,6 +146,8 @@ class ProtectedClientState:
             return self._on_scores(msg)
         if msg.kind == MsgKind.MLP:
             return self._on_mlp(msg)
+        if msg.kind == MsgKind.REFRESH:
+            return self._on_refresh(msg)
         if msg.kind == MsgKind.FINAL:
             p = msg.ct(Tag.H_FINAL)
             self._expect_level(p, self.levels.final_download)
@@ -175,17 +177,18 @@ class ProtectedClientState:
         sigma2, ug, uu = unpack_mlp(self.dims, self._decrypt(p, layer))
         m = swiglu_from_u(sigma2, ug, uu, self.eps)
         m_data = self.be.encrypt_to_bytes(periodic_layout(m, self.dims.slots), level=self.levels.m)
-        masked = msg.ct(Tag.MASKED_H)
-        self._expect_level(masked, self.levels.h_prime)
-        ct = self.be.deserialize(masked.data, level=masked.level)
-        self.transcript.append(Decryption(("masked_h",), masked.tag, layer, self.position, None))
-        h_data = self.be.refresh_reencrypt_to_bytes(ct, level=self.levels.h_raw)
         # r_t of this layer is final once the layer's attention is done
         r = self.r[layer]
         if len(r) == self.position:
             r.append(self._pending_r.pop(layer))
-        return self._msg(
-            MsgKind.MLP_IN,
-            layer,
-            (CtPayload(Tag.M, self.levels.m, m_data), CtPayload(Tag.H_REFRESHED, self.levels.h_raw, h_data)),
-        )
+        return self._msg(MsgKind.MLP_IN, layer, (CtPayload(Tag.M, self.levels.m, m_data),))
+
+    def _on_refresh(self, msg: ProtectedMessage) -> ProtectedMessage:
+        """h'' + ρ: decrypted as an integer polynomial (never decoded) and re-encrypted at the
+        layer-start level; the server subtracts ρ."""
+        masked = msg.ct(Tag.MASKED_H)
+        self._expect_level(masked, self.levels.h_prime)
+        ct = self.be.deserialize(masked.data, level=masked.level)
+        self.transcript.append(Decryption(("masked_h",), masked.tag, msg.layer, self.position, None))
+        h_data = self.be.refresh_reencrypt_to_bytes(ct, level=self.levels.h)
+        return self._msg(MsgKind.REFRESHED, msg.layer, (CtPayload(Tag.H_REFRESHED, self.levels.h, h_data),))

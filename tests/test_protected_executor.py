@@ -103,11 +103,11 @@ def test_round_trips_and_kv_cache(decoded, executor):
     session, client, _, msgs = decoded
     n = LAST - FIRST
     for m in msgs:
-        assert len(m) == 2 * n + 1  # token + (weights, mlp_in) per layer
-        assert [r.kind for _, r in m] == [MsgKind.SCORES] + [MsgKind.MLP, MsgKind.SCORES] * (n - 1) + [
-            MsgKind.MLP,
-            MsgKind.FINAL,
-        ]
+        assert len(m) == 3 * n  # token + (weights, mlp_in, refreshed) per layer, no refresh after the last
+        assert [q.kind for q, _ in m] == [MsgKind.TOKEN] + [
+            MsgKind.WEIGHTS, MsgKind.MLP_IN, MsgKind.REFRESHED] * (n - 1) + [MsgKind.WEIGHTS, MsgKind.MLP_IN]
+        assert [r.kind for _, r in m] == [MsgKind.SCORES] + [MsgKind.MLP, MsgKind.REFRESH, MsgKind.SCORES] * (
+            n - 1) + [MsgKind.MLP, MsgKind.FINAL]
     chunks = -(-POSITIONS // executor.dims.per_chunk)
     for layer in range(FIRST, LAST):
         kv = session.kv[layer]
@@ -204,3 +204,35 @@ def test_kv_limits_are_refused_without_changing_state(ckpt, keys, executor, plai
     finally:
         executor.max_kv_bytes_total = saved
         executor.drop_session(s.id)
+
+
+def test_refresh_upload_is_validated_and_the_session_goes_on(ckpt, keys, executor, plain):
+    """The re-encrypted h'' (REFRESHED) at a wrong level or replayed is refused (400 / 409), the
+    refresh mask is kept, and the correct upload then starts the next layer."""
+    import dataclasses
+
+    from veil.engine.protected import CtPayload, MessageError
+
+    h_in, _ = plain
+    s = executor.new_session()
+    c = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id)
+    msg = c.token_message(h_in[0])
+    while True:
+        reply = executor.handle(msg)
+        msg = c.handle(reply)
+        if msg.kind == MsgKind.REFRESHED:
+            break
+    assert reply.kind == MsgKind.REFRESH and s.refresh_mask is not None
+    p = msg.ct(Tag.H_REFRESHED)
+    wrong = dataclasses.replace(msg, cts=(CtPayload(p.tag, p.level - 1, p.data),))
+    with pytest.raises(MessageError) as e:
+        executor.handle(wrong)
+    assert e.value.status == 400
+    stale = dataclasses.replace(msg, step=s.step)
+    with pytest.raises(ProtocolError) as e:
+        executor.handle(stale)
+    assert e.value.status == 409
+    assert s.expect == MsgKind.REFRESHED and s.refresh_mask is not None and s.layer == FIRST
+    nxt = executor.handle(msg)
+    assert nxt.kind == MsgKind.SCORES and nxt.layer == FIRST + 1 and s.refresh_mask is None
+    executor.drop_session(s.id)
