@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 import tenseal.sealapi as sealapi
 
-from veil.crypto import seal_format
+from veil.crypto import seal_format, seal_packing
 from veil.crypto.backend import (
     BabySteps,
     Ciphertext,
@@ -371,8 +371,8 @@ class SealBackend(HEBackend):
         lvl = self._lvl(level)
         pt = self._encode(values, lvl, self.params.scale if scale is None else scale)
         if self._encryptor_sk is not None:
-            return self._io.save(self._encryptor_sk.encrypt_symmetric(pt))
-        return self._io.save(self._encrypt_pt(pt))
+            return self._pack(self._io.save(self._encryptor_sk.encrypt_symmetric(pt)))
+        return self._pack(self._io.save(self._encrypt_pt(pt)))
 
     def _decrypt_pt(self, ct: Ciphertext):
         if self._decryptor is None:
@@ -785,7 +785,7 @@ class SealBackend(HEBackend):
         pt = self._refresh_plaintext(ct, level)
         if self._encryptor_sk is None:
             raise HEError("no secret key")
-        return self._io.save(self._encryptor_sk.encrypt_symmetric(pt))
+        return self._pack(self._io.save(self._encryptor_sk.encrypt_symmetric(pt)))
 
     def unmask_refresh(self, ct, mask: RefreshMask) -> Ciphertext:
         obj = self._unwrap(ct)
@@ -814,7 +814,15 @@ class SealBackend(HEBackend):
 
     # ------------------------------------------------------------------ serialization
     def serialize(self, ct) -> bytes:
-        return self._io.save(self._unwrap(ct))
+        return self._pack(self._io.save(self._unwrap(ct)))
+
+    # Ciphertexts travel bit-packed (``seal_packing``): each residue in its prime's width.
+    def _prime_widths(self, parms_id: tuple[int, ...]) -> list[int] | None:
+        level = self._level_by_pid.get(parms_id)
+        return None if level is None else [q.bit_length() for q in self._levels[level].primes]
+
+    def _pack(self, blob: bytes) -> bytes:
+        return seal_packing.pack(blob, self._prime_widths)
 
     def _max_blob_size(self, size: int) -> int:
         top = self._levels[self.params.top_level]
@@ -842,6 +850,8 @@ class SealBackend(HEBackend):
         if len(data) > self._max_blob_size(size):
             raise CiphertextError("ciphertext too large for this parameter set")
         try:
+            if seal_packing.is_packed(data):
+                data = seal_packing.unpack(data, self._prime_widths, self._version, self._n)
             seal_format.parse_header(data)
             self._check_inflated(data, self._max_blob_size(size))
         except seal_format.SealFormatError as e:

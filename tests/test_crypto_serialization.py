@@ -7,7 +7,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from veil.crypto import seal_format
+from veil.crypto import seal_format, seal_packing
 from veil.crypto.backend import CiphertextError, HEError, KeyMaterialError, PublicMaterial
 from veil.crypto.params import DEFAULT_PARAMS, TEST_PARAMS_ID, CkksParams, get_params
 from veil.crypto.seal_backend import SealBackend
@@ -38,10 +38,11 @@ def test_round_trip(pair, ct_and_bytes):
     x, ct, blob = ct_and_bytes
     back = server.deserialize(blob, level=P.top_level, size=2, scale=P.scale)
     np.testing.assert_allclose(client.decrypt(back), x, atol=1e-7)
-    assert seal_format.parse_header(blob).compr_mode in (
-        seal_format.COMPR_ZSTD,
-        seal_format.COMPR_ZLIB,
-    )
+    # bit-packed: exactly the header, SEAL's members and N residues per prime at the prime's width
+    assert seal_packing.is_packed(blob)
+    widths = [q.bit_length() for q in server._levels[P.top_level].primes]
+    n = P.poly_modulus_degree
+    assert len(blob) == 8 + 73 + 2 * sum((n * w + 7) // 8 for w in widths)
     # lower levels are smaller on the wire
     low = server.serialize(server.mod_switch_to(ct, 0))
     assert len(low) < 0.6 * len(blob)
@@ -139,6 +140,33 @@ def test_rejects_truncated_and_tampered(pair, ct_and_bytes):
             pass
 
 
+def test_packed_form_is_validated(pair, ct_and_bytes):
+    """The packed wire form: a SEAL blob is still accepted; bad flags, an unknown level, a
+    missing or surplus seed, a residue >= its prime and every truncation are refused."""
+    client, server = pair
+    x, ct, blob = ct_and_bytes
+    legacy = server._io.save(ct._obj)  # SEAL's own (zstd) form
+    np.testing.assert_allclose(client.decrypt(server.deserialize(legacy)), x, atol=1e-7)
+    bad_flags = blob[:4] + b"\x02" + blob[5:]
+    unknown_level = blob[:8] + b"\x01" * 32 + blob[40:]
+    up = client.encrypt_to_bytes(np.ones(8), level=1)
+    assert up[4] == 1  # seeded
+    unseeded_flag = up[:4] + b"\x00" + up[5:]
+    for bad in (bad_flags, unknown_level, unseeded_flag, up[:-81], up + b"\x00", blob[:-1], blob[:100]):
+        with pytest.raises(CiphertextError):
+            server.deserialize(bad)
+    # a residue equal to its prime (fits the packed width) is refused by SEAL's load check
+    lvl = server._levels[P.top_level]
+    polys = np.ones((2, len(lvl.primes), P.poly_modulus_degree), dtype=np.uint64)
+    polys[0, 0, 5] = lvl.primes[0]
+    raw = seal_format.ciphertext_blob(polys, ct._obj.parms_id(), ct._obj.scale, True, server._version)
+    packed = seal_packing.pack(raw, server._prime_widths)
+    with pytest.raises(CiphertextError):
+        server.deserialize(packed)
+    # and the seeded upload round-trips
+    np.testing.assert_allclose(client.decrypt(server.deserialize(up, level=1), 8), np.ones(8), atol=1e-6)
+
+
 def _zstd_rle_bomb(blocks: int) -> bytes:
     """A valid zstd frame of RLE blocks, each inflating 4 bytes to 128 KiB."""
     frame = bytearray((0xFD2FB528).to_bytes(4, "little"))
@@ -167,9 +195,9 @@ def test_rejects_decompression_bomb(pair, ct_and_bytes):
     )
     with pytest.raises(CiphertextError, match="inflate"):
         server.deserialize(zh + z)
-    # real ciphertexts are well inside the bound
-    _, _, blob = ct_and_bytes
-    bound = seal_format.inflated_size_bound(blob, 10**9)
+    # real ciphertexts in SEAL's own form are well inside the bound
+    _, ct, _ = ct_and_bytes
+    bound = seal_format.inflated_size_bound(server._io.save(ct._obj), 10**9)
     assert bound < 2 * 2 * P.poly_modulus_degree * (P.top_level + 1) * 8
 
 

@@ -1,0 +1,139 @@
+"""Bit-packed wire form of SEAL ciphertexts: every RNS residue in exactly its prime's width.
+
+Why: SEAL keeps each residue in a 64-bit word and compresses a saved object with zstd, which
+cannot find much structure in uniformly random residues: a level-4 upload of the protected
+parameter set (one 57-bit and four 36-bit primes) compresses to 74% of its raw size, where its
+information content is (57 + 4*36) / (5*64) = 63%. The protected path moves ~3 MB per layer and
+token, so the wire carries packed residues instead; SEAL still validates every object it loads.
+
+Packed form (little endian)::
+
+    b"VPC1" | u8 flags (bit 0: seeded) | 3 zero bytes
+    | the 73 bytes of SEAL's Ciphertext members before its data, verbatim (parms_id, is_ntt_form,
+      size, N, number of primes, scale, correction factor)
+    | residues: for each stored polynomial and each prime j, N residues of bit_length(q_j) bits,
+      LSB first, each prime's run padded to a whole byte
+    | seeded only: the PRNG-info object SEAL writes after c0 (the seed that regenerates c1)
+
+``pack`` takes a blob from SEAL's ``save`` (any compression); ``unpack`` rebuilds an
+uncompressed SEAL blob for ``load``. Both refuse anything whose sizes do not add up exactly.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from veil.crypto import seal_format
+from veil.crypto.seal_format import HEADER_SIZE, SealFormatError
+
+MAGIC = b"VPC1"
+_PREFIX = struct.Struct("<4sB3x")
+_MEMBERS = 73  # parms_id 32 + is_ntt_form 1 + size, N, primes 24 + scale 8 + correction 8
+_SEEDED = 1
+_MAX_PRNG_INFO = 256  # SEAL's PRNG-info object is 81 bytes (header, type, 64-byte seed)
+
+#: ``widths(parms_id)``: the bit width of each prime of that level (``None``: unknown id).
+WidthsOf = Callable[[tuple[int, ...]], Sequence[int] | None]
+
+
+def is_packed(data: bytes) -> bool:
+    return data[:4] == MAGIC
+
+
+def _members(blob: bytes, limit: int) -> bytes:
+    h = seal_format.parse_header(blob)
+    body = blob[HEADER_SIZE:]
+    if h.compr_mode == seal_format.COMPR_NONE:
+        return body
+    if h.compr_mode == seal_format.COMPR_ZSTD:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompress(body, max_output_size=limit)
+    d = zlib.decompressobj()
+    return d.decompress(body, limit)
+
+
+def _bits(values: np.ndarray, width: int) -> bytes:
+    b = np.unpackbits(values.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+    return np.packbits(b[:, :width], bitorder="little").tobytes()
+
+
+def _unbits(buf: bytes, count: int, width: int) -> np.ndarray:
+    b = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")[: count * width]
+    full = np.zeros((count, 64), dtype=np.uint8)
+    full[:, :width] = b.reshape(count, width)
+    return np.packbits(full, axis=1, bitorder="little").view("<u8").ravel()
+
+
+def _run_bytes(n: int, width: int) -> int:
+    return (n * width + 7) // 8
+
+
+def pack(blob: bytes, widths_of: WidthsOf) -> bytes:
+    """SEAL ``save`` output of a ciphertext -> packed form."""
+    n_max = 1 << 20
+    members = _members(blob, limit=64 * n_max)
+    if len(members) < _MEMBERS + HEADER_SIZE + 8:
+        raise SealFormatError("ciphertext members too short")
+    pid = struct.unpack_from("<4Q", members, 0)
+    size, n, k = struct.unpack_from("<QQQ", members, 33)
+    widths = widths_of(tuple(pid))
+    if widths is None or len(widths) != k:
+        raise SealFormatError("ciphertext of an unknown level")
+    (count,) = struct.unpack_from("<Q", members, _MEMBERS + HEADER_SIZE)
+    start = _MEMBERS + HEADER_SIZE + 8
+    data = np.frombuffer(members, dtype="<u8", count=count, offset=start)
+    trailing = members[start + 8 * count :]
+    if count == size * n * k and not trailing:
+        flags, polys = 0, size
+    elif size == 2 and count == n * k and 0 < len(trailing) <= _MAX_PRNG_INFO:
+        flags, polys = _SEEDED, 1
+    else:
+        raise SealFormatError("unexpected ciphertext data layout")
+    runs = data.reshape(polys, k, n)
+    out = [_PREFIX.pack(MAGIC, flags), members[:_MEMBERS]]
+    out += [_bits(runs[p, j], widths[j]) for p in range(polys) for j in range(k)]
+    if flags & _SEEDED:
+        out.append(trailing)
+    return b"".join(out)
+
+
+def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: int) -> bytes:
+    """Packed form -> uncompressed SEAL blob (SEAL's ``load`` then validates residues, ids and
+    the seed). Refuses wrong magic, unknown levels and any size mismatch."""
+    if len(data) < _PREFIX.size + _MEMBERS or not is_packed(data):
+        raise SealFormatError("not a packed ciphertext")
+    _, flags = _PREFIX.unpack_from(data, 0)
+    if flags & ~_SEEDED:
+        raise SealFormatError("unknown packed-ciphertext flags")
+    members = data[_PREFIX.size : _PREFIX.size + _MEMBERS]
+    pid = struct.unpack_from("<4Q", members, 0)
+    size, n, k = struct.unpack_from("<QQQ", members, 33)
+    widths = widths_of(tuple(pid))
+    if widths is None or len(widths) != k or n != max_n:
+        raise SealFormatError("packed ciphertext of an unknown level or ring")
+    seeded = bool(flags & _SEEDED)
+    if seeded and size != 2:
+        raise SealFormatError("a seeded ciphertext has two polynomials")
+    if not 2 <= size <= 8:
+        raise SealFormatError("unsupported ciphertext size")
+    polys = 1 if seeded else size
+    pos = _PREFIX.size + _MEMBERS
+    runs = []
+    for _ in range(polys):
+        for w in widths:
+            end = pos + _run_bytes(n, w)
+            if end > len(data):
+                raise SealFormatError("packed ciphertext truncated")
+            runs.append(_unbits(data[pos:end], n, w))
+            pos = end
+    trailing = data[pos:]
+    if seeded != bool(trailing) or len(trailing) > _MAX_PRNG_INFO:
+        raise SealFormatError("packed ciphertext has trailing bytes" if not seeded else "bad seed")
+    arr = seal_format.dynarray_blob(np.concatenate(runs), version)
+    body = members + arr + trailing
+    return seal_format._header(version, len(body)) + body
