@@ -455,10 +455,13 @@ class HEBackend(abc.ABC):
     # ---- matrix-vector products ------------------------------------------------------------
     @abc.abstractmethod
     def encode_matrix(
-        self, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs"
+        self, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
+        max_input_span: int | None = None,
     ) -> EncodedMatrix:
         """Pre-encode the generalized diagonals of ``weight`` (rows x cols) for inputs at
-        ``level``, giant-step rotations pre-applied (``plan_matvec`` for the layouts)."""
+        ``level``, giant-step rotations pre-applied (``plan_matvec`` for the layouts).
+        ``max_input_span``: the input is periodic on fewer slots than the slot count (the
+        plan must read no further)."""
 
     @abc.abstractmethod
     def baby_steps(self, ct: Ciphertext, n1: int) -> BabySteps:

@@ -17,11 +17,19 @@ Layouts (slot indices of one ciphertext):
   ``[H*hd, BLOCK)`` are zero. Because ``8 * BLOCK = S``, summing the 8 cyclic block shifts of a
   ciphertext (3 rotations) leaves the block sum replicated in *every* block: the weighted
   values come out in a valid matrix-input layout of period 1024 without a cleaning mask.
+* **value blocks**: the value cache and the expanded softmax weights pack position ``j % 8`` of
+  a chunk at ``value_base(b) = (value_offset + q*b) mod S`` (``q = H*hd = 576`` slots, no gap),
+  so the 8 blocks fill ``8q = 4608`` contiguous slots and ``S - 8q = 3584`` stay zero. Summing
+  ``2*8 = 16`` right shifts by ``q`` (4 rotations) then leaves the block sum, i.e. the weighted
+  values â, correct on 5 consecutive copies of period ``q`` (``value_copies``; the other
+  shifts only pick up the zero slots); ``value_offset`` puts those copies at ``[0, 5q)``. That
+  is a valid input of period ``q`` for W_o (a 576x576 product of 144 plaintexts), where blocks
+  of 1024 slots (as the keys use) gave period 1024 and a zero-padded 576x1024 product of 256.
 * **scores download**: ``ŝ^h_{j} / sqrt(hd)`` at slot ``BLOCK*(j%8) + hd*h + j//8`` (lane =
   chunk index, so up to ``8*hd = 512`` positions fit one ciphertext); ``σ/d`` at slot ``d``
   (inside block 0's zero gap). Every other slot is zero (the server masks).
 * **softmax weights upload** (compact, one ciphertext for up to 512 positions): with ``C``
-  chunks and ``P`` the next power of two >= C, slot ``BLOCK*b + hd*h + l`` holds
+  chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*h + l`` holds
   ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one). The server expands
   chunk ``c`` with one rotation, one 0/1 mask and ``log2 P`` rotations.
 * **MLP download**: ``σ'/(d * SIGMA2_DIV)`` in *every* slot (read at slot ``2F``), plus
@@ -104,6 +112,46 @@ class LayoutDims:
     def chunks(self, positions: int) -> int:
         return -(-positions // self.per_chunk)
 
+    @property
+    def value_shifts(self) -> int:
+        """Right shifts by ``q`` summed into the weighted values (a power of two)."""
+        return 2 * self.per_chunk
+
+    @property
+    def value_copies(self) -> tuple[int, int]:
+        """(first, count): the block-frame copies of period ``q`` that the sum of
+        ``value_shifts`` shifts leaves exact. Frame copy ``p`` collects frame blocks ``p - r``,
+        ``r < value_shifts``: every block ``0..per_chunk-1`` exactly once, and every other
+        shift must land on the zero slots ``[per_chunk*q, S)`` of the frame."""
+        q, S, n = self.qdim, self.slots, self.per_chunk
+        valid = []
+        for p in range(S // q):
+            got = [p - r for r in range(self.value_shifts)]
+            ok = set(range(n)) <= set(got) and (p + 1) * q <= S
+            for b in got:
+                if b >= n:
+                    ok &= (b + 1) * q <= S
+                elif b < 0:
+                    ok &= S + b * q >= n * q
+            if ok:
+                valid.append(p)
+        if not valid or valid != list(range(valid[0], valid[-1] + 1)):
+            raise ValueError("no contiguous run of exact value copies")
+        return valid[0], len(valid)
+
+    @property
+    def value_offset(self) -> int:
+        """Slot of value block 0: the first exact copy then starts at slot 0."""
+        return (-self.value_copies[0] * self.qdim) % self.slots
+
+    @property
+    def value_span(self) -> int:
+        """Slots ``[0, value_span)`` hold â with period ``q`` after the shift sum."""
+        return self.value_copies[1] * self.qdim
+
+    def value_base(self, block: int) -> int:
+        return (self.value_offset + self.qdim * block) % self.slots
+
     def check(self) -> None:
         if self.slots % BLOCK or self.qdim > BLOCK or self.d > BLOCK:
             raise ValueError("position blocks need d, heads*head_dim <= 1024 and 1024 | slots")
@@ -113,6 +161,8 @@ class LayoutDims:
             raise ValueError("the MLP download does not fit one ciphertext")
         if self.heads % self.kv_heads:
             raise ValueError("GQA needs heads divisible by kv_heads")
+        if self.value_offset + self.per_chunk * self.qdim > self.slots:
+            raise ValueError("value blocks would wrap around the slot vector")
 
 
 def hidden_copies(d: int, slots: int) -> int:
@@ -157,7 +207,7 @@ def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
         j = dims.per_chunk * c + b
         ok = (c < chunks) & (j < n)
         for h in range(heads):
-            base = BLOCK * b + dims.head_dim * h
+            base = dims.value_base(b) + dims.head_dim * h
             out[base + lanes[ok]] = w[h, j[ok]]
     return out
 

@@ -521,14 +521,16 @@ class SealBackend(HEBackend):
 
     # ------------------------------------------------------------------ matrix-vector
     def encode_matrix(
-        self, weight, level: int, n1: int | None = None, layout: str = "bsgs"
+        self, weight, level: int, n1: int | None = None, layout: str = "bsgs",
+        max_input_span: int | None = None,
     ) -> EncodedMatrix:
         w = np.asarray(weight, dtype=np.float64)
         if w.ndim != 2:
             raise HEError("weight must be a 2-D matrix")
         rows, cols = w.shape
+        span = self._slots if max_input_span is None else min(max_input_span, self._slots)
         try:
-            plan = plan_matvec(rows, cols, self._slots, layout, n1)
+            plan = plan_matvec(rows, cols, span, layout, n1)
         except ValueError as e:
             raise HEError(str(e)) from e
         lvl = self._lvl(level)

@@ -36,7 +36,8 @@ Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at le
   REFRESHED); y = [W_q; K_exp W_k; K_exp W_v] γ1 h at 6
   (K_exp repeats each KV head for its query heads); RoPE on ciphertexts
   q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32) (masks also clean the folded output),
-  k̂ likewise, v̂ = 1_v ⊙ y: all at 5, appended to the KV cache (chunk j//8, block j%8).
+  k̂ likewise, v̂ = 1_v ⊙ y: all at 5, appended to the KV cache (chunk j//8, key block j%8 of
+  1024 slots, value block j%8 of q slots).
   Scores: replicate q̂ into the 8 blocks, switch to 4, ct x ct with each key chunk (3), sum the
   64 lanes of each head (6 rotations), mask + place chunk c at lane c (2). σ = Σh² from h
   switched to 4 (3) by a cyclic sum of all slots (13 rotations; every slot then holds 14σ,
@@ -45,8 +46,9 @@ Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at le
   times the masked-out partial sums stays ~2^-26 absolute, far below the flooding noise.
   Download switched to level 1, re-randomized and flooded.
 * WEIGHTS (uploaded at 6): chunk c expanded by a rotation, a mask (5) and log2 P rotations;
-  â = Σ_c E_c ⊙ V_c (4); the 8 block shifts summed cyclically -> â replicated with period
-  1024; o = [W_o | 0] â (3); cleaned (2) and replicated; h' = h + o at 2.
+  â = Σ_c E_c ⊙ V_c (4) (values in the "value blocks" of ``veil.crypto.layouts``: stride q,
+  no gap); 16 right shifts by q summed (4 rotations) -> â with period q on [0, 5q); o = W_o â
+  (3, folded, 144 plaintexts); cleaned (2) and replicated; h' = h + o at 2.
   σ' by a cyclic sum (1) times the constant 1/(14*8d) in every slot (0), û = [W_gate; W_up] γ2 h'
   (1), cleaned (0), added: one download at level 0 (slot 2F holds σ'/(8d), slots [0, 2F) hold
   û + σ'/(8d)).
@@ -219,7 +221,7 @@ class LayerWeights:
 
     index: int
     w_qkv: np.ndarray  # (3*qdim, d): [W_q; K_exp W_k; K_exp W_v] diag(γ1)
-    w_o_pad: np.ndarray  # (d, BLOCK): [W_o | 0]
+    w_o: np.ndarray  # (d, q)
     w_gu: np.ndarray  # (2F, d): [W_gate; W_up] diag(γ2)
     w_down: np.ndarray  # (d, F)
 
@@ -235,11 +237,8 @@ def layer_weights_from_tensors(tensors: dict, cfg, index: int) -> LayerWeights:
     rows = np.array([(h // group) * hd + i for h in range(cfg.num_heads) for i in range(hd)])
     wq, wk, wv = t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")
     w_qkv = np.vstack([wq, wk[rows], wv[rows]]) * g1[None, :]
-    wo = t("self_attn.o_proj.weight")
-    w_o_pad = np.zeros((cfg.hidden_size, BLOCK))
-    w_o_pad[:, : wo.shape[1]] = wo
     w_gu = np.vstack([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")]) * g2[None, :]
-    return LayerWeights(index, w_qkv, w_o_pad, w_gu, t("mlp.down_proj.weight"))
+    return LayerWeights(index, w_qkv, t("self_attn.o_proj.weight"), w_gu, t("mlp.down_proj.weight"))
 
 
 def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
@@ -265,9 +264,15 @@ MATRIX_LAYOUTS = {"wqkv": "folded", "wo": "folded", "wgu": "folded", "wdown": "w
 
 
 def matrix_shapes(dims: LayoutDims) -> dict[str, tuple[int, int]]:
-    """(rows, cols) of W_qkv, W_o (padded to BLOCK columns), W_gate|up and W_down."""
-    return {"wqkv": (3 * dims.qdim, dims.d), "wo": (dims.d, BLOCK), "wgu": (2 * dims.ffn, dims.d),
+    """(rows, cols) of W_qkv, W_o, W_gate|up and W_down."""
+    return {"wqkv": (3 * dims.qdim, dims.d), "wo": (dims.d, dims.qdim), "wgu": (2 * dims.ffn, dims.d),
             "wdown": (dims.d, dims.ffn)}
+
+
+def input_spans(dims: LayoutDims) -> dict[str, int]:
+    """Slots over which each product's input is periodic: W_o's input (the weighted values)
+    is exact on ``value_span`` slots only (see ``veil.crypto.layouts``)."""
+    return {"wqkv": dims.slots, "wo": dims.value_span, "wgu": dims.slots, "wdown": dims.slots}
 
 
 def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
@@ -277,9 +282,10 @@ def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
     dims = dims_of(cfg, params.slot_count)
     steps: set[int] = set()
     for name, (rows, cols) in matrix_shapes(dims).items():
-        steps |= set(plan_matvec(rows, cols, dims.slots, MATRIX_LAYOUTS[name], N1).rotation_steps)
+        steps |= set(plan_matvec(rows, cols, input_spans(dims)[name], MATRIX_LAYOUTS[name], N1).rotation_steps)
     hd = dims.head_dim
-    steps |= {hd // 2, -(hd // 2), dims.qdim, 2 * dims.qdim}  # RoPE, k/v alignment
+    steps |= {hd // 2, -(hd // 2), dims.qdim, 2 * dims.qdim - dims.value_offset}  # RoPE, k/v alignment
+    steps |= {-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}  # value blocks
     steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
     steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums
     steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
@@ -365,7 +371,8 @@ class ProtectedLayer:
         be = backend
         lay = MATRIX_LAYOUTS
         self.wqkv: EncodedMatrix = be.encode_matrix(weights.w_qkv, levels.wqkv, N1, lay["wqkv"])
-        self.wo: EncodedMatrix = be.encode_matrix(weights.w_o_pad, levels.wo, N1, lay["wo"])
+        self.wo: EncodedMatrix = be.encode_matrix(weights.w_o, levels.wo, N1, lay["wo"],
+                                                  max_input_span=input_spans(dims)["wo"])
         self.wgu: EncodedMatrix = be.encode_matrix(weights.w_gu, levels.wgu, N1, lay["wgu"])
         self.wdown: EncodedMatrix = be.encode_matrix(weights.w_down, levels.wdown, N1, lay["wdown"])
         limit = dims.copies * dims.d  # server-made replicas have whole copies only
@@ -599,9 +606,12 @@ class ProtectedExecutor:
 
         q_hat = rope(0)  # [0, q), level 5
         k_hat = be.rotate(rope(q), q)  # moved to [0, q)
-        v_hat = be.rotate(be.multiply_plain(y, self._mask([(2 * q, 3 * q)])), 2 * q)
+        v_hat = be.rotate(be.multiply_plain(y, self._mask([(2 * q, 3 * q)])), 2 * q - dims.value_offset)
         c, b = divmod(t, dims.per_chunk)
-        k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b)
+        k_hat = self._rotate_blocks(be, k_hat, b)
+        for i in range(b.bit_length()):  # value block b: right by q*b
+            if b >> i & 1:
+                v_hat = be.rotate(v_hat, -q * (1 << i))
         kv = s.kv[layer]
         keys, values = list(kv.keys), list(kv.values)
         added = 0
@@ -667,7 +677,7 @@ class ProtectedExecutor:
             for bi in range(dims.per_chunk):
                 if ci * dims.per_chunk + bi <= t:
                     for h in range(dims.heads):
-                        mask[BLOCK * bi + hd * h + lanes[lanes % period == 0]] = 1.0
+                        mask[dims.value_base(bi) + hd * h + lanes[lanes % period == 0]] = 1.0
             e = be.multiply_plain(shifted, mask)  # 5
             st = 1
             while st < period:
@@ -677,8 +687,8 @@ class ProtectedExecutor:
             acc = prod if acc is None else be.add(acc, prod)
         a = be.rescale(acc)  # 4
         st = 1
-        while st < dims.per_chunk:  # cyclic block sum: â replicated with period BLOCK
-            a = be.add(a, be.rotate(a, -BLOCK * st))
+        while st < dims.value_shifts:  # shift sum: â with period q on [0, value_span)
+            a = be.add(a, be.rotate(a, -dims.qdim * st))
             st *= 2
         o = be.matvec(L.wo, a)  # 3, folded
         o = be.replicate(self._select(be, o, self._mask([(0, d)])), d, dims.copies)  # 2

@@ -76,7 +76,7 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
         half = dims.head_dim // 2
         k = k * cos + np.concatenate([-k[:, half:], k[:, :half]], 1) * sin
         vec_k[BLOCK * b : BLOCK * b + q] = k.ravel()
-        vec_v[BLOCK * b : BLOCK * b + q] = y[2 * q :]
+        vec_v[dims.value_base(b) : dims.value_base(b) + q] = y[2 * q :]
     kv = session.kv[layer]
     kv.keys = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_k]
     kv.values = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_v]

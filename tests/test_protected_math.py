@@ -78,7 +78,7 @@ def test_weights_layout_expands_like_the_server():
             for b in range(DIMS.per_chunk):
                 if c * DIMS.per_chunk + b < n:
                     for h in range(DIMS.heads):
-                        mask[BLOCK * b + 64 * h + lanes[lanes % period == 0]] = 1
+                        mask[DIMS.value_base(b) + 64 * h + lanes[lanes % period == 0]] = 1
             e = shifted * mask
             st = 1
             while st < period:
@@ -89,8 +89,29 @@ def test_weights_layout_expands_like_the_server():
                 j = c * DIMS.per_chunk + b
                 if j < n:
                     for h in range(DIMS.heads):
-                        want[BLOCK * b + 64 * h : BLOCK * b + 64 * h + 64] = w[h, j]
+                        base = DIMS.value_base(b) + 64 * h
+                        want[base : base + 64] = w[h, j]
             assert np.array_equal(e, want), (n, c)
+
+
+def test_value_shift_sum_gives_periodic_weighted_values():
+    """Value blocks at stride q summed over 16 right shifts by q: â exact with period q on
+    [0, value_span), the input W_o's product reads."""
+    rng = np.random.default_rng(5)
+    q = DIMS.qdim
+    x = np.zeros(DIMS.slots)
+    blocks = rng.standard_normal((DIMS.per_chunk, q))
+    for b in range(DIMS.per_chunk):
+        x[DIMS.value_base(b) : DIMS.value_base(b) + q] = blocks[b]
+    assert np.count_nonzero(x) == DIMS.per_chunk * q  # contiguous, no wrap
+    st = 1
+    while st < DIMS.value_shifts:
+        x = x + _rot(x, -q * st)
+        st *= 2
+    span = DIMS.value_span
+    assert span >= 5 * q
+    np.testing.assert_allclose(x[:span], np.tile(blocks.sum(0), span // q), atol=1e-12)
+    assert not np.allclose(x[span : span + q], blocks.sum(0))  # beyond the span: not exact
 
 
 def test_scores_layout_matches_lane_placement():
