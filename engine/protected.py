@@ -451,6 +451,9 @@ class ProtectedExecutor:
         self.scale = backend.params.scale
         self.params_id = backend.params.id
         self._primes: dict[int, float] = {}
+        # encoded 0/1 masks and constants, keyed by (what, level, scale): they depend on no
+        # key and no session, and encoding one costs an FFT and an NTT per prime
+        self._plains: dict[tuple, object] = {}
 
     @classmethod
     def from_checkpoint(cls, backend: HEBackend, ckpt, first: int, last: int, **kw) -> ProtectedExecutor:
@@ -545,7 +548,15 @@ class ProtectedExecutor:
             self._primes[level] = q
         return q
 
-    def _select(self, be, ct: Ciphertext, values: np.ndarray, target: float | None = None) -> Ciphertext:
+    def _plain(self, be, key, level: int, scale: float, make):
+        """The plaintext ``make()`` encoded at ``level`` and ``scale``, encoded once."""
+        k = (key, level, scale)
+        pt = self._plains.get(k)
+        if pt is None:
+            pt = self._plains[k] = be.encode(make(), level, scale)
+        return pt
+
+    def _select(self, be, ct: Ciphertext, values, target: float | None = None, key=None) -> Ciphertext:
         """``values ⊙ ct`` (one level), landing on scale ``target`` (default Δ).
 
         The plaintext is encoded at scale ``target * q / scale(ct)``: the larger the target,
@@ -553,8 +564,11 @@ class ProtectedExecutor:
         the masked-out slots held. Download masks use ``DOWNLOAD_SCALE`` so that this residue
         sits far below the flooding noise."""
         target = self.scale if target is None else target
-        pt = be.encode(values, be.level(ct), target * self._prime(be, ct) / be.scale(ct))
-        return be.multiply_plain(ct, pt)
+        level, scale = be.level(ct), target * self._prime(be, ct) / be.scale(ct)
+        if key is None:
+            return be.multiply_plain(ct, be.encode(values() if callable(values) else values, level, scale))
+        make = values if callable(values) else (lambda: values)
+        return be.multiply_plain(ct, self._plain(be, key, level, scale, make))
 
     def _sum_all(self, be, ct: Ciphertext) -> Ciphertext:
         """Cyclic sum of all slots into every slot (log2(slots) rotations): no partial sums."""
@@ -606,7 +620,8 @@ class ProtectedExecutor:
 
         q_hat = rope(0)  # [0, q), level 5
         k_hat = be.rotate(rope(q), q)  # moved to [0, q)
-        v_hat = be.rotate(be.multiply_plain(y, self._mask([(2 * q, 3 * q)])), 2 * q - dims.value_offset)
+        v_mask = self._plain(be, "v_lanes", be.level(y), self._prime(be, y), lambda: self._mask([(2 * q, 3 * q)]))
+        v_hat = be.rotate(be.multiply_plain(y, v_mask), 2 * q - dims.value_offset)
         c, b = divmod(t, dims.per_chunk)
         k_hat = self._rotate_blocks(be, k_hat, b)
         for i in range(b.bit_length()):  # value block b: right by q*b
@@ -637,11 +652,15 @@ class ProtectedExecutor:
             prod = be.multiply(q_rep, be.mod_switch_to(keys[ci], self.levels.kv - 1))  # 3
             for st in range(hd.bit_length() - 1):
                 prod = be.add(prod, be.rotate(prod, 1 << st))
-            mask = np.zeros(dims.slots)
-            for bi in range(dims.per_chunk):
-                if ci * dims.per_chunk + bi <= t:
+            valid = min(dims.per_chunk, t + 1 - ci * dims.per_chunk)  # positions of this chunk
+
+            def score_mask(valid=valid):
+                mask = np.zeros(dims.slots)
+                for bi in range(valid):
                     mask[BLOCK * bi + hd * np.arange(dims.heads)] = 1.0 / np.sqrt(hd)
-            sel.append(self._select(be, prod, mask, DOWNLOAD_SCALE))  # 2
+                return mask
+
+            sel.append(self._select(be, prod, score_mask, DOWNLOAD_SCALE, key=("scores", valid)))  # 2
         scores = sel[-1]
         for ci in range(n_chunks - 2, -1, -1):
             scores = be.add(be.rotate(scores, -1), sel[ci])
@@ -650,7 +669,7 @@ class ProtectedExecutor:
         sq = self._sum_all(be, be.multiply(h_low, h_low))  # 3
         sig = np.zeros(dims.slots)
         sig[dims.sigma_slot] = 1.0 / (d * dims.copies)
-        scores = be.add(scores, self._select(be, sq, sig, DOWNLOAD_SCALE))
+        scores = be.add(scores, self._select(be, sq, sig, DOWNLOAD_SCALE, key="sigma"))
         payload = self._send(be, scores, Tag.SCORES_SIGMA, self.levels.scores_download)
 
         # commit
@@ -673,12 +692,17 @@ class ProtectedExecutor:
         for ci in range(n_chunks):
             if ci:
                 shifted = be.rotate(shifted, 1)
-            mask = np.zeros(dims.slots)
-            for bi in range(dims.per_chunk):
-                if ci * dims.per_chunk + bi <= t:
+            valid = min(dims.per_chunk, t + 1 - ci * dims.per_chunk)
+
+            def expand_mask(valid=valid):
+                mask = np.zeros(dims.slots)
+                for bi in range(valid):
                     for h in range(dims.heads):
                         mask[dims.value_base(bi) + hd * h + lanes[lanes % period == 0]] = 1.0
-            e = be.multiply_plain(shifted, mask)  # 5
+                return mask
+
+            pt = self._plain(be, ("expand", period, valid), be.level(shifted), self._prime(be, shifted), expand_mask)
+            e = be.multiply_plain(shifted, pt)  # 5
             st = 1
             while st < period:
                 e = be.add(e, be.rotate(e, -st))
@@ -691,7 +715,7 @@ class ProtectedExecutor:
             a = be.add(a, be.rotate(a, -dims.qdim * st))
             st *= 2
         o = be.matvec(L.wo, a)  # 3, folded
-        o = be.replicate(self._select(be, o, self._mask([(0, d)])), d, dims.copies)  # 2
+        o = be.replicate(self._select(be, o, self._mask([(0, d)]), key="first_d"), d, dims.copies)  # 2
         h_prime = be.add(be.mod_switch_to(s.h, be.level(o)), o)
         # σ' and û
         f = dims.ffn
@@ -700,7 +724,8 @@ class ProtectedExecutor:
         sq = self._sum_all(be, be.multiply(h_prime, h_prime))  # 1
         sig = np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))
         u = be.matvec(L.wgu, h_prime)  # 1, folded
-        out = be.add(self._select(be, u, self._mask([(0, 2 * f)])), self._select(be, sq, sig))  # 0
+        out = be.add(self._select(be, u, self._mask([(0, 2 * f)]), key="first_2f"),
+                     self._select(be, sq, sig, key="sigma2"))  # 0
         p_u = self._send(be, out, Tag.U_SIGMA2, self.levels.mlp_download)
         s.h, s.expect = h_prime, MsgKind.MLP_IN
         return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, t, (p_u,), self.params_id)
@@ -712,7 +737,7 @@ class ProtectedExecutor:
         m = self._load(be, msg.ct(Tag.M), self.levels.m)
         down = be.matvec(L.wdown, m)  # 3, wide: partial sums outside [0, d)
         if s.layer + 1 < self.last:
-            y = be.replicate(self._select(be, down, self._mask([(0, d)])), d, self.dims.copies)  # 2
+            y = be.replicate(self._select(be, down, self._mask([(0, d)]), key="first_d"), d, self.dims.copies)  # 2
             h2 = be.add(s.h, y)  # h'' at 2: clean, replicated
             masked, rho = be.mask_for_refresh(h2)
             payload = CtPayload(Tag.MASKED_H, be.level(masked), be.serialize(masked))
@@ -720,8 +745,9 @@ class ProtectedExecutor:
             return ProtectedMessage(MsgKind.REFRESH, s.id, msg.step, s.layer, s.position, (payload,), self.params_id)
         # h_L = h' + W_down m, both cleaned at the download scale (see DOWNLOAD_SCALE)
         only_h = self._mask([(0, d)])
-        h_out = self._select(be, s.h, only_h, DOWNLOAD_SCALE)  # 1
-        h_out = be.add(h_out, be.mod_switch_to(self._select(be, down, only_h, DOWNLOAD_SCALE), be.level(h_out)))
+        h_out = self._select(be, s.h, only_h, DOWNLOAD_SCALE, key="first_d")  # 1
+        down = self._select(be, down, only_h, DOWNLOAD_SCALE, key="first_d")  # 2
+        h_out = be.add(h_out, be.mod_switch_to(down, be.level(h_out)))
         payload = self._send(be, h_out, Tag.H_FINAL, self.levels.final_download)
         s.length = s.position + 1
         s.h, s.expect, s.layer = None, MsgKind.TOKEN, self.first
