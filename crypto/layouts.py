@@ -10,13 +10,11 @@ Layouts (slot indices of one ciphertext):
   copies (14 for d=576), zeros in the tail. This is the matrix-input layout of
   ``veil.crypto.backend`` restricted to whole copies, so the server can rebuild it from a
   vector in ``[0, d)`` with ``HEBackend.replicate`` (no level).
-* **position blocks**: the KV cache, the query replicas and the softmax weights use blocks of
-  ``BLOCK = 1024`` slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j``
-  lives in chunk ``j // 8``, block ``j % 8``; inside a block, slot ``h*hd + i`` holds lane ``i``
-  of query head ``h`` (keys and values are expanded from KV head ``h // group``), slots
-  ``[H*hd, BLOCK)`` are zero. Because ``8 * BLOCK = S``, summing the 8 cyclic block shifts of a
-  ciphertext (3 rotations) leaves the block sum replicated in *every* block: the weighted
-  values come out in a valid matrix-input layout of period 1024 without a cleaning mask.
+* **position blocks**: the key cache and the query replicas use blocks of ``BLOCK = 1024``
+  slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j`` lives in chunk
+  ``j // 8``, block ``j % 8``; inside a block, slot ``h*hd + i`` holds lane ``i`` of query head
+  ``h`` (keys and values are expanded from KV head ``h // group``), slots ``[H*hd, BLOCK)`` are
+  zero. The value cache uses the same chunks with the "value blocks" below.
 * **value blocks**: the value cache and the expanded softmax weights pack position ``j % 8`` of
   a chunk at ``value_base(b) = (value_offset + q*b) mod S`` (``q = H*hd = 576`` slots, no gap),
   so the 8 blocks fill ``8q = 4608`` contiguous slots and ``S - 8q = 3584`` stay zero. Summing
