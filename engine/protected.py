@@ -16,8 +16,9 @@ Message flow of one token (decode step at position ``t``), ``n = last - first`` 
  3      REFRESHED(l): ct(h''+ρ) re-encrypted          SCORES(l+1)
 =====  ===========================================  =============================================
 
-Messages 1-3 repeat per layer (3 after the last layer is replaced by FINAL): ``3n`` round trips
-per token. Prefill: a loop of decode steps (multi-token packing is not implemented yet).
+Messages 1-3 repeat per layer; the last layer's MLP_IN is answered with FINAL and has no
+message 3: ``3n`` round trips per token. Prefill: a loop of decode steps (multi-token packing
+is not implemented yet).
 
 Why three round trips per layer where PROTOCOL.md sketches two: the refresh sits *after*
 W_down (on h'' = h' + W_down m) instead of on h'. Refreshing h' forced h'' to be born at the
@@ -26,9 +27,9 @@ and W_down evaluated at level 9 with 10 primes: 28% of the layer's server time a
 encoded plaintexts per layer. Refreshing h'' lets W_down run at level 4 (measured 3.9x faster,
 half the plaintext bytes) and m go up at level 4; the client uploads the refreshed h'' already
 clean and replicated at level 7, so the layer start needs no clean + replicate either. The
-price is one more round trip per layer (28 per token at k=2: ~0.6 s per token on a 20 ms link).
-What each party sees is unchanged: the client decrypts h'' + ρ instead of h' + ρ (uniformly
-masked either way).
+price is one more round trip per layer but the last (27 more per token at k=2: 84 instead of
+57, ~0.55 s per token on a 20 ms link). What each party sees is unchanged: the client
+decrypts h'' + ρ instead of h' + ρ (uniformly masked either way).
 
 Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at level >= 2):
 
