@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class LayoutDims:
         """Right shifts by ``q`` summed into the weighted values (a power of two)."""
         return 2 * self.per_chunk
 
-    @property
+    @cached_property  # value_base runs per block and head when the client packs weights
     def value_copies(self) -> tuple[int, int]:
         """(first, count): the block-frame copies of period ``q`` that the sum of
         ``value_shifts`` shifts leaves exact. Frame copy ``p`` collects frame blocks ``p - r``,

@@ -567,7 +567,7 @@ class ProtectedExecutor:
         target = self.scale if target is None else target
         level, scale = be.level(ct), target * self._prime(be, ct) / be.scale(ct)
         if key is None:
-            return be.multiply_plain(ct, be.encode(values() if callable(values) else values, level, scale))
+            return be.multiply_plain(ct, be.encode(values, level, scale))
         make = values if callable(values) else (lambda: values)
         return be.multiply_plain(ct, self._plain(be, key, level, scale, make))
 
@@ -579,12 +579,12 @@ class ProtectedExecutor:
             st *= 2
         return ct
 
-    def _rotate_blocks(self, be, ct: Ciphertext, blocks: int) -> Ciphertext:
-        """Rotate right by ``blocks * BLOCK`` slots (power-of-two steps)."""
+    def _rotate_blocks(self, be, ct: Ciphertext, blocks: int, width: int = BLOCK) -> Ciphertext:
+        """Rotate right by ``blocks * width`` slots (power-of-two steps)."""
         i = 0
         while blocks:
             if blocks & 1:
-                ct = be.rotate(ct, -BLOCK * (1 << i))
+                ct = be.rotate(ct, -width * (1 << i))
             blocks >>= 1
             i += 1
         return ct
@@ -624,10 +624,7 @@ class ProtectedExecutor:
         v_mask = self._plain(be, "v_lanes", be.level(y), self._prime(be, y), lambda: self._mask([(2 * q, 3 * q)]))
         v_hat = be.rotate(be.multiply_plain(y, v_mask), 2 * q - dims.value_offset)
         c, b = divmod(t, dims.per_chunk)
-        k_hat = self._rotate_blocks(be, k_hat, b)
-        for i in range(b.bit_length()):  # value block b: right by q*b
-            if b >> i & 1:
-                v_hat = be.rotate(v_hat, -q * (1 << i))
+        k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b, q)
         kv = s.kv[layer]
         keys, values = list(kv.keys), list(kv.values)
         added = 0

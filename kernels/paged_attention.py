@@ -312,7 +312,8 @@ def paged_decode_attention_triton(
 
 
 @functools.lru_cache(maxsize=64)
-def _length_groups(context_lens: tuple[int, ...], block_size: int, call_cost_blocks: int = 24) -> list[list[int]]:
+def _length_groups(context_lens: tuple[int, ...], block_size: int,
+                   call_cost_blocks: int = 24) -> tuple[tuple[int, ...], ...]:
     """Split a decode batch into groups of similar context length.
 
     The CPU twin gathers every sequence's KV up to the longest table of its group and attends
@@ -320,8 +321,7 @@ def _length_groups(context_lens: tuple[int, ...], block_size: int, call_cost_blo
     dynamic programme over the sequences sorted by length minimises the padded work
     (sequences × blocks of the group's longest) plus a fixed cost per extra group (one more
     gather and attention call, worth about `call_cost_blocks` blocks of work on this CPU).
-    Cached: every layer of an engine step asks again with the same lengths. Callers must not
-    mutate the returned lists.
+    Cached (every layer of an engine step asks again with the same lengths), hence tuples.
     """
     order = sorted(range(len(context_lens)), key=lambda i: context_lens[i])
     blocks = [max(1, -(-context_lens[i] // block_size)) for i in order]
@@ -334,9 +334,9 @@ def _length_groups(context_lens: tuple[int, ...], block_size: int, call_cost_blo
                 best[j], cut[j] = cost, i
     groups, j = [], n
     while j > 0:
-        groups.append(order[cut[j]:j])
+        groups.append(tuple(order[cut[j]:j]))
         j = cut[j]
-    return groups
+    return tuple(groups)
 
 
 def paged_decode_attention_torch(
