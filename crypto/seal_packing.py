@@ -79,7 +79,7 @@ _MAX_MEMBERS = 64 << 20
 
 def pack(blob: bytes, widths_of: WidthsOf) -> bytes:
     """SEAL ``save`` output of a ciphertext -> packed form. (``tenseal.sealapi`` binds no choice
-    of compression mode, so SEAL's zstd output is inflated here first: ~1 ms per ciphertext.)"""
+    of compression mode, so SEAL's zstd output is inflated here first.)"""
     members = _members(blob, limit=_MAX_MEMBERS)
     if len(members) < _MEMBERS + HEADER_SIZE + 8:
         raise SealFormatError("ciphertext members too short")

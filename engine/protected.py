@@ -28,7 +28,7 @@ encoded plaintexts per layer. Refreshing h'' lets W_down run at level 4 (measure
 half the plaintext bytes) and m go up at level 4; the client uploads the refreshed h'' already
 clean and replicated at level 7, so the layer start needs no clean + replicate either. The
 price is one more round trip per layer but the last (27 more per token at k=2: 84 instead of
-57, ~0.55 s per token on a 20 ms link). What each party sees is unchanged: the client
+57; at 20 ms of round-trip latency that is 27 x 20 ms = 0.54 s per token, arithmetic). What each party sees is unchanged: the client
 decrypts h'' + ρ instead of h' + ρ (uniformly masked either way).
 
 Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at level >= 2):
