@@ -143,7 +143,7 @@ NOT_FIGURES = ("tokens", "context", "new_tokens", "requests")
 
 
 def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_tokens: int, ckpt=None,
-                        progress=print, reference_logits=None) -> dict:
+                        progress=print, reference_logits=None, server_args: list[str] | None = None) -> dict:
     """Run every (path, context) against one server subprocess; returns results by path."""
     from veil.client.sdk import VeilClient
     from veil.engine.loader import build_model, load_checkpoint
@@ -154,7 +154,7 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
     half = client_half_from(ckpt, k)
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url, key = start_split_server(Path(tmp), k)
+        proc, url, key = start_split_server(Path(tmp), k, server_args)
         try:
             for path in paths:
                 mode = PATH_MODES[path]
@@ -188,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=2, help="split point: the server runs layers [k, L)")
     p.add_argument("--contexts", default="64")
     p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--server-kv-cache-gb", type=float, default=0.25,
+                   help="the server's plaintext paged KV pool (veil serve --kv-cache-gb; default 2): only "
+                        "the split-plain runs use it, and a few hundred tokens need ~15 MB, so the default "
+                        "here keeps 1.75 GB of preallocated, unused pool out of the protected server's RSS")
     p.add_argument("--out", type=Path, default=Path("bench_out/protected_overhead.json"))
     args = p.parse_args(argv)
     paths = [x for x in args.paths.split(",") if x]
@@ -196,10 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown paths {sorted(unknown)}; choose from {sorted(PATH_MODES)}")
     contexts = [int(c) for c in args.contexts.split(",")]
     res = measure_split_paths(paths, args.k, contexts, args.max_new_tokens,
-                              progress=lambda m: print(m, file=sys.stderr, flush=True))
+                              progress=lambda m: print(m, file=sys.stderr, flush=True),
+                              server_args=["--kv-cache-gb", str(args.server_kv_cache_gb)])
     results = {"schema": "veil.protected_overhead/1", "machine": machine_facts(), "k": args.k,
                "param_set": PROTECTED_PARAMS.id, "paths": {p_: res[p_] for p_ in paths if p_ in res},
                "server_peak_rss_bytes": res["server_peak_rss_bytes"],
+               "server_kv_cache_gb": args.server_kv_cache_gb,
                "client_peak_rss_bytes": res["client_peak_rss_bytes"], "setup": res.get("setup", {})}
     lines = []
     for path in paths:

@@ -227,13 +227,18 @@ DEFAULT_PARAMS_ID = DEFAULT_PARAMS.id
 
 
 
-#: The protected path's parameter set. N=16384, chain [57, 36 x 9, 57] = 438 bits (the HE
-#: Standard 128-bit bound for N=16384 is 438), scale 2^36, ten data levels (0..9).
+#: The protected path's parameter set. N=16384, chain [57, 36 x 7, 57] = 366 bits (the HE
+#: Standard 128-bit bound for N=16384 is 438), scale 2^36, eight data levels (0..7).
 #: Why not the default [60, 50 x 6, 60]: the layer circuit of ``veil.engine.protected`` needs
-#: seven levels from the top to the masked refresh of h' (level 2) plus two below it for the
-#: downloads; with 50-bit primes only four levels lie between the top and the lowest level
-#: that can carry a refresh mask. 36-bit primes keep ~2^-28 absolute precision per level on
-#: these activations (|h| < 2^15), far below the flooding noise.
+#: five levels from the layer start (7) to the masked refresh of h'' (level 2) plus two below
+#: it for the downloads; with 50-bit primes only four levels lie between the top and the
+#: lowest level that can carry a refresh mask. 36-bit primes keep ~2^-28 absolute precision per
+#: level on these activations (|h| < 2^15), far below the flooding noise.
+#: Why eight data levels and not the ten that 438 bits would allow: the circuit starts every
+#: layer at level 7 (fresh uploads), so levels 8 and 9 were never used, while every data prime
+#: adds key-switching components to every Galois key: in the server's memory the 57 keys take
+#: 57 x (10 x 2 x 11) polynomials of 128 KiB = 1.64 GB with ten data levels and
+#: 57 x (8 x 2 x 9) = 1.07 GB with eight (arithmetic).
 #: Refresh mask: b = 36 + 16 + 2 = 54 coefficient bits (mask_value_bits=16: SmolLM2's residual
 #: stream reaches |h| = 22552 < 2^15 at layers 12..28), lambda = 64 -> 118-bit mask, carried at
 #: level 2 (57+36+36 = 129 bits >= 120). Statistical distance of one masked polynomial
@@ -241,9 +246,9 @@ DEFAULT_PARAMS_ID = DEFAULT_PARAMS.id
 #: Flooding: sigma = 2^18 coefficient units on every download: ~2^(18+6.5-36) = 2^-11.5 absolute
 #: error per slot (see the benchmark for the measured computation noise it covers).
 PROTECTED_PARAMS = CkksParams(
-    id="ckks-n16384-l9-v1",
+    id="ckks-n16384-l7-v1",
     poly_modulus_degree=16384,
-    coeff_modulus_bits=(57,) + (36,) * 9 + (57,),
+    coeff_modulus_bits=(57,) + (36,) * 7 + (57,),
     scale_bits=36,
     security_level=128,
     mask_lambda=64,

@@ -23,15 +23,15 @@ is not implemented yet).
 Why three round trips per layer where PROTOCOL.md sketches two: the refresh sits *after*
 W_down (on h'' = h' + W_down m) instead of on h'. Refreshing h' forced h'' to be born at the
 top of the chain (its clean + replicate must end at the layer-start level 7), hence m uploaded
-and W_down evaluated at level 9 with 10 primes: 28% of the layer's server time and 252 MB of
-encoded plaintexts per layer. Refreshing h'' lets W_down run at level 4 (measured 3.9x faster,
+and W_down evaluated at level 9 with 10 primes (the chain then had ten data levels): 28% of
+the layer's server time and 252 MB of encoded plaintexts per layer. Refreshing h'' lets W_down run at level 4 (measured 3.9x faster,
 half the plaintext bytes) and m go up at level 4; the client uploads the refreshed h'' already
 clean and replicated at level 7, so the layer start needs no clean + replicate either. The
 price is one more round trip per layer but the last (27 more per token at k=2: 84 instead of
 57; at 20 ms of round-trip latency that is 27 x 20 ms = 0.54 s per token, arithmetic). What each party sees is unchanged: the client
 decrypts h'' + ρ instead of h' + ρ (uniformly masked either way).
 
-Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at level >= 2):
+Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at level >= 2):
 
 * layer start: h (clean, replicated: ``hidden_layout``) at 7, uploaded by the client (TOKEN or
   REFRESHED); y = [W_q; K_exp W_k; K_exp W_v] γ1 h at 6
@@ -39,10 +39,12 @@ Levels (``PROTECTED_PARAMS``: top level 9, scale 2^36; a refresh mask fits at le
   q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32) (masks also clean the folded output),
   k̂ likewise, v̂ = 1_v ⊙ y: all at 5, appended to the KV cache (chunk j//8, key block j%8 of
   1024 slots, value block j%8 of q slots).
-  Scores: replicate q̂ into the 8 blocks, switch to 4, ct x ct with each key chunk (3), sum the
-  64 lanes of each head (6 rotations), mask + place chunk c at lane c (2). σ = Σh² from h
-  switched to 4 (3) by a cyclic sum of all slots (13 rotations; every slot then holds 14σ,
-  nothing partial), masked into slot d (2).
+  Scores: replicate q̂ into the 8 blocks, switch to 4, ct x ct with each key chunk (3); the
+  64-lane sums per head are shared between the C chunks (2^j >= C): j halvings per chunk, a
+  mask keeping lanes that are multiples of 2^j (2), chunk c moved to lane offset c, the chunks
+  added and the last 6-j halvings done once; masked to lane c of each head (1). σ = Σh² from h
+  switched to 3 (2) by a cyclic sum of all slots (13 rotations; every slot then holds 14σ,
+  nothing partial), masked into slot d (1).
   Download masks are encoded at scale ~2^56 (``DOWNLOAD_SCALE``) so that their encoding error
   times the masked-out partial sums stays ~2^-26 absolute, far below the flooding noise.
   Download switched to level 1, re-randomized and flooded.
@@ -76,6 +78,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -427,7 +430,7 @@ class ProtectedExecutor:
         self,
         backend: HEBackend,
         cfg,
-        weights: list[LayerWeights],
+        weights: Iterable[LayerWeights],
         *,
         levels: Levels = LEVELS,
         max_positions: int | None = None,
@@ -440,10 +443,14 @@ class ProtectedExecutor:
         self.cfg = cfg
         self.levels = levels
         self.dims = dims_of(cfg, backend.params.slot_count)
+        # one layer's float64 weights at a time: a generator keeps 0.9 GB of them (28 layers)
+        # from sitting next to the encoded plaintexts at the peak
         self.layers = [ProtectedLayer(backend, w, self.dims, levels) for w in weights]
-        self.first = weights[0].index
-        self.last = weights[-1].index + 1
-        if [w.index for w in weights] != list(range(self.first, self.last)):
+        if not self.layers:
+            raise ValueError("no layers")
+        self.first = self.layers[0].index
+        self.last = self.layers[-1].index + 1
+        if [layer.index for layer in self.layers] != list(range(self.first, self.last)):
             raise ValueError("layers must be contiguous")
         self.max_positions = min(max_positions or self.dims.max_positions, self.dims.max_positions)
         self.max_kv_bytes = max_kv_bytes
@@ -458,7 +465,7 @@ class ProtectedExecutor:
 
     @classmethod
     def from_checkpoint(cls, backend: HEBackend, ckpt, first: int, last: int, **kw) -> ProtectedExecutor:
-        ws = [layer_weights_from_tensors(ckpt.tensors, ckpt.config, i) for i in range(first, last)]
+        ws = (layer_weights_from_tensors(ckpt.tensors, ckpt.config, i) for i in range(first, last))
         return cls(backend, ckpt.config, ws, **kw)
 
     @property
@@ -641,30 +648,50 @@ class ProtectedExecutor:
             raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed max_protected_kv_bytes_total="
                                    f"{self.max_kv_bytes_total}")
 
-        # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c
-        # products one level below the cache: cheaper ct x ct and lane-sum rotations
+        # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head.
+        # The 64-lane sums are shared between chunks: each chunk's product gets the first j
+        # halvings of its lane sum (rotations 1..2^(j-1)), a 0/1 mask keeps the lanes that are
+        # multiples of 2^j (2^j >= chunks) and chunk c moves to lane offset c; after adding the
+        # chunks the last 6-j halvings (rotations 2^j..32) finish every chunk at once: lane c
+        # only ever meets lanes of its own residue class mod 2^j. 64 chunks' worth of lane
+        # sums cost chunks*j + (chunks-1) + (6-j) rotations instead of 6*chunks + (chunks-1).
         q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.kv - 1)
         n_chunks = c + 1
-        sel = []
+        j = max(0, (n_chunks - 1).bit_length())  # 2^j >= n_chunks
+        log_hd = hd.bit_length() - 1
+        if j > log_hd:
+            raise ValueError(f"{n_chunks} chunks exceed {hd} lanes")  # max_positions prevents it
+        valid = [min(dims.per_chunk, t + 1 - ci * dims.per_chunk) for ci in range(n_chunks)]
+        kept = []
         for ci in range(n_chunks):
             prod = be.multiply(q_rep, be.mod_switch_to(keys[ci], self.levels.kv - 1))  # 3
-            for st in range(hd.bit_length() - 1):
+            for st in range(j):
                 prod = be.add(prod, be.rotate(prod, 1 << st))
-            valid = min(dims.per_chunk, t + 1 - ci * dims.per_chunk)  # positions of this chunk
 
-            def score_mask(valid=valid):
+            def class_mask(v=valid[ci]):
                 mask = np.zeros(dims.slots)
-                for bi in range(valid):
-                    mask[BLOCK * bi + hd * np.arange(dims.heads)] = 1.0 / np.sqrt(hd)
+                for bi in range(v):
+                    for h in range(dims.heads):
+                        mask[BLOCK * bi + hd * h + np.arange(0, hd, 1 << j)] = 1.0
                 return mask
 
-            sel.append(self._select(be, prod, score_mask, DOWNLOAD_SCALE, key=("scores", valid)))  # 2
-        scores = sel[-1]
-        for ci in range(n_chunks - 2, -1, -1):
-            scores = be.add(be.rotate(scores, -1), sel[ci])
+            kept.append(self._select(be, prod, class_mask, key=("lane_class", j, valid[ci])))  # 2
+        scores = kept[-1]
+        for ci in range(n_chunks - 2, -1, -1):  # chunk c at lane offset c
+            scores = be.add(be.rotate(scores, -1), kept[ci])
+        for st in range(j, log_hd):
+            scores = be.add(scores, be.rotate(scores, 1 << st))
+
+        def score_mask():  # every block: the class masks already zeroed positions > t
+            mask = np.zeros(dims.slots)
+            for bi in range(dims.per_chunk):
+                mask[BLOCK * bi + hd * np.arange(dims.heads)[:, None] + np.arange(n_chunks)[None, :]] = 1 / np.sqrt(hd)
+            return mask
+
+        scores = self._select(be, scores, score_mask, DOWNLOAD_SCALE, key=("scores", n_chunks))  # 1
         # σ_t / d at slot d: every slot of the cyclic sum holds copies * σ (nothing partial)
         h_low = be.mod_switch_to(h, be.level(scores) + 2)
-        sq = self._sum_all(be, be.multiply(h_low, h_low))  # 3
+        sq = self._sum_all(be, be.multiply(h_low, h_low))  # 2
         sig = np.zeros(dims.slots)
         sig[dims.sigma_slot] = 1.0 / (d * dims.copies)
         scores = be.add(scores, self._select(be, sq, sig, DOWNLOAD_SCALE, key="sigma"))

@@ -19,7 +19,7 @@ class ServerConfig:
     max_context: int = 8192  # tokens per session or request (prompt + output)
     max_step_tokens: int = 4096  # tokens in one split step
     # protected path (CKKS)
-    max_key_bytes: int = 1 << 30  # largest evaluation-key upload (the Galois keys are ~660 MB)
+    max_key_bytes: int = 1 << 30  # largest evaluation-key upload (the Galois keys are ~410 MB)
     max_key_bytes_per_tenant: int = 2 << 30
     max_key_bytes_total: int = 8 << 30
     max_protected_sessions: int = 8  # concurrent protected sessions on this server

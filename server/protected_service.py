@@ -80,7 +80,7 @@ class ProtectedService:
                 be = SealBackend(self.params)  # key-less: only encodes the weights
                 tensors = self.half.model.hf_state_dict()
                 cfg = self.half.config
-                weights = [layer_weights_from_tensors(tensors, cfg, i) for i in range(self.half.k, cfg.num_layers)]
+                weights = (layer_weights_from_tensors(tensors, cfg, i) for i in range(self.half.k, cfg.num_layers))
                 self._executor = ProtectedExecutor(
                     be, cfg, weights,
                     max_positions=self.max_positions, max_kv_bytes=self.max_kv_bytes_per_session,

@@ -72,7 +72,7 @@ def test_wire_decoders_on_arbitrary_maps(msg):
 
 def _valid_protected() -> bytes:
     return ProtectedMessage("weights", "s" * 22, 3, 12, 5, (CtPayload("softmax_w", 6, b"\x01" * 40),),
-                            "ckks-n16384-l9-v1").to_bytes()
+                            "ckks-n16384-l7-v1").to_bytes()
 
 
 @FUZZ

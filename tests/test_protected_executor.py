@@ -1,4 +1,4 @@
-"""Protected executor on the real model and the real parameter set (N=16384, ckks-n16384-l9-v1).
+"""Protected executor on the real model and the real parameter set (N=16384, ckks-n16384-l7-v1).
 
 One module-scoped run: two protected layers [11, 13) of SmolLM2 (layer 12 creates the model's
 massive activations, |h| ~ 22552, the headroom case), 9 decode positions with the encrypted KV
