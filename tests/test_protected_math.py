@@ -21,7 +21,11 @@ DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=8192)
 def test_protected_params_budget():
     p = PROTECTED_PARAMS
     assert p.log_q <= HE_STANDARD_MAX_LOG_Q_128[p.poly_modulus_degree]
-    assert p.top_level == 9
+    # the layer starts at the top level: no level above it goes unused (each one would grow
+    # every Galois key), and the circuit's depth fits
+    from veil.engine.protected import LEVELS
+
+    assert p.top_level == LEVELS.h
     # the refresh of h' happens at level 2; the mask must fit there (and the bound must hold)
     assert p.min_mask_level() <= 2
     assert p.mask_lambda >= 54  # N * 2^-(lambda+1) <= 2^-41
