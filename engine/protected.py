@@ -24,8 +24,8 @@ Why three round trips per layer where PROTOCOL.md sketches two: the refresh sits
 W_down (on h'' = h' + W_down m) instead of on h'. Refreshing h' forced h'' to be born at the
 top of the chain (its clean + replicate must end at the layer-start level 7), hence m uploaded
 and W_down evaluated at level 9 with 10 primes (the chain then had ten data levels): 28% of
-the layer's server time and 252 MB of encoded plaintexts per layer. Refreshing h'' lets W_down run at level 4 (measured 3.9x faster,
-half the plaintext bytes) and m go up at level 4; the client uploads the refreshed h'' already
+the layer's server time and 252 MB of encoded plaintexts per layer. Refreshing h'' lets W_down
+run at level 4 (measured 3.9x faster, half the plaintext bytes) and m go up at level 4; the client uploads the refreshed h'' already
 clean and replicated at level 7, so the layer start needs no clean + replicate either. The
 price is one more round trip per layer but the last (27 more per token at k=2: 84 instead of
 57; at 20 ms of round-trip latency that is 27 x 20 ms = 0.54 s per token, arithmetic). What each party sees is unchanged: the client
@@ -653,8 +653,8 @@ class ProtectedExecutor:
         # halvings of its lane sum (rotations 1..2^(j-1)), a 0/1 mask keeps the lanes that are
         # multiples of 2^j (2^j >= chunks) and chunk c moves to lane offset c; after adding the
         # chunks the last 6-j halvings (rotations 2^j..32) finish every chunk at once: lane c
-        # only ever meets lanes of its own residue class mod 2^j. 64 chunks' worth of lane
-        # sums cost chunks*j + (chunks-1) + (6-j) rotations instead of 6*chunks + (chunks-1).
+        # only ever meets lanes of its own residue class mod 2^j. C chunks cost C*j + (C-1) +
+        # (6-j) rotations instead of 6C + (C-1) (C = 8: 34 instead of 55).
         q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.kv - 1)
         n_chunks = c + 1
         j = max(0, (n_chunks - 1).bit_length())  # 2^j >= n_chunks
