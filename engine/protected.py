@@ -671,8 +671,7 @@ class ProtectedExecutor:
             def class_mask(v=valid[ci]):
                 mask = np.zeros(dims.slots)
                 for bi in range(v):
-                    for h in range(dims.heads):
-                        mask[BLOCK * bi + hd * h + np.arange(0, hd, 1 << j)] = 1.0
+                    mask[BLOCK * bi + hd * np.arange(dims.heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
                 return mask
 
             kept.append(self._select(be, prod, class_mask, key=("lane_class", j, valid[ci])))  # 2

@@ -26,7 +26,7 @@ def test_protected_params_budget():
     from veil.engine.protected import LEVELS
 
     assert p.top_level == LEVELS.h
-    # the refresh of h' happens at level 2; the mask must fit there (and the bound must hold)
+    # the refresh of h'' happens at level 2; the mask must fit there (and the bound must hold)
     assert p.min_mask_level() <= 2
     assert p.mask_lambda >= 54  # N * 2^-(lambda+1) <= 2^-41
     # SmolLM2's residual stream reaches |h| ~ 2^14.5: the mask's coefficient bound covers 2^16
