@@ -23,6 +23,7 @@ leaves it.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -98,22 +99,27 @@ class MatvecPlan:
     ``layout="bsgs"``: one generalized diagonal per plaintext (``cols`` plaintexts), giant-step
     rotations pre-applied; the output is zero outside ``[0, rows)``.
 
-    ``layout="folded"``: ``blocks`` (a power of two) groups of ``per_block`` diagonals share
-    each plaintext: block ``t`` sits at slots ``[t*stride, t*stride + rows)`` with
-    ``stride = per_block (mod cols)``, so with the periodic input every block sees its own
-    diagonal offset ``t*per_block``; the blocks are summed by ``log2(blocks)`` rotations.
-    About ``blocks`` times fewer plaintexts and multiplications and fewer rotations, but the
-    output holds partial sums (garbage) outside ``[0, rows)``: use it where the result goes
-    to the client, or clean it with a 0/1 ``multiply_plain`` (one level).
+    ``layout="folded"``: ``blocks`` groups of up to ``per_block`` diagonals share each
+    plaintext: block ``t`` sits at slots ``[t*stride, t*stride + rows)``, and with the periodic
+    input it sees the diagonals from offset ``o_t = t*stride mod cols`` on (``block_offsets``).
+    The windows ``[o_t, o_t + per_block)`` cover all ``cols`` diagonals; each diagonal goes to
+    the first block whose window holds it. ``stride = per_block`` (mod cols) gives disjoint
+    windows, but any stride whose offsets leave no gap wider than ``per_block`` works, which
+    lets more blocks fit: 960x576 takes 7 blocks of 84 diagonals at stride 987 (84
+    plaintexts), where stride = per_block allowed only 4 blocks of 144. The blocks are summed
+    by ``log2(fold_blocks)`` rotations (the blocks rounded up to a power of two; the empty
+    ones read zero slots). About ``blocks`` times fewer plaintexts and multiplications and
+    fewer rotations, but the output holds partial sums (garbage) outside ``[0, rows)``: use it
+    where the result goes to the client, or clean it with a 0/1 ``multiply_plain`` (one level).
 
     ``layout="wide"`` (rows < cols, for W_down): the folded layout applied to the matrix tiled
     vertically to ``cols`` rows (row ``j`` is row ``j % row_period`` of the matrix padded to
     ``row_period`` rows, ``row_period`` = cols / 2^i >= rows), keeping only its first
     ``row_period`` diagonals, each ``cols`` slots long; ``log2(cols / row_period)`` more
     rotations by multiples of ``row_period`` add the row groups (Halevi–Shoup's hybrid method).
-    Every diagonal slot then carries a weight: 2-3x fewer plaintexts than "folded" for a wide
-    matrix (576x1536: 192 instead of 384), with the same output layout (partial sums outside
-    ``[0, rows)``).
+    Every diagonal slot then carries a weight: for 576x1536 192 plaintexts, half of what the
+    folded layout needs at stride = per_block (the general-stride search of "folded" also
+    reaches 192 there), with the same output layout (partial sums outside ``[0, rows)``).
 
     The input must be periodic (``x[k % cols]``) on slots ``[0, input_span)``.
     """
@@ -153,9 +159,41 @@ class MatvecPlan:
         return (self.blocks - 1) * self.stride + self.diag_len + self.n1 * self.n2
 
     @property
+    def fold_blocks(self) -> int:
+        """``blocks`` rounded up to a power of two: the fold adds this many block frames."""
+        return 1 << (self.blocks - 1).bit_length()
+
+    @property
+    def block_offsets(self) -> list[int]:
+        """First diagonal each block sees (``wide``: consecutive groups of ``per_block``)."""
+        if self.layout == "wide":
+            return [t * self.per_block for t in range(self.blocks)]
+        return [t * self.stride % self.cols for t in range(self.blocks)]
+
+    def diagonal_owners(self) -> list[list[int]]:
+        """``owners[t][u]``: the diagonal block ``t`` carries in its ``u``-th plaintext, or -1.
+
+        Every diagonal below ``num_diagonals`` appears exactly once."""
+        n, seen = self.num_diagonals, set()
+        owners = []
+        for o in self.block_offsets:
+            row = []
+            for u in range(self.diagonals_per_block):
+                k = o + u if self.layout == "wide" else (o + u) % self.cols
+                if k >= n or k in seen:
+                    row.append(-1)
+                else:
+                    seen.add(k)
+                    row.append(k)
+            owners.append(row)
+        if len(seen) != n:
+            raise ValueError("the blocks do not cover every diagonal")
+        return owners
+
+    @property
     def rotation_steps(self) -> list[int]:
         steps = set(range(1, self.n1)) | {g * self.n1 for g in range(1, self.n2)}
-        h = self.blocks // 2
+        h = self.fold_blocks // 2
         while h >= 1:
             steps.add(h * self.stride)
             h //= 2
@@ -165,7 +203,7 @@ class MatvecPlan:
     @property
     def rotations(self) -> int:
         """Key switches per product (baby steps included)."""
-        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.blocks)) + len(self.row_folds)
+        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.fold_blocks)) + len(self.row_folds)
 
     @property
     def diagonals_per_block(self) -> int:
@@ -186,31 +224,68 @@ def plan_matvec(
         return plan
     if layout not in ("folded", "wide"):
         raise ValueError(f"unknown layout {layout!r}")
-    period, diag_len = 0, rows
-    if layout == "wide":
-        period = cols
-        while period % 2 == 0 and period // 2 >= rows:
-            period //= 2
-        if period == cols:
-            raise ValueError(f"{rows}x{cols}: the wide layout needs cols / 2^i >= rows for some i >= 1")
-        diag_len = cols
-    n_diags = period or cols
+    plan = _plan_folded(rows, cols, slot_count, n1) if layout == "folded" else _plan_wide(rows, cols, slot_count, n1)
+    if plan is None:
+        raise ValueError(f"{rows}x{cols} does not fit {slot_count} slots")
+    return plan
+
+
+def _cost(rotations, plaintexts):
+    # cost model: a key switch ~ 20 plaintext products (SEAL, N=16384, 7 primes)
+    return 20 * rotations + plaintexts
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_folded(rows: int, cols: int, slot_count: int, n1: int | None) -> MatvecPlan | None:
+    """Search every block count and stride (vectorized over strides) for the cheapest plan."""
+    best = None
+    for blocks in range(1, min(cols, slot_count // rows) + 1):
+        fold = 1 << (blocks - 1).bit_length()
+        if blocks == 1:
+            strides = np.array([rows])
+        else:
+            strides = np.arange(rows, (slot_count - rows) // (blocks - 1) + 1)
+            if fold > blocks:  # the empty frames of the fold must read zero slots, no wrap
+                strides = strides[(fold - 1) * strides + rows <= slot_count]
+        if strides.size == 0:
+            break
+        offs = np.sort(np.arange(blocks)[None, :] * strides[:, None] % cols, axis=1)
+        gaps = np.diff(np.concatenate([offs, offs[:, :1] + cols], axis=1), axis=1)
+        k = gaps.max(axis=1)  # diagonals per block: the widest gap between offsets
+        a = np.where(k >= n1, n1, np.ceil(np.sqrt(k))) if n1 is not None else np.ceil(np.sqrt(k))
+        a = a.astype(np.int64)
+        b = -(-k // a)
+        span = (blocks - 1) * strides + rows + a * b
+        cost = _cost((a - 1) + (b - 1) + (fold.bit_length() - 1), k)
+        ok = np.flatnonzero(span <= slot_count)
+        if ok.size == 0:
+            continue
+        i = ok[np.lexsort((span[ok], cost[ok]))[0]]  # cheapest, then the shortest input span
+        if best is None or cost[i] < best[0]:
+            plan = MatvecPlan("folded", rows, cols, int(a[i]), int(b[i]), blocks, int(k[i]), int(strides[i]))
+            best = (int(cost[i]), plan)
+    return None if best is None else best[1]
+
+
+def _plan_wide(rows: int, cols: int, slot_count: int, n1: int | None) -> MatvecPlan | None:
+    period = cols
+    while period % 2 == 0 and period // 2 >= rows:
+        period //= 2
+    if period == cols:
+        raise ValueError(f"{rows}x{cols}: the wide layout needs cols / 2^i >= rows for some i >= 1")
     best = None
     t = 1
-    while t <= n_diags:
-        k = -(-n_diags // t)
-        stride = k + cols * max(0, -(-(diag_len - k) // cols))  # >= diag_len and == k (mod cols)
+    while t <= period:
+        k = -(-period // t)
+        stride = k + cols * max(0, -(-(cols - k) // cols))  # >= cols and == k (mod cols)
         a, b = bsgs_split(k, n1 if n1 is not None and n1 <= k else None)
-        plan = MatvecPlan(layout, rows, cols, a, b, t, k, stride, period)
+        plan = MatvecPlan("wide", rows, cols, a, b, t, k, stride, period)
         if plan.input_span <= slot_count:
-            # cost model: a key switch ~ 20 plaintext products (SEAL, N=16384, 7 primes)
-            cost = 20 * plan.rotations + k
+            cost = _cost(plan.rotations, k)
             if best is None or cost < best[0]:
                 best = (cost, plan)
         t *= 2
-    if best is None:
-        raise ValueError(f"{rows}x{cols} does not fit {slot_count} slots")
-    return best[1]
+    return None if best is None else best[1]
 
 
 @dataclass

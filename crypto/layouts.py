@@ -12,9 +12,14 @@ Layouts (slot indices of one ciphertext):
   vector in ``[0, d)`` with ``HEBackend.replicate`` (no level).
 * **position blocks**: the key cache and the query replicas use blocks of ``BLOCK = 1024``
   slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j`` lives in chunk
-  ``j // 8``, block ``j % 8``; inside a block, slot ``h*hd + i`` holds lane ``i`` of query head
-  ``h`` (keys and values are expanded from KV head ``h // group``), slots ``[H*hd, BLOCK)`` are
-  zero. The value cache uses the same chunks with the "value blocks" below.
+  ``j // 8``, block ``j % 8``; inside a block, slot ``g*hd + i`` holds lane ``i`` of the head
+  in *head slot* ``g``, slots ``[H*hd, BLOCK)`` are zero. Head slots are ordered so that head
+  slot ``g`` reads KV head ``g % kv_heads`` (``head_slot``: query head ``h`` of KV head
+  ``h // group`` sits at slot ``(h % group) * kv_heads + h // group``): the keys and values
+  of all query heads are then the ``kv_heads*hd`` KV lanes repeated ``group`` times, which
+  the server makes with two rotations instead of a ``group`` times taller W_k and W_v. The
+  client never needs the order (softmax is per head); ``score_slot`` and ``pack_weights``
+  take true head indices. The value cache uses the same chunks with the "value blocks" below.
 * **value blocks**: the value cache and the expanded softmax weights pack position ``j % 8`` of
   a chunk at ``value_base(b) = (value_offset + q*b) mod S`` (``q = H*hd = 576`` slots, no gap),
   so the 8 blocks fill ``8q = 4608`` contiguous slots and ``S - 8q = 3584`` stay zero. Summing
@@ -23,11 +28,11 @@ Layouts (slot indices of one ciphertext):
   shifts only pick up the zero slots); ``value_offset`` puts those copies at ``[0, 5q)``. That
   is a valid input of period ``q`` for W_o (a 576x576 product of 144 plaintexts), where blocks
   of 1024 slots (as the keys use) gave period 1024 and a zero-padded 576x1024 product of 256.
-* **scores download**: ``ŝ^h_{j} / sqrt(hd)`` at slot ``BLOCK*(j%8) + hd*h + j//8`` (lane =
+* **scores download**: ``ŝ^h_{j} / sqrt(hd)`` at slot ``BLOCK*(j%8) + hd*head_slot(h) + j//8`` (lane =
   chunk index, so up to ``8*hd = 512`` positions fit one ciphertext); ``σ/d`` at slot ``d``
   (inside block 0's zero gap). Every other slot is zero (the server masks).
 * **softmax weights upload** (compact, one ciphertext for up to 512 positions): with ``C``
-  chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*h + l`` holds
+  chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*head_slot(h) + l`` holds
   ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one). The server expands
   chunk ``c`` with one rotation, one 0/1 mask and ``log2 P`` rotations.
 * **MLP download**: ``σ'/(d * SIGMA2_DIV)`` in *every* slot (read at slot ``2F``), plus
@@ -87,6 +92,23 @@ class LayoutDims:
     @property
     def qdim(self) -> int:
         return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def head_slot(self, head: int) -> int:
+        """Head slot of query head ``head`` (see "position blocks"): slot ``g`` reads KV head
+        ``g % kv_heads``."""
+        return (head % self.group) * self.kv_heads + head // self.group
+
+    @cached_property
+    def head_order(self) -> np.ndarray:
+        """``head_order[g]``: the query head in head slot ``g``."""
+        order = np.empty(self.heads, dtype=np.int64)
+        for h in range(self.heads):
+            order[self.head_slot(h)] = h
+        return order
 
     @property
     def per_chunk(self) -> int:
@@ -189,7 +211,7 @@ def weights_period(chunks: int) -> int:
 
 def score_slot(dims: LayoutDims, position: int, head: int) -> int:
     b, c = position % dims.per_chunk, position // dims.per_chunk
-    return BLOCK * b + dims.head_dim * head + c
+    return BLOCK * b + dims.head_dim * dims.head_slot(head) + c
 
 
 def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
@@ -206,7 +228,7 @@ def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
         j = dims.per_chunk * c + b
         ok = (c < chunks) & (j < n)
         for h in range(heads):
-            base = dims.value_base(b) + dims.head_dim * h
+            base = dims.value_base(b) + dims.head_dim * dims.head_slot(h)
             out[base + lanes[ok]] = w[h, j[ok]]
     return out
 

@@ -547,21 +547,21 @@ class SealBackend(HEBackend):
             # generalized diagonals: diag_k[j] = W[j, (j + k) % cols], j < rows, k < cols
             j = np.arange(rows)
             diags = w[j[None, :], (j[None, :] + np.arange(cols)[:, None]) % cols]  # (cols, rows)
-        n_diags, diag_len = plan.num_diagonals, plan.diag_len
+        diag_len = plan.diag_len
         pt_scale = float(lvl.primes[-1])
         plaintexts: dict[int, object] = {}
         nbytes = 0
-        per_block = plan.per_block if plan.layout in ("folded", "wide") else cols
+        per_block = plan.diagonals_per_block
+        owners = plan.diagonal_owners() if plan.layout in ("folded", "wide") else [list(range(cols))]
         for u in range(per_block):
             g = u // plan.n1
             buf = np.zeros(self._slots, dtype=np.float64)
-            for t in range(plan.blocks):
-                k = t * per_block + u
-                if k >= n_diags:
-                    break
+            for t, row in enumerate(owners):
+                if row[u] < 0:
+                    continue
                 # block t at t*stride; giant-step pre-rotation by -g*n1
                 start = t * plan.stride + g * plan.n1
-                buf[start : start + diag_len] = diags[k]
+                buf[start : start + diag_len] = diags[row[u]]
             if not np.any(buf):
                 continue
             pt = self._encode(buf, lvl, pt_scale)
@@ -627,7 +627,7 @@ class SealBackend(HEBackend):
             else:
                 ev.add_inplace(acc, inner)
         plan = matrix.plan
-        half = plan.blocks // 2
+        half = plan.fold_blocks // 2
         while half >= 1:  # fold the blocks onto block 0 (after the rescale: cheaper)
             rot = self._rotate_obj(acc, half * plan.stride)
             ev.add_inplace(acc, rot)

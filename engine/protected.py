@@ -34,15 +34,20 @@ decrypts h'' + ρ instead of h' + ρ (uniformly masked either way).
 Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at level >= 2):
 
 * layer start: h (clean, replicated: ``hidden_layout``) at 7, uploaded by the client (TOKEN or
-  REFRESHED); y = [W_q; K_exp W_k; K_exp W_v] γ1 h at 6
-  (K_exp repeats each KV head for its query heads); RoPE on ciphertexts
-  q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32) (masks also clean the folded output),
-  k̂ likewise, v̂ = 1_v ⊙ y: all at 5, appended to the KV cache (chunk j//8, key block j%8 of
-  1024 slots, value block j%8 of q slots).
-  Scores: replicate q̂ into the 8 blocks, switch to 4, ct x ct with each key chunk (3); the
-  64-lane sums per head are shared between the C chunks (2^j >= C): j halvings per chunk, a
-  mask keeping lanes that are multiples of 2^j (2), chunk c moved to lane offset c, the chunks
-  added and the last 6-j halvings done once; masked to lane c of each head (1). σ = Σh² from h
+  REFRESHED); y = [Π W_q; W_k; W_v] γ1 h at 6 (960 rows; Π orders the query heads by head
+  slot, see ``veil.crypto.layouts``, so that every KV head serves head slots g = its index mod
+  kv_heads); RoPE on ciphertexts q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32)
+  (masks also clean the folded output), k̂ likewise on the 192 KV lanes, v̂ = 1_v ⊙ y: all at
+  5; k̂ and v̂ repeated 3 times (period 192, three rotations each) for the 9 head slots, then
+  appended to the KV cache (chunk j//8, key block j%8 of 1024 slots, value block j%8 of q
+  slots). Unrepeated W_k and W_v keep W_qkv at 960 rows, which folds into 7 blocks of 84
+  plaintexts (``MatvecPlan``) where [W_q; K_exp W_k; K_exp W_v] (1728 rows) needed 144.
+  Scores (``shared_lane_sums``): replicate q̂ into the 8 blocks, switch to 4, ct x ct with
+  each key chunk (3); the 64-lane sums per head are shared between the chunks of a group of
+  C (2^j >= C; groups of 2-4 chunks, ``score_lane_groups``): j halvings per chunk, a mask
+  keeping lanes that are multiples of 2^j (2), chunk c moved to lane offset c, the chunks
+  added and the last 6-j halvings done once per group; each group masked to its lanes (1),
+  the groups joined at 1 by rotations of their sizes. σ = Σh² from h
   switched to 3 (2) by a cyclic sum of all slots (13 rotations; every slot then holds 14σ,
   nothing partial), masked into slot d (1).
   Download masks are encoded at scale ~2^56 (``DOWNLOAD_SCALE``) so that their encoding error
@@ -75,6 +80,7 @@ Closing it needs one more level under û (the MLP download at level 1).
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections import defaultdict
@@ -224,8 +230,8 @@ class LayerWeights:
     """Plaintext weights of one block with the RMSNorm gains folded in (float64)."""
 
     index: int
-    w_qkv: np.ndarray  # (3*qdim, d): [W_q; K_exp W_k; K_exp W_v] diag(γ1)
-    w_o: np.ndarray  # (d, q)
+    w_qkv: np.ndarray  # (qdim + 2*kv_dim, d): [Π W_q; W_k; W_v] diag(γ1), Π: head-slot order
+    w_o: np.ndarray  # (d, q): W_o Π^T (its input â is in head-slot order)
     w_gu: np.ndarray  # (2F, d): [W_gate; W_up] diag(γ2)
     w_down: np.ndarray  # (d, F)
 
@@ -237,12 +243,13 @@ def layer_weights_from_tensors(tensors: dict, cfg, index: int) -> LayerWeights:
         return tensors[p + name].detach().double().numpy()
 
     g1, g2 = t("input_layernorm.weight"), t("post_attention_layernorm.weight")
-    hd, group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
-    rows = np.array([(h // group) * hd + i for h in range(cfg.num_heads) for i in range(hd)])
+    hd = cfg.head_dim
+    order = dims_of(cfg, PROTECTED_PARAMS.slot_count).head_order  # head slot g -> query head
+    lanes = (order[:, None] * hd + np.arange(hd)[None, :]).ravel()
     wq, wk, wv = t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")
-    w_qkv = np.vstack([wq, wk[rows], wv[rows]]) * g1[None, :]
+    w_qkv = np.vstack([wq[lanes], wk, wv]) * g1[None, :]
     w_gu = np.vstack([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")]) * g2[None, :]
-    return LayerWeights(index, w_qkv, t("self_attn.o_proj.weight"), w_gu, t("mlp.down_proj.weight"))
+    return LayerWeights(index, w_qkv, t("self_attn.o_proj.weight")[:, lanes], w_gu, t("mlp.down_proj.weight"))
 
 
 def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
@@ -254,6 +261,93 @@ def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
     rot = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
     cos, sin = rot.cos_sin(torch.tensor([position]), torch.float32)
     return cos[0].double().numpy(), sin[0].double().numpy()
+
+
+@functools.cache
+def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]:
+    """Groups ``(chunks, j)`` of the shared lane sums of the scores (``shared_lane_sums``),
+    in lane order: a group of ``C`` chunks with ``2^j >= C`` costs ``C*j`` rotations at level 3
+    and ``(C-1) + (log_hd-j)`` at level 2, and each group after the first a join at level 1.
+    Every group but the last is a power of two (the joins rotate by its size). The cheapest
+    split by a time model, by exhaustive recursion (8 chunks: 4 + 4, 9: 2 + 4 + 3)."""
+
+    def single(n: int) -> tuple[int, int]:
+        return n, max(0, (n - 1).bit_length())
+
+    def cost(groups) -> float:
+        # ms, measured on the 2-core dev CPU (N=16384, a throwaway microbench): a rotation at level
+        # 3 (halvings before the class mask) 6.5, at level 2 (chunk joins, last halvings) 4.4,
+        # a mask + rescale 1.4, a group join at level 1 2.7
+        return sum(6.5 * n * j + 4.4 * ((n - 1) + (log_hd - j)) + 1.4 for n, j in groups) + 2.7 * (len(groups) - 1)
+
+    best = (single(n_chunks),)
+    e = 0
+    while (1 << e) < n_chunks:
+        cand = ((1 << e, e),) + score_lane_groups(n_chunks - (1 << e), log_hd)
+        if cost(cand) < cost(best):
+            best = cand
+        e += 1
+    return best
+
+
+def score_lane_rotations(n_chunks: int, log_hd: int) -> int:
+    """Rotations of the scores' lane sums for ``n_chunks`` key chunks."""
+    groups = score_lane_groups(n_chunks, log_hd)
+    return sum(n * j + (n - 1) + (log_hd - j) for n, j in groups) + len(groups) - 1
+
+
+def shared_lane_sums(be, prods: list, valid: list[int], dims: LayoutDims, select, download_scale: float):
+    """Scores download from the chunk products ``q ⊙ K_c`` (one level): ``Σ_lanes / sqrt(hd)``
+    of chunk ``c`` at lane ``c`` of each head, every other slot zero; two levels.
+
+    The 64-lane sums are shared between the chunks of a group: each chunk's product gets the
+    first j halvings of its lane sum (rotations 1..2^(j-1)), a 0/1 mask keeps the lanes that
+    are multiples of 2^j (2^j >= chunks in the group; also zero for positions > t: ``valid``
+    blocks) and chunk c moves to lane offset c; after adding the chunks the last 6-j halvings
+    (rotations 2^j..32) finish every chunk at once: lane c only ever meets lanes of its own
+    residue class mod 2^j. A group of C chunks costs C*j + (C-1) + (6-j) rotations instead of
+    6C + (C-1). ``score_lane_groups`` splits the chunks into groups where that is cheaper;
+    each group is masked at ``download_scale`` on its own and the groups are joined one level
+    lower. ``select(ct, make_mask, target_scale, cache_key)`` applies a 0/1 mask (one level).
+    """
+    hd, heads = dims.head_dim, dims.heads
+    log_hd = hd.bit_length() - 1
+    if len(prods) > hd:
+        raise ValueError(f"{len(prods)} chunks exceed {hd} lanes")  # max_positions prevents it
+    groups = score_lane_groups(len(prods), log_hd)
+    parts, base = [], 0
+    for n, j in groups:
+        kept = []
+        for ci in range(base, base + n):
+            prod = prods[ci]
+            for st in range(j):
+                prod = be.add(prod, be.rotate(prod, 1 << st))
+
+            def class_mask(v=valid[ci], j=j):
+                mask = np.zeros(dims.slots)
+                for bi in range(v):
+                    mask[BLOCK * bi + hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
+                return mask
+
+            kept.append(select(prod, class_mask, None, ("lane_class", j, valid[ci])))
+        part = kept[-1]
+        for i in range(n - 2, -1, -1):  # chunk base+i at lane offset i
+            part = be.add(be.rotate(part, -1), kept[i])
+        for st in range(j, log_hd):
+            part = be.add(part, be.rotate(part, 1 << st))
+
+        def score_mask(n=n):  # every block: the class masks already zeroed positions > t
+            mask = np.zeros(dims.slots)
+            for bi in range(dims.per_chunk):
+                mask[BLOCK * bi + hd * np.arange(heads)[:, None] + np.arange(n)[None, :]] = 1 / np.sqrt(hd)
+            return mask
+
+        parts.append(select(part, score_mask, download_scale, ("scores", n)))
+        base += n
+    scores = parts[-1]
+    for i in range(len(parts) - 2, -1, -1):  # group i+1 starts groups[i][0] lanes after group i
+        scores = be.add(parts[i], be.rotate(scores, -groups[i][0]))
+    return scores
 
 
 def dims_of(cfg, slots: int) -> LayoutDims:
@@ -269,14 +363,16 @@ MATRIX_LAYOUTS = {"wqkv": "folded", "wo": "folded", "wgu": "folded", "wdown": "w
 
 def matrix_shapes(dims: LayoutDims) -> dict[str, tuple[int, int]]:
     """(rows, cols) of W_qkv, W_o, W_gate|up and W_down."""
-    return {"wqkv": (3 * dims.qdim, dims.d), "wo": (dims.d, dims.qdim), "wgu": (2 * dims.ffn, dims.d),
+    return {"wqkv": (dims.qdim + 2 * dims.kv_dim, dims.d), "wo": (dims.d, dims.qdim), "wgu": (2 * dims.ffn, dims.d),
             "wdown": (dims.d, dims.ffn)}
 
 
 def input_spans(dims: LayoutDims) -> dict[str, int]:
     """Slots over which each product's input is periodic: W_o's input (the weighted values)
-    is exact on ``value_span`` slots only (see ``veil.crypto.layouts``)."""
-    return {"wqkv": dims.slots, "wo": dims.value_span, "wgu": dims.slots, "wdown": dims.slots}
+    is exact on ``value_span`` slots only (see ``veil.crypto.layouts``), and the inputs the
+    server replicates itself (h for W_qkv, h' for W_gate|up) hold whole copies only."""
+    whole = dims.copies * dims.d
+    return {"wqkv": whole, "wo": dims.value_span, "wgu": whole, "wdown": dims.slots}
 
 
 def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
@@ -288,7 +384,8 @@ def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
     for name, (rows, cols) in matrix_shapes(dims).items():
         steps |= set(plan_matvec(rows, cols, input_spans(dims)[name], MATRIX_LAYOUTS[name], N1).rotation_steps)
     hd = dims.head_dim
-    steps |= {hd // 2, -(hd // 2), dims.qdim, 2 * dims.qdim - dims.value_offset}  # RoPE, k/v alignment
+    steps |= {hd // 2, -(hd // 2)}  # RoPE
+    steps |= {dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}  # KV lanes -> head slots, alignment
     steps |= {-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}  # value blocks
     steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
     steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums
@@ -373,16 +470,15 @@ class ProtectedLayer:
     def __init__(self, backend: HEBackend, weights: LayerWeights, dims: LayoutDims, levels: Levels = LEVELS):
         self.index = weights.index
         be = backend
-        lay = MATRIX_LAYOUTS
-        self.wqkv: EncodedMatrix = be.encode_matrix(weights.w_qkv, levels.wqkv, N1, lay["wqkv"])
-        self.wo: EncodedMatrix = be.encode_matrix(weights.w_o, levels.wo, N1, lay["wo"],
-                                                  max_input_span=input_spans(dims)["wo"])
-        self.wgu: EncodedMatrix = be.encode_matrix(weights.w_gu, levels.wgu, N1, lay["wgu"])
-        self.wdown: EncodedMatrix = be.encode_matrix(weights.w_down, levels.wdown, N1, lay["wdown"])
-        limit = dims.copies * dims.d  # server-made replicas have whole copies only
-        for name, m in (("wqkv", self.wqkv), ("wgu", self.wgu)):
-            if m.plan.input_span > limit:
-                raise ValueError(f"layer {self.index} {name}: input span {m.plan.input_span} > {limit}")
+        spans = input_spans(dims)
+
+        def encode(name: str, w: np.ndarray, level: int) -> EncodedMatrix:
+            return be.encode_matrix(w, level, N1, MATRIX_LAYOUTS[name], max_input_span=spans[name])
+
+        self.wqkv: EncodedMatrix = encode("wqkv", weights.w_qkv, levels.wqkv)
+        self.wo: EncodedMatrix = encode("wo", weights.w_o, levels.wo)
+        self.wgu: EncodedMatrix = encode("wgu", weights.w_gu, levels.wgu)
+        self.wdown: EncodedMatrix = encode("wdown", weights.w_down, levels.wdown)
 
     @property
     def nbytes(self) -> int:
@@ -602,12 +698,21 @@ class ProtectedExecutor:
             v[a:b] = value
         return v
 
+    def _repeat_kv(self, be, x: Ciphertext) -> Ciphertext:
+        """``x`` zero outside ``[lo, lo + kv_dim)`` -> ``group`` copies on ``[lo - (group-1)*kv_dim,
+        lo + kv_dim)``, by left rotations of one step (a key the executor needs anyway)."""
+        acc = cur = x
+        for _ in range(self.dims.group - 1):
+            cur = be.rotate(cur, self.dims.kv_dim)
+            acc = be.add(acc, cur)
+        return acc
+
     # ---- segment A: layer start -> scores download -----------------------------------------
     def _start_layer(self, s: ProtectedSession, layer: int, t: int, h: Ciphertext, step: int) -> ProtectedMessage:
         """``h``: the layer input, clean and replicated (``hidden_layout``) at level 7."""
         be, dims, L = s.be, self.dims, self.layers[layer - self.first]
-        d, hd, q = dims.d, dims.head_dim, dims.qdim
-        y = be.matvec(L.wqkv, h)  # 6, folded
+        d, hd, q, kvd = dims.d, dims.head_dim, dims.qdim, dims.kv_dim
+        y = be.matvec(L.wqkv, h)  # 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after
         cos, sin = rope_cos_sin(self.cfg, t)
         lane = np.arange(q) % hd
         c_full = np.tile(cos, q // hd)
@@ -615,21 +720,23 @@ class ProtectedExecutor:
         s_hi = np.where(lane >= hd // 2, np.tile(sin, q // hd), 0.0)  # pairs with rot(y, -hd/2)
         y_up, y_dn = be.rotate(y, hd // 2), be.rotate(y, -(hd // 2))
 
-        def rope(off: int) -> Ciphertext:
+        def rope(off: int, n: int) -> Ciphertext:
             acc = None
             for src, vals in ((y, c_full), (y_up, s_lo), (y_dn, s_hi)):
                 if not np.any(vals):  # sin = 0 at position 0
                     continue
                 v = np.zeros(dims.slots)
-                v[off : off + q] = vals
+                v[off : off + n] = vals[:n]
                 prod = be.multiply_plain(src, v, rescale=False)
                 acc = prod if acc is None else be.add(acc, prod)
             return be.rescale(acc)
 
-        q_hat = rope(0)  # [0, q), level 5
-        k_hat = be.rotate(rope(q), q)  # moved to [0, q)
-        v_mask = self._plain(be, "v_lanes", be.level(y), self._prime(be, y), lambda: self._mask([(2 * q, 3 * q)]))
-        v_hat = be.rotate(be.multiply_plain(y, v_mask), 2 * q - dims.value_offset)
+        q_hat = rope(0, q)  # [0, q), level 5
+        # KV lanes repeated for the head slots (slot g reads KV head g % kv_heads), then moved
+        # to [0, q) (keys) and to the value block frame (values): 3 rotations each
+        k_hat = be.rotate(self._repeat_kv(be, rope(q, kvd)), kvd)
+        v_mask = self._plain(be, "v_lanes", be.level(y), self._prime(be, y), lambda: self._mask([(q + kvd, q + 2 * kvd)]))
+        v_hat = be.rotate(self._repeat_kv(be, be.multiply_plain(y, v_mask)), 2 * kvd - dims.value_offset)
         c, b = divmod(t, dims.per_chunk)
         k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b, q)
         kv = s.kv[layer]
@@ -648,46 +755,16 @@ class ProtectedExecutor:
             raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed max_protected_kv_bytes_total="
                                    f"{self.max_kv_bytes_total}")
 
-        # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head.
-        # The 64-lane sums are shared between chunks: each chunk's product gets the first j
-        # halvings of its lane sum (rotations 1..2^(j-1)), a 0/1 mask keeps the lanes that are
-        # multiples of 2^j (2^j >= chunks) and chunk c moves to lane offset c; after adding the
-        # chunks the last 6-j halvings (rotations 2^j..32) finish every chunk at once: lane c
-        # only ever meets lanes of its own residue class mod 2^j. C chunks cost C*j + (C-1) +
-        # (6-j) rotations instead of 6C + (C-1) (C = 8: 34 instead of 55).
+        # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head
         q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.kv - 1)
         n_chunks = c + 1
-        j = max(0, (n_chunks - 1).bit_length())  # 2^j >= n_chunks
-        log_hd = hd.bit_length() - 1
-        if j > log_hd:
-            raise ValueError(f"{n_chunks} chunks exceed {hd} lanes")  # max_positions prevents it
         valid = [min(dims.per_chunk, t + 1 - ci * dims.per_chunk) for ci in range(n_chunks)]
-        kept = []
-        for ci in range(n_chunks):
-            prod = be.multiply(q_rep, be.mod_switch_to(keys[ci], self.levels.kv - 1))  # 3
-            for st in range(j):
-                prod = be.add(prod, be.rotate(prod, 1 << st))
+        prods = [be.multiply(q_rep, be.mod_switch_to(keys[ci], self.levels.kv - 1)) for ci in range(n_chunks)]  # 3
 
-            def class_mask(v=valid[ci]):
-                mask = np.zeros(dims.slots)
-                for bi in range(v):
-                    mask[BLOCK * bi + hd * np.arange(dims.heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
-                return mask
+        def select(ct, make, target, key):
+            return self._select(be, ct, make, target, key=key)
 
-            kept.append(self._select(be, prod, class_mask, key=("lane_class", j, valid[ci])))  # 2
-        scores = kept[-1]
-        for ci in range(n_chunks - 2, -1, -1):  # chunk c at lane offset c
-            scores = be.add(be.rotate(scores, -1), kept[ci])
-        for st in range(j, log_hd):
-            scores = be.add(scores, be.rotate(scores, 1 << st))
-
-        def score_mask():  # every block: the class masks already zeroed positions > t
-            mask = np.zeros(dims.slots)
-            for bi in range(dims.per_chunk):
-                mask[BLOCK * bi + hd * np.arange(dims.heads)[:, None] + np.arange(n_chunks)[None, :]] = 1 / np.sqrt(hd)
-            return mask
-
-        scores = self._select(be, scores, score_mask, DOWNLOAD_SCALE, key=("scores", n_chunks))  # 1
+        scores = shared_lane_sums(be, prods, valid, dims, select, DOWNLOAD_SCALE)  # 1
         # σ_t / d at slot d: every slot of the cyclic sum holds copies * σ (nothing partial)
         h_low = be.mod_switch_to(h, be.level(scores) + 2)
         sq = self._sum_all(be, be.multiply(h_low, h_low))  # 2

@@ -72,11 +72,13 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
             chunks_v.append(vec_v)
         y = weights.w_qkv @ h_in[j]
         cos, sin = rope_cos_sin(cfg, j)
-        k = y[q : 2 * q].reshape(dims.heads, dims.head_dim)
+        kvd = dims.kv_dim
+        k = y[q : q + kvd].reshape(dims.kv_heads, dims.head_dim)
         half = dims.head_dim // 2
         k = k * cos + np.concatenate([-k[:, half:], k[:, :half]], 1) * sin
-        vec_k[BLOCK * b : BLOCK * b + q] = k.ravel()
-        vec_v[dims.value_base(b) : dims.value_base(b) + q] = y[2 * q :]
+        # head slot g holds KV head g % kv_heads (``veil.crypto.layouts``)
+        vec_k[BLOCK * b : BLOCK * b + q] = np.tile(k.ravel(), dims.group)
+        vec_v[dims.value_base(b) : dims.value_base(b) + q] = np.tile(y[q + kvd :], dims.group)
     kv = session.kv[layer]
     kv.keys = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_k]
     kv.values = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_v]

@@ -24,7 +24,7 @@ P = get_params(TEST_PARAMS_ID, allow_test_params=True)
 SLOTS = P.slot_count
 N1 = 24  # one baby-step size for every matrix: the Galois keys and baby steps are shared
 REPLICATE_STEPS = [-192, -384, -768]
-FOLDED_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (40, 7)]
+FOLDED_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (40, 7), (500, 288)]
 WIDE_SHAPES = [(576, 1536), (100, 512), (3, 16)]
 FOLDED_STEPS = sorted(
     set().union(*(plan_matvec(r, c, SLOTS, "folded").rotation_steps for r, c in FOLDED_SHAPES))
@@ -187,9 +187,10 @@ def test_matvec_1536_to_576(pair, rng):
 @pytest.mark.parametrize("layout,rows,cols", [("folded", r, c) for r, c in FOLDED_SHAPES]
                          + [("wide", r, c) for r, c in WIDE_SHAPES])
 def test_matvec_packed_layouts(pair, rng, layout, rows, cols):
-    """Folded: blocks of diagonals share plaintexts. Wide (Halevi-Shoup hybrid, rows < cols):
-    the diagonals of the row-tiled matrix, no more plaintexts than folded. Both: slots
-    [0, rows) hold W x after one level."""
+    """Folded: blocks of diagonals share plaintexts, every diagonal in exactly one block (also
+    with 7 blocks folded as 8). Wide (Halevi-Shoup hybrid, rows < cols): the diagonals of the
+    row-tiled matrix, for W_down's shape no more plaintexts than folded. Both: slots [0, rows)
+    hold W x after one level."""
     client, server = pair
     w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
     x = rng.standard_normal(cols)
@@ -197,14 +198,18 @@ def test_matvec_packed_layouts(pair, rng, layout, rows, cols):
     ct = client.encrypt(replicate_input(x, SLOTS), level=level)
     m = server.encode_matrix(w, level, layout=layout)
     plan = m.plan
-    assert plan.layout == layout and plan.blocks & (plan.blocks - 1) == 0 and plan.input_span <= SLOTS
+    assert plan.layout == layout and plan.input_span <= SLOTS
+    assert plan.fold_blocks & (plan.fold_blocks - 1) == 0 and plan.blocks <= plan.fold_blocks < 2 * plan.blocks
+    owned = [k for row in plan.diagonal_owners() for k in row if k >= 0]
+    assert sorted(owned) == list(range(plan.num_diagonals))  # every diagonal exactly once
     if layout == "folded":
-        assert plan.stride >= rows and plan.stride % cols == plan.per_block % cols
-        assert plan.blocks * plan.per_block >= cols
+        assert plan.stride >= rows and (plan.fold_blocks - 1) * plan.stride + rows <= SLOTS
         assert len(m.plaintexts) <= plan.per_block < cols or cols < 8
     else:
         assert rows <= plan.row_period < cols and cols % plan.row_period == 0 and plan.row_folds
-        assert len(m.plaintexts) <= len(server.encode_matrix(w, level, layout="folded").plaintexts)
+        assert len(m.plaintexts) <= plan.per_block
+        if (rows, cols) == (576, 1536):  # W_down's shape: the reason the layout exists
+            assert len(m.plaintexts) <= len(server.encode_matrix(w, level, layout="folded").plaintexts)
     y = server.matvec(m, ct)
     assert server.level(y) == level - 1
     assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
@@ -213,6 +218,12 @@ def test_matvec_packed_layouts(pair, rng, layout, rows, cols):
 def test_plan_matvec():
     p = plan_matvec(576, 576, 8192, "folded")
     assert p.blocks == 8 and p.per_block == 72 and p.stride == 648
+    # a stride that is not the block size (mod cols): the block offsets t*987 mod 576 leave
+    # gaps of at most 84, so 7 blocks of 84 diagonals fit where disjoint windows allowed 4 of 144
+    q = plan_matvec(960, 576, 8064, "folded", 16)
+    assert (q.blocks, q.fold_blocks, q.per_block, q.stride, q.n2) == (7, 8, 84, 987, 6)
+    assert sorted(q.block_offsets) == [0, 81, 162, 246, 327, 411, 492]
+    assert q.rotations < plan_matvec(1728, 576, 8064, "folded", 16).rotations
     assert p.rotations < plan_matvec(576, 576, 8192).rotations
     b = plan_matvec(576, 576, 8192)
     assert (b.n1, b.n2, b.blocks, b.rotations) == (24, 24, 1, 46)

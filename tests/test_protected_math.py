@@ -1,6 +1,7 @@
 """Client math and slot layouts of the protected path (no HE; fast)."""
 
 import numpy as np
+import pytest
 import torch
 
 from veil.crypto.layouts import (
@@ -13,6 +14,7 @@ from veil.crypto.layouts import (
     weights_period,
 )
 from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128
+from veil.engine.protected import score_lane_rotations, shared_lane_sums
 from veil.engine.protected_client import softmax_weights, swiglu_from_u
 
 DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=8192)
@@ -93,9 +95,25 @@ def test_weights_layout_expands_like_the_server():
                 j = c * DIMS.per_chunk + b
                 if j < n:
                     for h in range(DIMS.heads):
-                        base = DIMS.value_base(b) + 64 * h
+                        base = DIMS.value_base(b) + 64 * DIMS.head_slot(h)
                         want[base : base + 64] = w[h, j]
             assert np.array_equal(e, want), (n, c)
+
+
+def test_head_slots_repeat_the_kv_lanes():
+    """Head slot g reads KV head g % kv_heads, so the keys of all 9 head slots are the 192 KV
+    lanes repeated 3 times (what the server builds), and head_slot inverts head_order."""
+    group, kvd = DIMS.group, DIMS.kv_dim
+    assert sorted(DIMS.head_order.tolist()) == list(range(DIMS.heads))
+    for g, h in enumerate(DIMS.head_order):
+        assert DIMS.head_slot(int(h)) == g and h // group == g % DIMS.kv_heads
+    rng = np.random.default_rng(4)
+    k = rng.standard_normal((DIMS.kv_heads, 64))
+    repeated = np.tile(k.ravel(), group)
+    for h in range(DIMS.heads):
+        g = DIMS.head_slot(h)
+        assert np.array_equal(repeated[64 * g : 64 * g + 64], k[h // group])
+    assert repeated.size == group * kvd == DIMS.qdim
 
 
 def test_value_shift_sum_gives_periodic_weighted_values():
@@ -130,7 +148,7 @@ def test_scores_layout_matches_lane_placement():
         for b in range(DIMS.per_chunk):
             j = c * DIMS.per_chunk + b
             if j < n:
-                v[BLOCK * b + 64 * np.arange(DIMS.heads)] = s[:, j]
+                v[BLOCK * b + 64 * np.arange(DIMS.heads)] = s[DIMS.head_order, j]  # head slot g
         sel.append(v)
     acc = sel[-1]
     for c in range(chunks - 2, -1, -1):
@@ -139,3 +157,45 @@ def test_scores_layout_matches_lane_placement():
     sig, got = unpack_scores(DIMS, acc, n)
     assert sig == 5.0 and np.array_equal(got, s)
     assert len({score_slot(DIMS, j, h) for j in range(DIMS.max_positions) for h in range(9)}) == 512 * 9
+
+
+class _SlotVectors:
+    """Test-only fake backend for ``shared_lane_sums``: a "ciphertext" is a plain numpy slot
+    vector, rotations are ``np.roll`` (counted). It checks the lane-sum algorithm (where each
+    chunk's sum lands, what is zeroed), not HE: the real backend runs it in
+    test_protected_executor and the protected benchmarks."""
+
+    def __init__(self):
+        self.rotations = 0
+
+    def rotate(self, v, step):
+        self.rotations += 1
+        return _rot(v, step)
+
+    def add(self, a, b):
+        return a + b
+
+
+@pytest.mark.parametrize("positions", [1, 8, 9, 20, 33, 64, 65, 72, 127, 200, 512])
+def test_shared_lane_sums_place_every_chunk_at_its_lane(positions):
+    """Random chunk products -> each head's 64-lane sum / sqrt(hd) of position j at
+    score_slot(j, h), zero in every other slot (also past position t in the last chunk), with
+    exactly score_lane_rotations rotations; the grouped split is never costlier than one group."""
+    rng = np.random.default_rng(positions)
+    chunks = DIMS.chunks(positions)
+    t = positions - 1
+    valid = [min(DIMS.per_chunk, t + 1 - c * DIMS.per_chunk) for c in range(chunks)]
+    prods = [rng.standard_normal(DIMS.slots) for _ in range(chunks)]
+    be = _SlotVectors()
+    out = shared_lane_sums(be, prods, valid, DIMS, lambda ct, make, target, key: ct * make(), 1.0)
+    want = np.zeros(DIMS.slots)
+    for j in range(positions):
+        c, b = divmod(j, DIMS.per_chunk)
+        for h in range(DIMS.heads):
+            g = DIMS.head_slot(h)
+            lanes = prods[c][BLOCK * b + 64 * g : BLOCK * b + 64 * g + 64]
+            want[score_slot(DIMS, j, h)] = lanes.sum() / 8.0
+    np.testing.assert_allclose(out, want, atol=1e-12)
+    assert be.rotations == score_lane_rotations(chunks, 6)
+    j = max(0, (chunks - 1).bit_length())
+    assert score_lane_rotations(chunks, 6) <= chunks * j + (chunks - 1) + (6 - j)
