@@ -508,8 +508,16 @@ class HEBackend(abc.ABC):
         ``Plaintext`` must be at the ciphertext's level (its scale multiplies in)."""
 
     @abc.abstractmethod
-    def multiply(self, a: Ciphertext, b: Ciphertext, rescale: bool = True) -> Ciphertext:
-        """ct x ct, relinearized, then (by default) rescaled one level."""
+    def multiply(
+        self, a: Ciphertext, b: Ciphertext, rescale: bool = True, relinearize: bool = True
+    ) -> Ciphertext:
+        """ct x ct, relinearized, then (by default) rescaled one level. ``relinearize=False``
+        leaves the three-polynomial product: a sum of such products needs one ``relinearize``
+        (a key switch) instead of one per product."""
+
+    @abc.abstractmethod
+    def relinearize(self, ct: Ciphertext) -> Ciphertext:
+        """A three-polynomial ciphertext back to two (needs the relinearization key)."""
 
     @abc.abstractmethod
     def rotate(self, ct: Ciphertext, step: int) -> Ciphertext:

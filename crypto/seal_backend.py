@@ -462,18 +462,30 @@ class SealBackend(HEBackend):
             self._ev.rescale_to_next_inplace(out)
         return self._wrap(out)
 
-    def multiply(self, a, b, rescale: bool = True) -> Ciphertext:
+    def multiply(self, a, b, rescale: bool = True, relinearize: bool = True) -> Ciphertext:
         self._require_eval_keys("relin")
         x, y = self._unwrap(a), self._unwrap(b)
         if self._level_of(x) != self._level_of(y):
             raise HEError("level mismatch")
+        if x.size() != 2 or y.size() != 2:
+            raise HEError("multiply needs relinearized (two-polynomial) operands")
         if rescale and self._level_of(x) == 0:
             raise HEError("no level left to rescale")
         out = self._new_ct()
         self._ev.multiply(x, y, out)
-        self._ev.relinearize_inplace(out, self._rk)
+        if relinearize:
+            self._ev.relinearize_inplace(out, self._rk)
         if rescale:
             self._ev.rescale_to_next_inplace(out)
+        return self._wrap(out)
+
+    def relinearize(self, ct) -> Ciphertext:
+        self._require_eval_keys("relin")
+        obj = self._unwrap(ct)
+        if obj.size() == 2:
+            return self._wrap(self._copy(obj))
+        out = self._new_ct()
+        self._ev.relinearize(obj, self._rk, out)
         return self._wrap(out)
 
     def _rotate_obj(self, obj, step: int):

@@ -53,7 +53,7 @@ Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at le
   Download masks are encoded at scale ~2^56 (``DOWNLOAD_SCALE``) so that their encoding error
   times the masked-out partial sums stays ~2^-26 absolute, far below the flooding noise.
   Download switched to level 1, re-randomized and flooded.
-* WEIGHTS (uploaded at 6): chunk c expanded by a rotation, a mask (5) and log2 P rotations;
+* WEIGHTS (uploaded at 6): chunk c expanded by a mask (5), a rotation to lane 0 and log2 P rotations;
   â = Σ_c E_c ⊙ V_c (4) (values in the "value blocks" of ``veil.crypto.layouts``: stride q,
   no gap); 16 right shifts by q summed (4 rotations) -> â with period q on [0, 5q); o = W_o â
   (3, folded, 144 plaintexts); cleaned (2) and replicated; h' = h + o at 2.
@@ -390,6 +390,8 @@ def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
     steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
     steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums
     steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
+    chunks = dims.max_positions // dims.per_chunk
+    steps |= set(range(1, min(N1, chunks))) | {N1 * a for a in range(1, chunks // N1 + 1)}  # weight chunk -> lane 0
     steps |= {1 << i for i in range(BLOCK.bit_length() - 1)}  # cyclic slot sums (with -BLOCK*2^i)
     steps |= set(replicate_rotation_steps(dims.d, dims.copies))
     steps |= set(replicate_rotation_steps(BLOCK, dims.per_chunk))
@@ -405,6 +407,7 @@ _OP_KIND = {
     "matvec": "matvec",
     "baby_steps": "matvec",
     "multiply": "ctct",
+    "relinearize": "ctct",
     "rotate": "rotations",
     "replicate": "rotations",
     "mask_for_refresh": "refresh",
@@ -789,28 +792,34 @@ class ProtectedExecutor:
         period = 1 << max(0, (n_chunks - 1).bit_length())
         lanes = np.arange(hd)
         acc = None
-        shifted = w
         for ci in range(n_chunks):
-            if ci:
-                shifted = be.rotate(shifted, 1)
             valid = min(dims.per_chunk, t + 1 - ci * dims.per_chunk)
+            r = ci % period
 
-            def expand_mask(valid=valid):
+            def expand_mask(valid=valid, r=r):
                 mask = np.zeros(dims.slots)
                 for bi in range(valid):
                     for h in range(dims.heads):
-                        mask[dims.value_base(bi) + hd * h + lanes[lanes % period == 0]] = 1.0
+                        mask[dims.value_base(bi) + hd * h + lanes[lanes % period == r]] = 1.0
                 return mask
 
-            pt = self._plain(be, ("expand", period, valid), be.level(shifted), self._prime(be, shifted), expand_mask)
-            e = be.multiply_plain(shifted, pt)  # 5
+            # mask first (6 -> 5), then move lane ci to lane 0 of its period: rotating at
+            # level 5 is ~1.4x cheaper than shifting the upload at level 6
+            pt = self._plain(be, ("expand", period, valid, r), be.level(w), self._prime(be, w), expand_mask)
+            e = be.multiply_plain(w, pt)  # 5
+            hi, lo = divmod(ci, N1)  # keys: 1..N1-1 (baby steps) and multiples of N1
+            if hi:
+                e = be.rotate(e, N1 * hi)
+            if lo:
+                e = be.rotate(e, lo)
             st = 1
             while st < period:
                 e = be.add(e, be.rotate(e, -st))
                 st *= 2
-            prod = be.multiply(e, kv.values[ci], rescale=False)
+            # unrelinearized: the sum needs one key switch instead of one per chunk
+            prod = be.multiply(e, kv.values[ci], rescale=False, relinearize=False)
             acc = prod if acc is None else be.add(acc, prod)
-        a = be.rescale(acc)  # 4
+        a = be.relinearize(be.rescale(acc))  # 4 (relinearized one level lower: cheaper)
         st = 1
         while st < dims.value_shifts:  # shift sum: â with period q on [0, value_span)
             a = be.add(a, be.rotate(a, -dims.qdim * st))

@@ -135,6 +135,23 @@ def test_ct_ct_multiply_rescale_modswitch(pair, rng):
     assert server.scale(c2) == P.scale
 
 
+def test_sum_of_unrelinearized_products_relinearized_once(pair, rng):
+    """Σ a_i b_i with one relinearization (after the rescale) equals the sum of relinearized
+    products; a three-polynomial ciphertext is refused as a product operand."""
+    client, server = pair
+    xs = [(rng.standard_normal(SLOTS), rng.standard_normal(SLOTS)) for _ in range(3)]
+    acc = None
+    for a, b in xs:
+        p = server.multiply(client.encrypt(a, level=2), client.encrypt(b, level=2), rescale=False, relinearize=False)
+        assert server.size(p) == 3
+        acc = p if acc is None else server.add(acc, p)
+    out = server.relinearize(server.rescale(acc))
+    assert server.size(out) == 2 and server.level(out) == 1
+    np.testing.assert_allclose(client.decrypt(out), sum(a * b for a, b in xs), atol=1e-4)
+    with pytest.raises(HEError, match="two-polynomial"):
+        server.multiply(acc, acc)
+
+
 def test_bsgs_split_and_steps():
     assert bsgs_split(576) == (24, 24)
     assert bsgs_split(1536, 24) == (24, 64)

@@ -76,16 +76,13 @@ def test_weights_layout_expands_like_the_server():
         chunks = DIMS.chunks(n)
         period = weights_period(chunks)
         lanes = np.arange(DIMS.head_dim)
-        shifted = packed
         for c in range(chunks):
-            if c:
-                shifted = _rot(shifted, 1)
             mask = np.zeros(DIMS.slots)
             for b in range(DIMS.per_chunk):
                 if c * DIMS.per_chunk + b < n:
                     for h in range(DIMS.heads):
-                        mask[DIMS.value_base(b) + 64 * h + lanes[lanes % period == 0]] = 1
-            e = shifted * mask
+                        mask[DIMS.value_base(b) + 64 * h + lanes[lanes % period == c % period]] = 1
+            e = _rot(packed * mask, c)  # lane c of each period -> lane 0
             st = 1
             while st < period:
                 e = e + _rot(e, -st)
