@@ -17,7 +17,7 @@ Layouts (slot indices of one ciphertext):
   slot ``g`` reads KV head ``g % kv_heads`` (``head_slot``: query head ``h`` of KV head
   ``h // group`` sits at slot ``(h % group) * kv_heads + h // group``): the keys and values
   of all query heads are then the ``kv_heads*hd`` KV lanes repeated ``group`` times, which
-  the server makes with two rotations instead of a ``group`` times taller W_k and W_v. The
+  the server makes with ``group - 1`` rotations instead of a ``group`` times taller W_k and W_v. The
   client never needs the order (softmax is per head); ``score_slot`` and ``pack_weights``
   take true head indices. The value cache uses the same chunks with the "value blocks" below.
 * **value blocks**: the value cache and the expanded softmax weights pack position ``j % 8`` of

@@ -564,7 +564,7 @@ class SealBackend(HEBackend):
         plaintexts: dict[int, object] = {}
         nbytes = 0
         per_block = plan.diagonals_per_block
-        owners = plan.diagonal_owners() if plan.layout in ("folded", "wide") else [list(range(cols))]
+        owners = plan.diagonal_owners()  # "bsgs": one block holding every diagonal
         for u in range(per_block):
             g = u // plan.n1
             buf = np.zeros(self._slots, dtype=np.float64)

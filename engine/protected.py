@@ -391,7 +391,7 @@ def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
     steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums
     steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
     chunks = dims.max_positions // dims.per_chunk
-    steps |= set(range(1, min(N1, chunks))) | {N1 * a for a in range(1, chunks // N1 + 1)}  # weight chunk -> lane 0
+    steps |= set(range(1, min(N1, chunks))) | {N1 * a for a in range(1, (chunks - 1) // N1 + 1)}  # weight chunk -> lane 0
     steps |= {1 << i for i in range(BLOCK.bit_length() - 1)}  # cyclic slot sums (with -BLOCK*2^i)
     steps |= set(replicate_rotation_steps(dims.d, dims.copies))
     steps |= set(replicate_rotation_steps(BLOCK, dims.per_chunk))
@@ -794,9 +794,8 @@ class ProtectedExecutor:
         acc = None
         for ci in range(n_chunks):
             valid = min(dims.per_chunk, t + 1 - ci * dims.per_chunk)
-            r = ci % period
 
-            def expand_mask(valid=valid, r=r):
+            def expand_mask(valid=valid, r=ci):  # ci < period: chunk ci sits at lanes ≡ ci
                 mask = np.zeros(dims.slots)
                 for bi in range(valid):
                     for h in range(dims.heads):
@@ -805,7 +804,7 @@ class ProtectedExecutor:
 
             # mask first (6 -> 5), then move lane ci to lane 0 of its period: rotating at
             # level 5 is ~1.4x cheaper than shifting the upload at level 6
-            pt = self._plain(be, ("expand", period, valid, r), be.level(w), self._prime(be, w), expand_mask)
+            pt = self._plain(be, ("expand", period, valid, ci), be.level(w), self._prime(be, w), expand_mask)
             e = be.multiply_plain(w, pt)  # 5
             hi, lo = divmod(ci, N1)  # keys: 1..N1-1 (baby steps) and multiples of N1
             if hi:

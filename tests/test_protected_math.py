@@ -177,7 +177,7 @@ class _SlotVectors:
 def test_shared_lane_sums_place_every_chunk_at_its_lane(positions):
     """Random chunk products -> each head's 64-lane sum / sqrt(hd) of position j at
     score_slot(j, h), zero in every other slot (also past position t in the last chunk), with
-    exactly score_lane_rotations rotations; the grouped split is never costlier than one group."""
+    exactly score_lane_rotations rotations."""
     rng = np.random.default_rng(positions)
     chunks = DIMS.chunks(positions)
     t = positions - 1
@@ -194,5 +194,3 @@ def test_shared_lane_sums_place_every_chunk_at_its_lane(positions):
             want[score_slot(DIMS, j, h)] = lanes.sum() / 8.0
     np.testing.assert_allclose(out, want, atol=1e-12)
     assert be.rotations == score_lane_rotations(chunks, 6)
-    j = max(0, (chunks - 1).bit_length())
-    assert score_lane_rotations(chunks, 6) <= chunks * j + (chunks - 1) + (6 - j)
