@@ -127,7 +127,7 @@ def run_session(client, prompt: list[int], new_tokens: int, reference_logits, ur
         "ttft_s": times[0] - t0, "tpot_s": distribution(gaps), "itl_s": distribution(gaps),
         "e2el_s": times[-1] - t0,
         "bytes_up_per_token": up / n, "bytes_down_per_token": down / n, "bytes_per_token": (up + down) / n,
-        "prefill_bytes": prefill[0] + prefill[1],
+        "prefill_bytes": prefill[0] + prefill[1], "prefill_round_trips": prefill[2],
         "round_trips_per_token": (stats.round_trips - prefill[2]) / n,
         "client_cpu_s_per_token": (stats.client_cpu_s - prefill[3]) / n,
         "setup_bytes": client.setup_bytes if protected else 0,
@@ -143,9 +143,11 @@ NOT_FIGURES = ("tokens", "context", "new_tokens", "requests")
 
 
 def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_tokens: int, ckpt=None,
-                        progress=print, reference_logits=None, server_args: list[str] | None = None) -> dict:
+                        progress=print, reference_logits=None, server_args: list[str] | None = None,
+                        prefill_span: int | None = None) -> dict:
     """Run every (path, context) against one server subprocess; returns results by path."""
     from veil.client.sdk import VeilClient
+    from veil.crypto.wire import MAX_SPAN
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.split import client_half_from
 
@@ -158,7 +160,8 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
         try:
             for path in paths:
                 mode = PATH_MODES[path]
-                with VeilClient(url, key, mode=mode, half=half, timeout_s=3600) as client:
+                with VeilClient(url, key, mode=mode, half=half, timeout_s=3600,
+                                prefill_span=prefill_span or MAX_SPAN) as client:
                     if mode == "protected":
                         t = time.perf_counter()
                         client.generate_keys()
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the server's plaintext paged KV pool (veil serve --kv-cache-gb; default 2): only "
                         "the split-plain runs use it, and a few hundred tokens need ~15 MB, so the default "
                         "here keeps 1.75 GB of preallocated, unused pool out of the protected server's RSS")
+    p.add_argument("--prefill-span", type=int, default=None,
+                   help="protected: prompt positions per round trip (default and most: veil.crypto.wire.MAX_SPAN)")
     p.add_argument("--out", type=Path, default=Path("bench_out/protected_overhead.json"))
     args = p.parse_args(argv)
     paths = [x for x in args.paths.split(",") if x]
@@ -201,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     res = measure_split_paths(paths, args.k, contexts, args.max_new_tokens,
                               progress=lambda m: print(m, file=sys.stderr, flush=True),
-                              server_args=["--kv-cache-gb", str(args.server_kv_cache_gb)])
+                              server_args=["--kv-cache-gb", str(args.server_kv_cache_gb)],
+                              prefill_span=args.prefill_span)
     results = {"schema": "veil.protected_overhead/1", "machine": machine_facts(), "k": args.k,
+               "prefill_span": args.prefill_span,
                "param_set": PROTECTED_PARAMS.id, "paths": {p_: res[p_] for p_ in paths if p_ in res},
                "server_peak_rss_bytes": res["server_peak_rss_bytes"],
                "server_kv_cache_gb": args.server_kv_cache_gb,

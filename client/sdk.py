@@ -7,8 +7,9 @@ to what comes back. Sampling happens here; the server never sees token ids.
 Two modes:
 * ``plaintext``: one round trip per step carries the hidden states in the clear (trusted tenants).
 * ``protected``: PROTOCOL.md. The client generates a CKKS key pair (the secret key stays in this
-  process), uploads its public evaluation keys once, and drives ``2(L-k)+1`` round trips per
-  token with ``veil.engine.protected_client.ProtectedClientState``, which decrypts only the values
+  process), uploads its public evaluation keys once, and drives ``3(L-k)`` round trips per
+  decode token, or per prompt span of up to ``MAX_SPAN`` positions, with
+  ``veil.engine.protected_client.ProtectedClientState``, which decrypts only the values
   PROTOCOL.md lists and computes the norms, softmax and SiLU.
 """
 
@@ -26,6 +27,7 @@ import torch
 
 from veil.crypto.wire import (
     CONTENT_TYPE,
+    MAX_SPAN,
     HiddenReply,
     HiddenStep,
     ProtectedMessage,
@@ -137,7 +139,8 @@ class SplitSession:
 
 class ProtectedSession(SplitSession):
     """One server session of the protected path: local layers [0, k) in the clear, layers [k, L)
-    on the server on ciphertexts under this client's key, ``2(L-k)+1`` round trips per token."""
+    on the server on ciphertexts under this client's key, ``3(L-k)`` round trips per step: a
+    decode token, or a prompt span of up to ``prefill_span`` positions."""
 
     def __init__(self, client: VeilClient, sid: str, info: dict):
         from veil.engine.protected_client import ProtectedClientState
@@ -145,14 +148,16 @@ class ProtectedSession(SplitSession):
         super().__init__(client, sid, info)
         cfg = client.cfg
         self.state = ProtectedClientState(client.he, cfg, client.half.k, cfg.num_layers, sid, record_values=False)
+        self.span = min(client.prefill_span, int(info.get("max_span", 1)))
         # the audit trail of what this client decrypted (kinds only), for tests and the curious
         client.last_protected_transcript = self.state.transcript
 
     def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
         model = self.client.model
         h, local_kv, _ = self._local_layers(ids, stats)
-        for row in h.double().numpy():  # one position at a time (multi-token packing: not yet)
-            h_last = self._position(row, stats)
+        rows = h.double().numpy()
+        for a in range(0, len(rows), self.span):  # a prompt goes up in spans of several positions
+            h_last = self._span(rows[a : a + self.span], stats)
         self.local_kv, self.pos = local_kv, self.pos + len(ids)
         cpu = time.thread_time()
         with torch.inference_mode():
@@ -161,10 +166,12 @@ class ProtectedSession(SplitSession):
             stats.client_cpu_s += time.thread_time() - cpu
         return logits
 
-    def _position(self, h: np.ndarray, stats: GenerationStats | None) -> np.ndarray:
+    def _span(self, rows: np.ndarray, stats: GenerationStats | None) -> np.ndarray:
+        """Run positions ``rows`` (one row each) through the server's layers together: every
+        round trip carries all of them. Returns h_L of the last one."""
         c = self.client
         cpu = time.thread_time()
-        msg = self.state.token_message(h)
+        msg = self.state.token_message(rows)
         while True:
             body = msg.to_bytes()
             if stats is not None:
@@ -189,9 +196,12 @@ class ProtectedSession(SplitSession):
 class VeilClient:
     def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
-                 half: ClientHalf | None = None):
+                 half: ClientHalf | None = None, prefill_span: int = MAX_SPAN):
         if mode not in ("plaintext", "protected"):
             raise ValueError(f"mode must be 'plaintext' or 'protected', not {mode!r}")
+        if not 1 <= prefill_span <= MAX_SPAN:
+            raise ValueError(f"prefill_span must be 1..{MAX_SPAN}")
+        self.prefill_span = prefill_span  # protected: prompt positions per round trip
         self.mode = mode
         self.he = None  # protected: this client's CKKS backend, holding the secret key
         self.last_protected_transcript: list = []

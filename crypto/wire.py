@@ -155,7 +155,11 @@ class HiddenReply:
 #: Message kinds of the protected protocol; the upload kinds travel client -> server.
 PROTECTED_UPLOAD_KINDS = ("token", "weights", "mlp_in", "refreshed")
 PROTECTED_KINDS = (*PROTECTED_UPLOAD_KINDS, "scores", "mlp", "refresh", "final")
-_MAX_CTS = 4  # the most ciphertexts a protected message may carry (each carries one today)
+#: The most positions one protected message may carry (a prefill span; decode steps carry one).
+#: Bounds the server's per-step work and memory: every position holds its own residual
+#: ciphertexts (~2 MB at the layer-start level) while its span is in flight.
+MAX_SPAN = 8
+_MAX_CTS = 2 * MAX_SPAN  # the most ciphertexts a protected message may carry
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,7 @@ class CtPayload:
     tag: str
     level: int
     data: bytes = field(repr=False)
+    token: int = 0  # which position of the message's span (0 .. count-1) it belongs to
 
 
 @dataclass(frozen=True)
@@ -180,21 +185,26 @@ class ProtectedMessage:
     cts: tuple[CtPayload, ...]
     params_id: str = ""
     version: int = PROTOCOL_VERSION
+    count: int = 1  # positions [position, position + count): a prefill span, or one decode step
 
     @property
     def nbytes(self) -> int:
         return sum(len(c.data) for c in self.cts)
 
-    def ct(self, tag: str) -> CtPayload:
+    def ct(self, tag: str, token: int = 0) -> CtPayload:
         for c in self.cts:
-            if c.tag == tag:
+            if c.tag == tag and c.token == token:
                 return c
-        raise WireError(f"{self.kind} message lacks a {tag!r} ciphertext")
+        raise WireError(f"{self.kind} message lacks a {tag!r} ciphertext for span position {token}")
+
+    def tokens_with(self, tag: str) -> list[int]:
+        """The span positions that carry a ``tag`` ciphertext, in order."""
+        return sorted(c.token for c in self.cts if c.tag == tag)
 
     def to_bytes(self) -> bytes:
         return pack({"v": self.version, "session": self.session_id, "step": self.step, "kind": self.kind,
-                     "layer": self.layer, "position": self.position, "params": self.params_id,
-                     "cts": [{"tag": c.tag, "level": c.level, "data": c.data} for c in self.cts]})
+                     "layer": self.layer, "position": self.position, "count": self.count, "params": self.params_id,
+                     "cts": [{"tag": c.tag, "level": c.level, "token": c.token, "data": c.data} for c in self.cts]})
 
     @classmethod
     def from_bytes(cls, data: bytes, *, max_bytes: int, kinds: tuple[str, ...] = PROTECTED_KINDS) -> ProtectedMessage:
@@ -208,6 +218,9 @@ class ProtectedMessage:
         step, layer, position = _int(msg, "step"), _int(msg, "layer"), _int(msg, "position")
         if step < 0 or layer < 0 or position < 0:
             raise WireError("step, layer and position must be non-negative")
+        count = _int(msg, "count") if "count" in msg else 1
+        if not 1 <= count <= MAX_SPAN:
+            raise WireError(f"'count' must be 1..{MAX_SPAN} positions")
         recs = msg.get("cts")
         if not isinstance(recs, list) or not 0 < len(recs) <= _MAX_CTS:
             raise WireError(f"'cts' must be a list of 1..{_MAX_CTS} ciphertexts")
@@ -215,15 +228,17 @@ class ProtectedMessage:
         for rec in recs:
             if not isinstance(rec, dict):
                 raise WireError("a ciphertext record must be a map")
-            tag, level, blob = rec.get("tag"), rec.get("level"), rec.get("data")
+            tag, level, blob, token = rec.get("tag"), rec.get("level"), rec.get("data"), rec.get("token", 0)
             if not isinstance(tag, str) or not isinstance(level, int) or isinstance(level, bool) or level < 0:
                 raise WireError("a ciphertext record needs a string 'tag' and a non-negative integer 'level'")
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < count:
+                raise WireError(f"a ciphertext record's 'token' must be an integer in 0..{count - 1}")
             if not isinstance(blob, bytes | bytearray) or not blob:
                 raise WireError("a ciphertext record's 'data' must be non-empty bytes")
-            cts.append(CtPayload(tag, level, bytes(blob)))
-        if len({c.tag for c in cts}) != len(cts):
+            cts.append(CtPayload(tag, level, bytes(blob), token))
+        if len({(c.tag, c.token) for c in cts}) != len(cts):
             raise WireError("duplicate ciphertext tags")
-        return cls(kind, session, step, layer, position, tuple(cts), params, msg["v"])
+        return cls(kind, session, step, layer, position, tuple(cts), params, msg["v"], count)
 
 
 def public_material_to_bytes(material) -> bytes:

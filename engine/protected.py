@@ -102,10 +102,11 @@ from veil.crypto.layouts import (
     SIGMA2_DIV,
     LayoutDims,
 )
-from veil.crypto.wire import CtPayload, ProtectedMessage
+from veil.crypto.wire import MAX_SPAN, CtPayload, ProtectedMessage
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "MAX_SPAN",
     "MsgKind",
     "CtPayload",
     "ProtectedMessage",
@@ -179,6 +180,7 @@ class MsgKind:
 class Tag:
     H_IN = "h_in"
     SCORES_SIGMA = "scores_sigma"
+    SIGMA = "sigma"  # σ alone: a prefill position that ends at the last layer's KV append
     W = "softmax_w"
     U_SIGMA2 = "u_sigma2"
     MASKED_H = "masked_h"
@@ -500,7 +502,11 @@ class LayerKV:
 
 @dataclass
 class ProtectedSession:
-    """One conversation: encrypted KV cache per layer and the protocol state machine."""
+    """One conversation: encrypted KV cache per layer and the protocol state machine.
+
+    A step covers a *span* of ``count`` consecutive positions from ``position`` (one for a
+    decode step, up to ``MAX_SPAN`` for a prefill step). Per-position state is keyed by the
+    position's index in the span."""
 
     id: str
     kv: dict[int, LayerKV]
@@ -510,9 +516,11 @@ class ProtectedSession:
     step: int = -1  # last accepted client step id
     expect: str = MsgKind.TOKEN
     layer: int = 0
-    position: int = 0
-    h: Ciphertext | None = None  # clean replicated h (level 7), after WEIGHTS h' (level 2)
-    refresh_mask: RefreshMask | None = None  # ρ of the h'' awaiting its REFRESHED upload
+    position: int = 0  # first position of the span in flight
+    count: int = 1  # positions in the span
+    # clean replicated h (level 7), after WEIGHTS h' (level 2), of the span's active positions
+    h: dict[int, Ciphertext] = field(default_factory=dict)
+    refresh_mask: dict[int, RefreshMask] = field(default_factory=dict)  # ρ of h'' awaiting REFRESHED
     kv_bytes: int = 0
     be: TimedBackend | None = field(default=None, repr=False)  # evaluates with this session's keys
 
@@ -614,14 +622,16 @@ class ProtectedExecutor:
         if msg.kind == MsgKind.TOKEN:
             if msg.position != s.length or msg.layer != self.first:
                 raise ProtocolError("token message for the wrong position or layer")
-            if s.length >= s.max_positions:
+            if not 1 <= msg.count <= MAX_SPAN:
+                raise MessageError(f"a step carries 1..{MAX_SPAN} positions, not {msg.count}")
+            if s.length + msg.count > s.max_positions:
                 raise LimitExceeded(f"context would exceed max_protected_context={s.max_positions} positions")
-        elif msg.layer != s.layer or msg.position != s.position:
-            raise ProtocolError("message for the wrong layer or position")
+        elif msg.layer != s.layer or msg.position != s.position or msg.count != s.count:
+            raise ProtocolError("message for the wrong layer or positions")
         be = s.be
         if msg.kind == MsgKind.TOKEN:
-            h = self._load(be, msg.ct(Tag.H_IN), self.levels.h)
-            reply = self._start_layer(s, self.first, msg.position, h, msg.step)
+            hs = self._load_all(be, msg, Tag.H_IN, range(msg.count), self.levels.h)
+            reply = self._start_layer(s, self.first, msg.position, hs, msg.step)
         elif msg.kind == MsgKind.WEIGHTS:
             reply = self._attend(s, msg)
         elif msg.kind == MsgKind.MLP_IN:
@@ -631,17 +641,31 @@ class ProtectedExecutor:
         s.step = msg.step
         return reply
 
+    def active(self, layer: int, count: int) -> list[int]:
+        """The span positions that go past their KV append at ``layer``: all of them, except at
+        the last layer, where only the span's last position does (the others' outputs feed no
+        later layer and no logits; their keys and values and σ are all the future needs)."""
+        return list(range(count)) if layer + 1 < self.last else [count - 1]
+
     def _load(self, be, payload: CtPayload, level: int) -> Ciphertext:
         if payload.level != level:
             raise MessageError(f"{payload.tag}: level {payload.level}, expected {level}")
         return be.deserialize(payload.data, level=level, scale=self.scale)
 
-    def _send(self, be, ct: Ciphertext, tag: str, level: int) -> CtPayload:
+    def _load_all(self, be, msg: ProtectedMessage, tag: str, tokens, level: int) -> dict[int, Ciphertext]:
+        """Every ``tag`` ciphertext of the span, validated before any work (a bad one leaves the
+        session as it was)."""
+        tokens = list(tokens)
+        if msg.tokens_with(tag) != tokens or len(msg.cts) != len(tokens):
+            raise MessageError(f"{msg.kind} message must carry one {tag!r} ciphertext for span positions {tokens}")
+        return {i: self._load(be, msg.ct(tag, i), level) for i in tokens}
+
+    def _send(self, be, ct: Ciphertext, tag: str, level: int, token: int = 0) -> CtPayload:
         """Mod-switch to the download level, re-randomize and flood: noise std
         ``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units, i.e. ~2^-11.5 absolute per slot."""
         ct = be.mod_switch_to(ct, level) if be.level(ct) > level else ct
         ct = be.rerandomize(ct, float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE)
-        return CtPayload(tag, level, be.serialize(ct))
+        return CtPayload(tag, level, be.serialize(ct), token)
 
     # ---- helpers -----------------------------------------------------------------------------
     def _prime(self, be, ct: Ciphertext) -> float:
@@ -711,10 +735,55 @@ class ProtectedExecutor:
         return acc
 
     # ---- segment A: layer start -> scores download -----------------------------------------
-    def _start_layer(self, s: ProtectedSession, layer: int, t: int, h: Ciphertext, step: int) -> ProtectedMessage:
-        """``h``: the layer input, clean and replicated (``hidden_layout``) at level 7."""
-        be, dims, L = s.be, self.dims, self.layers[layer - self.first]
-        d, hd, q, kvd = dims.d, dims.head_dim, dims.qdim, dims.kv_dim
+    def _start_layer(self, s: ProtectedSession, layer: int, t0: int, hs: dict[int, Ciphertext],
+                     step: int) -> ProtectedMessage:
+        """``hs``: the layer inputs of the span positions ``t0 + i``, clean and replicated
+        (``hidden_layout``) at level 7. Every position's key and value are appended before any
+        score is computed, so position ``t0 + i`` sees its span predecessors; the class masks
+        of the score sums drop the positions after it (the causal mask)."""
+        be, L, count = s.be, self.layers[layer - self.first], len(hs)
+        kv = s.kv[layer]
+        keys, values = list(kv.keys), list(kv.values)
+        added = 0
+        active = self.active(layer, count)
+        q_hats = {}
+        for i, h in hs.items():
+            q_hat, k_hat, v_hat = self._qkv(be, L, h, t0 + i, want_q=i in active)
+            if q_hat is not None:
+                q_hats[i] = q_hat
+            c, b = divmod(t0 + i, self.dims.per_chunk)
+            k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b, self.dims.qdim)
+            if c < len(keys):
+                keys[c], values[c] = be.add(keys[c], k_hat), be.add(values[c], v_hat)
+            else:
+                keys.append(k_hat)
+                values.append(v_hat)
+                added += _ct_bytes(be, k_hat) + _ct_bytes(be, v_hat)
+        if s.kv_bytes + added > s.max_kv_bytes:
+            raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
+                                f"{s.max_kv_bytes}")
+        if added and self.kv_bytes_total + added > self.max_kv_bytes_total:
+            raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed max_protected_kv_bytes_total="
+                                   f"{self.max_kv_bytes_total}")
+        payloads = []
+        for i, h in hs.items():
+            scores = self._scores(be, q_hats[i], keys, t0 + i) if i in active else None
+            out = self._sigma(be, h, scores)
+            tag = Tag.SCORES_SIGMA if scores is not None else Tag.SIGMA
+            payloads.append(self._send(be, out, tag, self.levels.scores_download, token=i))
+
+        # commit
+        kv.keys, kv.values = keys, values
+        s.kv_bytes += added
+        s.h = {i: hs[i] for i in active}
+        s.layer, s.position, s.count, s.expect = layer, t0, count, MsgKind.WEIGHTS
+        return ProtectedMessage(MsgKind.SCORES, s.id, step, layer, t0, tuple(payloads), self.params_id, count=count)
+
+    def _qkv(self, be, L: ProtectedLayer, h: Ciphertext, t: int, want_q: bool):
+        """q̂ (or None), k̂ and v̂ of position ``t``: k̂ at [0, q), v̂ in the value frame, both
+        repeated for the head slots and not yet moved to their block of the KV chunk."""
+        dims = self.dims
+        hd, q, kvd = dims.head_dim, dims.qdim, dims.kv_dim
         y = be.matvec(L.wqkv, h)  # 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after
         cos, sin = rope_cos_sin(self.cfg, t)
         lane = np.arange(q) % hd
@@ -734,60 +803,54 @@ class ProtectedExecutor:
                 acc = prod if acc is None else be.add(acc, prod)
             return be.rescale(acc)
 
-        q_hat = rope(0, q)  # [0, q), level 5
+        q_hat = rope(0, q) if want_q else None  # [0, q), level 5
         # KV lanes repeated for the head slots (slot g reads KV head g % kv_heads), then moved
         # to [0, q) (keys) and to the value block frame (values): 3 rotations each
         k_hat = be.rotate(self._repeat_kv(be, rope(q, kvd)), kvd)
         v_mask = self._plain(be, "v_lanes", be.level(y), self._prime(be, y), lambda: self._mask([(q + kvd, q + 2 * kvd)]))
         v_hat = be.rotate(self._repeat_kv(be, be.multiply_plain(y, v_mask)), 2 * kvd - dims.value_offset)
-        c, b = divmod(t, dims.per_chunk)
-        k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b, q)
-        kv = s.kv[layer]
-        keys, values = list(kv.keys), list(kv.values)
-        added = 0
-        if c < len(keys):
-            keys[c], values[c] = be.add(keys[c], k_hat), be.add(values[c], v_hat)
-        else:
-            keys.append(k_hat)
-            values.append(v_hat)
-            added = _ct_bytes(be, k_hat) + _ct_bytes(be, v_hat)
-        if s.kv_bytes + added > s.max_kv_bytes:
-            raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
-                                f"{s.max_kv_bytes}")
-        if added and self.kv_bytes_total + added > self.max_kv_bytes_total:
-            raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed max_protected_kv_bytes_total="
-                                   f"{self.max_kv_bytes_total}")
+        return q_hat, k_hat, v_hat
 
-        # scores ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head
+    def _scores(self, be, q_hat: Ciphertext, keys: list, t: int) -> Ciphertext:
+        """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (level 1)."""
+        dims = self.dims
         q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.kv - 1)
-        n_chunks = c + 1
+        n_chunks = t // dims.per_chunk + 1
         valid = [min(dims.per_chunk, t + 1 - ci * dims.per_chunk) for ci in range(n_chunks)]
         prods = [be.multiply(q_rep, be.mod_switch_to(keys[ci], self.levels.kv - 1)) for ci in range(n_chunks)]  # 3
 
         def select(ct, make, target, key):
             return self._select(be, ct, make, target, key=key)
 
-        scores = shared_lane_sums(be, prods, valid, dims, select, DOWNLOAD_SCALE)  # 1
-        # σ_t / d at slot d: every slot of the cyclic sum holds copies * σ (nothing partial)
-        h_low = be.mod_switch_to(h, be.level(scores) + 2)
+        return shared_lane_sums(be, prods, valid, dims, select, DOWNLOAD_SCALE)  # 1
+
+    def _sigma(self, be, h: Ciphertext, scores: Ciphertext | None) -> Ciphertext:
+        """σ_t / d at slot ``sigma_slot`` (added to the scores when there are any): every slot of
+        the cyclic sum holds copies * σ (nothing partial)."""
+        dims = self.dims
+        h_low = be.mod_switch_to(h, self.levels.scores_download + 2)
         sq = self._sum_all(be, be.multiply(h_low, h_low))  # 2
         sig = np.zeros(dims.slots)
-        sig[dims.sigma_slot] = 1.0 / (d * dims.copies)
-        scores = be.add(scores, self._select(be, sq, sig, DOWNLOAD_SCALE, key="sigma"))
-        payload = self._send(be, scores, Tag.SCORES_SIGMA, self.levels.scores_download)
-
-        # commit
-        kv.keys, kv.values = keys, values
-        s.kv_bytes += added
-        s.h, s.layer, s.position, s.expect = h, layer, t, MsgKind.WEIGHTS
-        return ProtectedMessage(MsgKind.SCORES, s.id, step, layer, t, (payload,), self.params_id)
+        sig[dims.sigma_slot] = 1.0 / (dims.d * dims.copies)
+        out = self._select(be, sq, sig, DOWNLOAD_SCALE, key="sigma")  # 1
+        return out if scores is None else be.add(scores, out)
 
     # ---- segment B: weights -> MLP download ----------------------------------------------------
     def _attend(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
-        be, dims, L = s.be, self.dims, self.layers[s.layer - self.first]
-        d, hd, t = dims.d, dims.head_dim, s.position
-        w = self._load(be, msg.ct(Tag.W), self.levels.w)
-        kv = s.kv[s.layer]
+        be, L = s.be, self.layers[s.layer - self.first]
+        ws = self._load_all(be, msg, Tag.W, sorted(s.h), self.levels.w)
+        h_primes, payloads = {}, []
+        for i, w in ws.items():
+            h_primes[i], out = self._attend_one(be, L, s.kv[s.layer], s.h[i], w, s.position + i)
+            payloads.append(self._send(be, out, Tag.U_SIGMA2, self.levels.mlp_download, token=i))
+        s.h, s.expect = h_primes, MsgKind.MLP_IN
+        return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, s.position, tuple(payloads), self.params_id,
+                                count=s.count)
+
+    def _attend_one(self, be, L: ProtectedLayer, kv: LayerKV, h: Ciphertext, w: Ciphertext, t: int):
+        """Weighted values, W_o and the residual for position ``t``; returns (h', [û, σ'])."""
+        dims = self.dims
+        d, hd = dims.d, dims.head_dim
         n_chunks = t // dims.per_chunk + 1
         period = 1 << max(0, (n_chunks - 1).bit_length())
         lanes = np.arange(hd)
@@ -825,7 +888,7 @@ class ProtectedExecutor:
             st *= 2
         o = be.matvec(L.wo, a)  # 3, folded
         o = be.replicate(self._select(be, o, self._mask([(0, d)]), key="first_d"), d, dims.copies)  # 2
-        h_prime = be.add(be.mod_switch_to(s.h, be.level(o)), o)
+        h_prime = be.add(be.mod_switch_to(h, be.level(o)), o)
         # σ' and û
         f = dims.ffn
         # σ'/(8d) in every slot: a constant factor, no 0/1 mask (a mask's encoding error times
@@ -835,40 +898,44 @@ class ProtectedExecutor:
         u = be.matvec(L.wgu, h_prime)  # 1, folded
         out = be.add(self._select(be, u, self._mask([(0, 2 * f)]), key="first_2f"),
                      self._select(be, sq, sig, key="sigma2"))  # 0
-        p_u = self._send(be, out, Tag.U_SIGMA2, self.levels.mlp_download)
-        s.h, s.expect = h_prime, MsgKind.MLP_IN
-        return ProtectedMessage(MsgKind.MLP, s.id, msg.step, s.layer, t, (p_u,), self.params_id)
+        return h_prime, out
 
     # ---- segment C: m -> h'' masked for its refresh, or h_L ------------------------------------
     def _finish_layer(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
         be, d = s.be, self.dims.d
         L = self.layers[s.layer - self.first]
-        m = self._load(be, msg.ct(Tag.M), self.levels.m)
-        down = be.matvec(L.wdown, m)  # 3, wide: partial sums outside [0, d)
+        ms = self._load_all(be, msg, Tag.M, sorted(s.h), self.levels.m)
+        downs = {i: be.matvec(L.wdown, m) for i, m in ms.items()}  # 3, wide: partial sums outside [0, d)
         if s.layer + 1 < self.last:
-            y = be.replicate(self._select(be, down, self._mask([(0, d)]), key="first_d"), d, self.dims.copies)  # 2
-            h2 = be.add(s.h, y)  # h'' at 2: clean, replicated
-            masked, rho = be.mask_for_refresh(h2)
-            payload = CtPayload(Tag.MASKED_H, be.level(masked), be.serialize(masked))
-            s.h, s.refresh_mask, s.expect = None, rho, MsgKind.REFRESHED
-            return ProtectedMessage(MsgKind.REFRESH, s.id, msg.step, s.layer, s.position, (payload,), self.params_id)
+            payloads, masks = [], {}
+            for i, down in downs.items():
+                y = be.replicate(self._select(be, down, self._mask([(0, d)]), key="first_d"), d, self.dims.copies)  # 2
+                h2 = be.add(s.h[i], y)  # h'' at 2: clean, replicated
+                masked, masks[i] = be.mask_for_refresh(h2)
+                payloads.append(CtPayload(Tag.MASKED_H, be.level(masked), be.serialize(masked), i))
+            s.h, s.refresh_mask, s.expect = {}, masks, MsgKind.REFRESHED
+            return ProtectedMessage(MsgKind.REFRESH, s.id, msg.step, s.layer, s.position, tuple(payloads),
+                                    self.params_id, count=s.count)
         # h_L = h' + W_down m, both cleaned at the download scale (see DOWNLOAD_SCALE)
         only_h = self._mask([(0, d)])
-        h_out = self._select(be, s.h, only_h, DOWNLOAD_SCALE, key="first_d")  # 1
-        down = self._select(be, down, only_h, DOWNLOAD_SCALE, key="first_d")  # 2
-        h_out = be.add(h_out, be.mod_switch_to(down, be.level(h_out)))
-        payload = self._send(be, h_out, Tag.H_FINAL, self.levels.final_download)
-        s.length = s.position + 1
-        s.h, s.expect, s.layer = None, MsgKind.TOKEN, self.first
-        return ProtectedMessage(MsgKind.FINAL, s.id, msg.step, self.last, s.position, (payload,), self.params_id)
+        payloads = []
+        for i, down in downs.items():
+            h_out = self._select(be, s.h[i], only_h, DOWNLOAD_SCALE, key="first_d")  # 1
+            down = self._select(be, down, only_h, DOWNLOAD_SCALE, key="first_d")  # 2
+            h_out = be.add(h_out, be.mod_switch_to(down, be.level(h_out)))
+            payloads.append(self._send(be, h_out, Tag.H_FINAL, self.levels.final_download, token=i))
+        s.length = s.position + s.count
+        s.h, s.expect, s.layer = {}, MsgKind.TOKEN, self.first
+        return ProtectedMessage(MsgKind.FINAL, s.id, msg.step, self.last, s.position, tuple(payloads),
+                                self.params_id, count=s.count)
 
     # ---- segment D: refreshed h'' -> next layer ------------------------------------------------
     def _next_layer(self, s: ProtectedSession, msg: ProtectedMessage) -> ProtectedMessage:
         be = s.be
-        hf = self._load(be, msg.ct(Tag.H_REFRESHED), self.levels.h)
-        h = be.unmask_refresh(hf, s.refresh_mask)
-        reply = self._start_layer(s, s.layer + 1, s.position, h, msg.step)  # commits
-        s.refresh_mask = None
+        hfs = self._load_all(be, msg, Tag.H_REFRESHED, sorted(s.refresh_mask), self.levels.h)
+        hs = {i: be.unmask_refresh(hf, s.refresh_mask[i]) for i, hf in hfs.items()}
+        reply = self._start_layer(s, s.layer + 1, s.position, hs, msg.step)  # commits
+        s.refresh_mask = {}
         return reply
 
     def kv_bytes(self, s: ProtectedSession) -> int:

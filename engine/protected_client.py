@@ -28,6 +28,7 @@ from veil.crypto.layouts import (
 )
 from veil.engine.protected import (
     LEVELS,
+    MAX_SPAN,
     CtPayload,
     Levels,
     MsgKind,
@@ -50,6 +51,7 @@ ALLOWED_KINDS = frozenset({"sigma", "scores", "sigma_prime", "u_gate", "u_up", "
 
 _TAG_KINDS = {
     Tag.SCORES_SIGMA: ("sigma", "scores"),
+    Tag.SIGMA: ("sigma",),
     Tag.U_SIGMA2: ("sigma_prime", "u_gate", "u_up"),
     Tag.MASKED_H: ("masked_h",),
     Tag.H_FINAL: ("h_final",),
@@ -106,18 +108,20 @@ class ProtectedClientState:
         self.dims = dims_of(cfg, backend.params.slot_count)
         self.eps = cfg.rms_norm_eps
         self.r: dict[int, list[float]] = {i: [] for i in range(first, last)}
-        self.position = 0
+        self.position = 0  # first position of the span in flight
+        self.count = 1  # positions in the span
         self.step = 0
         self.transcript: list[Decryption] = []
         self.record_values = record_values  # False: the audit keeps kinds only (long sessions)
         self.bytes_up = 0
         self.bytes_down = 0
-        self._pending_r: dict[int, float] = {}
+        self._pending_r: dict[int, list[float]] = {}
 
     # ---- helpers -----------------------------------------------------------------------------
     def _msg(self, kind: str, layer: int, cts: tuple[CtPayload, ...]) -> ProtectedMessage:
         self.step += 1
-        msg = ProtectedMessage(kind, self.session_id, self.step, layer, self.position, cts, self.be.params.id)
+        msg = ProtectedMessage(kind, self.session_id, self.step, layer, self.position, cts, self.be.params.id,
+                               count=self.count)
         self.bytes_up += msg.nbytes
         return msg
 
@@ -127,20 +131,40 @@ class ProtectedClientState:
             raise ProtocolError(f"the client does not decrypt {payload.tag!r}")
         ct = self.be.deserialize(payload.data, level=payload.level)
         vec = self.be.decrypt(ct, length)
-        self.transcript.append(Decryption(kinds, payload.tag, layer, self.position,
+        self.transcript.append(Decryption(kinds, payload.tag, layer, self.position + payload.token,
                                           vec if self.record_values else None))
         return vec
 
+    def active(self, layer: int) -> list[int]:
+        """Span positions the server carries past their KV append at ``layer`` (the same rule as
+        ``ProtectedExecutor.active``: all, except only the last one at the last layer)."""
+        return list(range(self.count)) if layer + 1 < self.last else [self.count - 1]
+
+    def _payloads(self, msg: ProtectedMessage, tags: dict[int, str]) -> list[CtPayload]:
+        """The reply's ciphertexts, one per span position in ``tags`` with exactly that tag."""
+        got = sorted((c.token, c.tag) for c in msg.cts)
+        if got != sorted(tags.items()):
+            raise ProtocolError(f"{msg.kind} reply carries {got}, expected {sorted(tags.items())}")
+        return [msg.ct(tag, i) for i, tag in sorted(tags.items())]
+
     # ---- the protocol ------------------------------------------------------------------------
     def token_message(self, h: np.ndarray) -> ProtectedMessage:
-        """Round trip 0: the input of layer ``first`` for the next position."""
-        data = self.be.encrypt_to_bytes(hidden_layout(h, self.dims.slots), level=self.levels.h)
-        return self._msg(MsgKind.TOKEN, self.first, (CtPayload(Tag.H_IN, self.levels.h, data),))
+        """Round trip 0: the inputs of layer ``first`` for the next ``len(h)`` positions (``h``:
+        one row per position, at most ``MAX_SPAN``; a 1-D ``h`` is one position)."""
+        rows = np.atleast_2d(h)
+        if not 1 <= len(rows) <= MAX_SPAN:
+            raise ValueError(f"a step carries 1..{MAX_SPAN} positions, not {len(rows)}")
+        self.count = len(rows)
+        cts = tuple(CtPayload(Tag.H_IN, self.levels.h,
+                              self.be.encrypt_to_bytes(hidden_layout(row, self.dims.slots), level=self.levels.h), i)
+                    for i, row in enumerate(rows))
+        return self._msg(MsgKind.TOKEN, self.first, cts)
 
     def handle(self, msg: ProtectedMessage) -> ProtectedMessage | np.ndarray:
-        """Process a server reply; returns the next upload, or h_L (np.ndarray) at the end."""
-        if msg.session_id != self.session_id or msg.position != self.position:
-            raise ProtocolError("reply for another session or position")
+        """Process a server reply; returns the next upload, or h_L of the span's last position
+        (np.ndarray) at the end."""
+        if msg.session_id != self.session_id or msg.position != self.position or msg.count != self.count:
+            raise ProtocolError("reply for another session or positions")
         self.bytes_down += msg.nbytes
         if msg.kind == MsgKind.SCORES:
             return self._on_scores(msg)
@@ -149,10 +173,10 @@ class ProtectedClientState:
         if msg.kind == MsgKind.REFRESH:
             return self._on_refresh(msg)
         if msg.kind == MsgKind.FINAL:
-            p = msg.ct(Tag.H_FINAL)
+            (p,) = self._payloads(msg, {self.count - 1: Tag.H_FINAL})
             self._expect_level(p, self.levels.final_download)
             h = self._decrypt(p, msg.layer)[: self.dims.d]
-            self.position += 1
+            self.position += self.count
             return h
         raise ProtocolError(f"unexpected reply kind {msg.kind!r}")
 
@@ -161,34 +185,48 @@ class ProtectedClientState:
             raise ProtocolError(f"{p.tag} at level {p.level}, expected {level}")
 
     def _on_scores(self, msg: ProtectedMessage) -> ProtectedMessage:
-        layer, t = msg.layer, self.position
-        p = msg.ct(Tag.SCORES_SIGMA)
-        self._expect_level(p, self.levels.scores_download)
-        sigma, scores = unpack_scores(self.dims, self._decrypt(p, layer), t + 1)
-        w, r_t = softmax_weights(sigma, scores, self.r[layer][:t], self.eps)
-        self._pending_r[layer] = r_t
-        data = self.be.encrypt_to_bytes(pack_weights(self.dims, w), level=self.levels.w)
-        return self._msg(MsgKind.WEIGHTS, layer, (CtPayload(Tag.W, self.levels.w, data),))
+        layer, active = msg.layer, self.active(msg.layer)
+        tags = {i: Tag.SCORES_SIGMA if i in active else Tag.SIGMA for i in range(self.count)}
+        r_span, cts = [], []
+        for p in self._payloads(msg, tags):
+            self._expect_level(p, self.levels.scores_download)
+            t = self.position + p.token
+            vec = self._decrypt(p, layer)
+            if p.tag == Tag.SIGMA:  # a span position whose work ends at this layer's KV append
+                r_span.append(float(np.sqrt(max(float(vec[self.dims.sigma_slot]), 0.0) + self.eps)))
+                continue
+            # position t attends to every cached position and to its span predecessors
+            sigma, scores = unpack_scores(self.dims, vec, t + 1)
+            w, r_t = softmax_weights(sigma, scores, self.r[layer][: self.position] + r_span, self.eps)
+            r_span.append(r_t)
+            data = self.be.encrypt_to_bytes(pack_weights(self.dims, w), level=self.levels.w)
+            cts.append(CtPayload(Tag.W, self.levels.w, data, p.token))
+        self._pending_r[layer] = r_span
+        return self._msg(MsgKind.WEIGHTS, layer, tuple(cts))
 
     def _on_mlp(self, msg: ProtectedMessage) -> ProtectedMessage:
-        layer = msg.layer
-        p = msg.ct(Tag.U_SIGMA2)
-        self._expect_level(p, self.levels.mlp_download)
-        sigma2, ug, uu = unpack_mlp(self.dims, self._decrypt(p, layer))
-        m = swiglu_from_u(sigma2, ug, uu, self.eps)
-        m_data = self.be.encrypt_to_bytes(periodic_layout(m, self.dims.slots), level=self.levels.m)
-        # r_t of this layer is final once the layer's attention is done
+        layer, cts = msg.layer, []
+        for p in self._payloads(msg, {i: Tag.U_SIGMA2 for i in self.active(layer)}):
+            self._expect_level(p, self.levels.mlp_download)
+            sigma2, ug, uu = unpack_mlp(self.dims, self._decrypt(p, layer))
+            m = swiglu_from_u(sigma2, ug, uu, self.eps)
+            m_data = self.be.encrypt_to_bytes(periodic_layout(m, self.dims.slots), level=self.levels.m)
+            cts.append(CtPayload(Tag.M, self.levels.m, m_data, p.token))
+        # the span's r of this layer are final once the layer's attention is done
         r = self.r[layer]
         if len(r) == self.position:
-            r.append(self._pending_r.pop(layer))
-        return self._msg(MsgKind.MLP_IN, layer, (CtPayload(Tag.M, self.levels.m, m_data),))
+            r.extend(self._pending_r.pop(layer))
+        return self._msg(MsgKind.MLP_IN, layer, tuple(cts))
 
     def _on_refresh(self, msg: ProtectedMessage) -> ProtectedMessage:
         """h'' + ρ: decrypted as an integer polynomial (never decoded) and re-encrypted at the
         layer-start level; the server subtracts ρ."""
-        masked = msg.ct(Tag.MASKED_H)
-        self._expect_level(masked, self.levels.h_prime)
-        ct = self.be.deserialize(masked.data, level=masked.level)
-        self.transcript.append(Decryption(("masked_h",), masked.tag, msg.layer, self.position, None))
-        h_data = self.be.refresh_reencrypt_to_bytes(ct, level=self.levels.h)
-        return self._msg(MsgKind.REFRESHED, msg.layer, (CtPayload(Tag.H_REFRESHED, self.levels.h, h_data),))
+        cts = []
+        for masked in self._payloads(msg, {i: Tag.MASKED_H for i in range(self.count)}):
+            self._expect_level(masked, self.levels.h_prime)
+            ct = self.be.deserialize(masked.data, level=masked.level)
+            self.transcript.append(Decryption(("masked_h",), masked.tag, msg.layer, self.position + masked.token,
+                                              None))
+            h_data = self.be.refresh_reencrypt_to_bytes(ct, level=self.levels.h)
+            cts.append(CtPayload(Tag.H_REFRESHED, self.levels.h, h_data, masked.token))
+        return self._msg(MsgKind.REFRESHED, msg.layer, tuple(cts))

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.wire import (
     CONTENT_TYPE,
+    MAX_SPAN,
     PROTECTED_UPLOAD_KINDS,
     HiddenReply,
     HiddenStep,
@@ -283,7 +284,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
                 "hidden_size": half.config.hidden_size, "model": half.config.name,
                 "model_fingerprint": half.fingerprint, "param_set": protected.params.id,
-                "protocol_version": PROTECTED_PROTOCOL_VERSION, "ttl_s": cfg.session_ttl_s,
+                "protocol_version": PROTECTED_PROTOCOL_VERSION, "max_span": MAX_SPAN, "ttl_s": cfg.session_ttl_s,
                 "max_context": min(cfg.max_context, s.state.max_positions),
                 "max_kv_bytes": cfg.max_protected_kv_bytes}
 

@@ -34,7 +34,7 @@ values = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=5)
                                                       st.dictionaries(st.text(max_size=10), kids, max_size=6)),
                       max_leaves=20)
 FIELDS = ["v", "session", "step", "kind", "tensor", "positions", "layer", "position", "params", "cts", "dtype",
-          "shape", "data", "tag", "level", "public_key", "relin_keys", "galois_keys", "rotation_steps"]
+          "shape", "data", "tag", "level", "count", "token", "public_key", "relin_keys", "galois_keys", "rotation_steps"]
 # maps built from the real field names, so the fuzzer reaches past the first checks
 messages = st.dictionaries(st.sampled_from(FIELDS), values, max_size=10).map(
     lambda d: {**d, "v": d.get("v", 1)})

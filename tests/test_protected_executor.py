@@ -117,12 +117,10 @@ def test_round_trips_and_kv_cache(decoded, executor):
     assert session.length == POSITIONS and client.position == POSITIONS
 
 
-def test_transcript_audit(decoded, executor):
-    """Every value the client decrypted has a kind of PROTOCOL.md's table, and the decrypted
-    vectors carry nothing outside the documented slots."""
-    _, client, _, _ = decoded
+def audit(client, dims) -> set:
+    """Every value ``client`` decrypted has a kind of PROTOCOL.md's table, and the decrypted
+    vectors carry nothing outside the documented slots. Returns the kinds seen."""
     forbidden = {"q", "k", "v", "a", "o", "h"}
-    dims = executor.dims
     seen = set()
     for rec in client.transcript:
         assert set(rec.kinds) <= ALLOWED_KINDS, rec.kinds
@@ -134,6 +132,8 @@ def test_transcript_audit(decoded, executor):
         v = rec.values
         if rec.tag == Tag.SCORES_SIGMA:
             keep = scores_slots(dims, rec.position + 1)
+        elif rec.tag == Tag.SIGMA:
+            keep = np.array([dims.sigma_slot])
         elif rec.tag == Tag.U_SIGMA2:
             keep = np.r_[np.arange(2 * dims.ffn), dims.sigma2_slot]
         else:
@@ -143,7 +143,89 @@ def test_transcript_audit(decoded, executor):
             v = v - v[dims.sigma2_slot]  # σ'/(8d) rides in every slot (documented)
         rest = np.delete(v, keep)
         assert np.abs(rest).max() < 5e-3, (rec.tag, np.abs(rest).max())  # flooding noise only
-    assert seen == ALLOWED_KINDS
+    return seen
+
+
+def test_transcript_audit(decoded, executor):
+    _, client, _, _ = decoded
+    assert audit(client, executor.dims) == ALLOWED_KINDS
+
+
+SPANS = (5, 4)  # 9 positions in two prefill steps; the second crosses the 8-position chunk boundary
+
+
+@pytest.fixture(scope="module")
+def spanned(ckpt, keys, executor, plain):
+    """The same 9 positions as ``decoded``, prefilled in spans: every round trip carries a span."""
+    h_in, _ = plain
+    session = executor.new_session()
+    client = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, session.id)
+    outs, msgs, a = [], [], 0
+    for n in SPANS:
+        out, m = run_token(executor, client, h_in[a : a + n])
+        outs.append(out)
+        msgs.append(m)
+        a += n
+    yield session, client, np.array(outs), msgs
+    executor.drop_session(session.id)
+
+
+def test_prefill_spans_match_one_position_steps(spanned, decoded, plain, executor, keys):
+    """A prefill span computes what one-position steps compute: the span's last h_L, every
+    layer's r_j (from σ_j), and the encrypted KV cache (decrypted and compared), with 3 round
+    trips per layer per span. At the last layer only the span's last position goes past its KV
+    append: the others send σ alone and no weights."""
+    _, ref = plain
+    session, client, outs, msgs = spanned
+    s1, c1, outs1, _ = decoded
+    ends = np.cumsum(SPANS) - 1
+    rel = np.linalg.norm(outs - ref[ends], axis=1) / np.linalg.norm(ref[ends], axis=1)
+    assert rel.max() < REL_ERR_BOUND, rel
+    assert np.abs(outs - outs1[ends]).max() / np.abs(outs1[ends]).max() < REL_ERR_BOUND
+    n = LAST - FIRST
+    for span, m in zip(SPANS, msgs, strict=True):
+        assert len(m) == 3 * n
+        for q, r in m:
+            assert q.count == r.count == span
+            last_layer = q.layer == LAST - 1 and q.kind in (MsgKind.WEIGHTS, MsgKind.MLP_IN)
+            assert len(q.cts) == (1 if last_layer else span), (q.kind, q.layer, len(q.cts))
+    for layer in range(FIRST, LAST):
+        np.testing.assert_allclose(client.r[layer], c1.r[layer], rtol=1e-3)
+        for which in ("keys", "values"):
+            for ct, ct1 in zip(getattr(session.kv[layer], which), getattr(s1.kv[layer], which), strict=True):
+                x, y = (keys[0].decrypt(keys[0].deserialize(keys[1].serialize(c), level=executor.levels.kv))
+                        for c in (ct, ct1))
+                assert np.abs(x - y).max() < 1e-3 * np.abs(y).max(), (layer, which)
+    assert session.kv_bytes == s1.kv_bytes and session.length == client.position == sum(SPANS)
+    sigma_only = [(r.layer, r.position) for r in client.transcript if r.tag == Tag.SIGMA]
+    assert sorted(sigma_only) == sorted((LAST - 1, p) for p in range(sum(SPANS)) if p not in ends)
+    assert audit(client, executor.dims) == ALLOWED_KINDS
+
+
+def test_span_with_a_missing_position_is_refused(ckpt, keys, executor, plain):
+    """A span whose message lacks one position's ciphertext is refused (400) before any work;
+    the session is unchanged and the full span then goes through."""
+    import dataclasses
+
+    from veil.engine.protected import MessageError
+
+    h_in, _ = plain
+    s = executor.new_session()
+    c = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id)
+    msg = c.token_message(h_in[:3])
+    for cts in (msg.cts[:2], msg.cts[:2] + (dataclasses.replace(msg.cts[0], token=2, tag=Tag.W),)):
+        with pytest.raises(MessageError) as e:
+            executor.handle(dataclasses.replace(msg, cts=cts))
+        assert e.value.status == 400
+        assert (s.step, s.expect, s.kv_bytes, s.length) == (-1, MsgKind.TOKEN, 0, 0)
+    s.max_positions = 2
+    with pytest.raises(ProtocolError) as e:  # the span would pass the context limit
+        executor.handle(msg)
+    assert e.value.status == 413 and s.kv_bytes == 0
+    s.max_positions = executor.max_positions
+    reply = executor.handle(msg)
+    assert reply.kind == MsgKind.SCORES and reply.count == 3 and len(reply.cts) == 3
+    executor.drop_session(s.id)
 
 
 def test_circuit_privacy_same_computation_differs(ckpt, keys, executor, plain):
@@ -222,9 +304,9 @@ def test_refresh_upload_is_validated_and_the_session_goes_on(ckpt, keys, executo
         msg = c.handle(reply)
         if msg.kind == MsgKind.REFRESHED:
             break
-    assert reply.kind == MsgKind.REFRESH and s.refresh_mask is not None
+    assert reply.kind == MsgKind.REFRESH and s.refresh_mask
     p = msg.ct(Tag.H_REFRESHED)
-    wrong = dataclasses.replace(msg, cts=(CtPayload(p.tag, p.level - 1, p.data),))
+    wrong = dataclasses.replace(msg, cts=(CtPayload(p.tag, p.level - 1, p.data, p.token),))
     with pytest.raises(MessageError) as e:
         executor.handle(wrong)
     assert e.value.status == 400
@@ -232,7 +314,7 @@ def test_refresh_upload_is_validated_and_the_session_goes_on(ckpt, keys, executo
     with pytest.raises(ProtocolError) as e:
         executor.handle(stale)
     assert e.value.status == 409
-    assert s.expect == MsgKind.REFRESHED and s.refresh_mask is not None and s.layer == FIRST
+    assert s.expect == MsgKind.REFRESHED and s.refresh_mask and s.layer == FIRST
     nxt = executor.handle(msg)
-    assert nxt.kind == MsgKind.SCORES and nxt.layer == FIRST + 1 and s.refresh_mask is None
+    assert nxt.kind == MsgKind.SCORES and nxt.layer == FIRST + 1 and not s.refresh_mask
     executor.drop_session(s.id)

@@ -4,7 +4,16 @@ import msgpack
 import pytest
 import torch
 
-from veil.crypto.wire import HiddenReply, HiddenStep, WireError, decode_tensor, encode_tensor
+from veil.crypto.wire import (
+    MAX_SPAN,
+    CtPayload,
+    HiddenReply,
+    HiddenStep,
+    ProtectedMessage,
+    WireError,
+    decode_tensor,
+    encode_tensor,
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -45,3 +54,38 @@ def test_limits_and_kinds():
     with pytest.raises(WireError):
         HiddenStep.from_bytes(msgpack.packb({"v": 1, "kind": "hidden", "session": 5, "step": 1}),
                               max_bytes=1 << 20, hidden_size=8, max_tokens=16)
+
+
+def _span_message(count=3, tokens=None):
+    tokens = range(count) if tokens is None else tokens
+    cts = tuple(CtPayload("h_in", 7, bytes([i + 1]) * 4, i) for i in tokens)
+    return ProtectedMessage("token", "s", 1, 2, 16, cts, "p", count=count)
+
+
+def test_protected_span_round_trip():
+    msg = _span_message()
+    back = ProtectedMessage.from_bytes(msg.to_bytes(), max_bytes=1 << 20)
+    assert back == msg and back.count == 3 and back.tokens_with("h_in") == [0, 1, 2]
+    assert back.ct("h_in", 2).data == bytes([3]) * 4
+    with pytest.raises(WireError):
+        back.ct("h_in", 3)
+
+
+def test_protected_span_limits():
+    raw = msgpack.unpackb(_span_message().to_bytes())
+    for bad in ({"count": 0}, {"count": MAX_SPAN + 1}, {"count": True}, {"count": "3"}):
+        with pytest.raises(WireError):
+            ProtectedMessage.from_bytes(msgpack.packb({**raw, **bad}), max_bytes=1 << 20)
+    # a ciphertext for a position outside the span, twice the same position, a non-integer one
+    for token in (3, -1, True, "0"):
+        recs = [dict(raw["cts"][0], token=token)] + raw["cts"][1:]
+        with pytest.raises(WireError):
+            ProtectedMessage.from_bytes(msgpack.packb({**raw, "cts": recs}), max_bytes=1 << 20)
+    recs = raw["cts"] + [raw["cts"][0]]
+    with pytest.raises(WireError):
+        ProtectedMessage.from_bytes(msgpack.packb({**raw, "cts": recs}), max_bytes=1 << 20)
+    # a message without the fields (a one-position step) still decodes as one position
+    old = {**raw, "cts": [{k: v for k, v in raw["cts"][0].items() if k != "token"}]}
+    del old["count"]
+    one = ProtectedMessage.from_bytes(msgpack.packb(old), max_bytes=1 << 20)
+    assert one.count == 1 and one.tokens_with("h_in") == [0]
