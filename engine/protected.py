@@ -17,8 +17,18 @@ Message flow of one token (decode step at position ``t``), ``n = last - first`` 
 =====  ===========================================  =============================================
 
 Messages 1-3 repeat per layer; the last layer's MLP_IN is answered with FINAL and has no
-message 3: ``3n`` round trips per token. Prefill: a loop of decode steps (multi-token packing
-is not implemented yet).
+message 3: ``3n`` round trips per token.
+
+Prefill spans: a TOKEN message may carry up to ``MAX_SPAN`` consecutive positions (one
+ciphertext each, ``CtPayload.token`` = index in the span), and every later message of the step
+carries the span's ciphertexts together: ``3n`` round trips per span instead of per position.
+Each position still has its own ciphertexts (no several-positions-per-ciphertext packing yet),
+so the server's HE work per position is the same as in decode, with one exception: at the last
+layer only the span's last position goes past its KV append (its h_L is the only one the client
+needs; the others send σ alone, for the client's r_j, and skip scores, weights, W_o and the MLP).
+The span's keys and values are all appended before any score is computed; position t's class
+masks (``shared_lane_sums``) and weight-expansion masks drop the positions after t, so the causal
+order holds without the client's help.
 
 Why three round trips per layer where PROTOCOL.md sketches two: the refresh sits *after*
 W_down (on h'' = h' + W_down m) instead of on h'. Refreshing h' forced h'' to be born at the
