@@ -134,6 +134,7 @@ __all__ = [
     "layer_weights_from_tensors",
     "rope_cos_sin",
     "required_rotation_steps",
+    "active_positions",
 ]
 
 PROTOCOL_VERSION = 1
@@ -276,6 +277,14 @@ def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.cache
+def active_positions(layer: int, last: int, count: int) -> list[int]:
+    """The span positions (0..count-1) that go past their KV append at ``layer`` of a protected
+    range ending at ``last``: all of them, except at the last layer, where only the span's last
+    position does (the others' outputs feed no later layer and no logits; their keys, values and
+    σ are all the future needs). Server and client both follow this rule."""
+    return list(range(count)) if layer + 1 < last else [count - 1]
+
+
 def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]:
     """Groups ``(chunks, j)`` of the shared lane sums of the scores (``shared_lane_sums``),
     in lane order: a group of ``C`` chunks with ``2^j >= C`` costs ``C*j`` rotations at level 3
@@ -652,10 +661,7 @@ class ProtectedExecutor:
         return reply
 
     def active(self, layer: int, count: int) -> list[int]:
-        """The span positions that go past their KV append at ``layer``: all of them, except at
-        the last layer, where only the span's last position does (the others' outputs feed no
-        later layer and no logits; their keys and values and σ are all the future needs)."""
-        return list(range(count)) if layer + 1 < self.last else [count - 1]
+        return active_positions(layer, self.last, count)
 
     def _load(self, be, payload: CtPayload, level: int) -> Ciphertext:
         if payload.level != level:

@@ -35,6 +35,7 @@ from veil.engine.protected import (
     ProtectedMessage,
     ProtocolError,
     Tag,
+    active_positions,
     dims_of,
 )
 
@@ -136,9 +137,7 @@ class ProtectedClientState:
         return vec
 
     def active(self, layer: int) -> list[int]:
-        """Span positions the server carries past their KV append at ``layer`` (the same rule as
-        ``ProtectedExecutor.active``: all, except only the last one at the last layer)."""
-        return list(range(self.count)) if layer + 1 < self.last else [self.count - 1]
+        return active_positions(layer, self.last, self.count)
 
     def _payloads(self, msg: ProtectedMessage, tags: dict[int, str]) -> list[CtPayload]:
         """The reply's ciphertexts, one per span position in ``tags`` with exactly that tag."""
