@@ -276,7 +276,6 @@ def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
     return cos[0].double().numpy(), sin[0].double().numpy()
 
 
-@functools.cache
 def active_positions(layer: int, last: int, count: int) -> list[int]:
     """The span positions (0..count-1) that go past their KV append at ``layer`` of a protected
     range ending at ``last``: all of them, except at the last layer, where only the span's last
@@ -285,6 +284,7 @@ def active_positions(layer: int, last: int, count: int) -> list[int]:
     return list(range(count)) if layer + 1 < last else [count - 1]
 
 
+@functools.cache
 def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]:
     """Groups ``(chunks, j)`` of the shared lane sums of the scores (``shared_lane_sums``),
     in lane order: a group of ``C`` chunks with ``2^j >= C`` costs ``C*j`` rotations at level 3
