@@ -197,9 +197,14 @@ class ProtectedMessage:
                 return c
         raise WireError(f"{self.kind} message lacks a {tag!r} ciphertext for span position {token}")
 
-    def tokens_with(self, tag: str) -> list[int]:
-        """The span positions that carry a ``tag`` ciphertext, in order."""
-        return sorted(c.token for c in self.cts if c.tag == tag)
+    def payloads(self, expected: dict[int, str]) -> list[CtPayload]:
+        """Exactly one ciphertext per span position of ``expected`` (position -> tag) and nothing
+        else, in position order; ``WireError`` otherwise."""
+        got = sorted((c.token, c.tag) for c in self.cts)
+        want = sorted(expected.items())
+        if got != want:
+            raise WireError(f"{self.kind} message carries ciphertexts {got}, expected {want}")
+        return [self.ct(tag, i) for i, tag in want]
 
     def to_bytes(self) -> bytes:
         return pack({"v": self.version, "session": self.session_id, "step": self.step, "kind": self.kind,

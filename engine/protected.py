@@ -112,7 +112,7 @@ from veil.crypto.layouts import (
     SIGMA2_DIV,
     LayoutDims,
 )
-from veil.crypto.wire import MAX_SPAN, CtPayload, ProtectedMessage
+from veil.crypto.wire import MAX_SPAN, CtPayload, ProtectedMessage, WireError
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -671,10 +671,11 @@ class ProtectedExecutor:
     def _load_all(self, be, msg: ProtectedMessage, tag: str, tokens, level: int) -> dict[int, Ciphertext]:
         """Every ``tag`` ciphertext of the span, validated before any work (a bad one leaves the
         session as it was)."""
-        tokens = list(tokens)
-        if msg.tokens_with(tag) != tokens or len(msg.cts) != len(tokens):
-            raise MessageError(f"{msg.kind} message must carry one {tag!r} ciphertext for span positions {tokens}")
-        return {i: self._load(be, msg.ct(tag, i), level) for i in tokens}
+        try:
+            payloads = msg.payloads({i: tag for i in tokens})
+        except WireError as e:
+            raise MessageError(str(e)) from None
+        return {p.token: self._load(be, p, level) for p in payloads}
 
     def _send(self, be, ct: Ciphertext, tag: str, level: int, token: int = 0) -> CtPayload:
         """Mod-switch to the download level, re-randomize and flood: noise std

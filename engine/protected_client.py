@@ -26,6 +26,7 @@ from veil.crypto.layouts import (
     unpack_mlp,
     unpack_scores,
 )
+from veil.crypto.wire import WireError
 from veil.engine.protected import (
     LEVELS,
     MAX_SPAN,
@@ -141,10 +142,10 @@ class ProtectedClientState:
 
     def _payloads(self, msg: ProtectedMessage, tags: dict[int, str]) -> list[CtPayload]:
         """The reply's ciphertexts, one per span position in ``tags`` with exactly that tag."""
-        got = sorted((c.token, c.tag) for c in msg.cts)
-        if got != sorted(tags.items()):
-            raise ProtocolError(f"{msg.kind} reply carries {got}, expected {sorted(tags.items())}")
-        return [msg.ct(tag, i) for i, tag in sorted(tags.items())]
+        try:
+            return msg.payloads(tags)
+        except WireError as e:
+            raise ProtocolError(str(e)) from None
 
     # ---- the protocol ------------------------------------------------------------------------
     def token_message(self, h: np.ndarray) -> ProtectedMessage:

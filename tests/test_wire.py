@@ -65,7 +65,11 @@ def _span_message(count=3, tokens=None):
 def test_protected_span_round_trip():
     msg = _span_message()
     back = ProtectedMessage.from_bytes(msg.to_bytes(), max_bytes=1 << 20)
-    assert back == msg and back.count == 3 and back.tokens_with("h_in") == [0, 1, 2]
+    assert back == msg and back.count == 3
+    assert [c.data[0] for c in back.payloads({i: "h_in" for i in range(3)})] == [1, 2, 3]
+    for wrong in ({0: "h_in", 1: "h_in"}, {i: "m" for i in range(3)}):
+        with pytest.raises(WireError):
+            back.payloads(wrong)
     assert back.ct("h_in", 2).data == bytes([3]) * 4
     with pytest.raises(WireError):
         back.ct("h_in", 3)
@@ -88,4 +92,4 @@ def test_protected_span_limits():
     old = {**raw, "cts": [{k: v for k, v in raw["cts"][0].items() if k != "token"}]}
     del old["count"]
     one = ProtectedMessage.from_bytes(msgpack.packb(old), max_bytes=1 << 20)
-    assert one.count == 1 and one.tokens_with("h_in") == [0]
+    assert one.count == 1 and [c.token for c in one.payloads({0: "h_in"})] == [0]
