@@ -34,15 +34,16 @@ Layouts (slot indices of one ciphertext):
 * **softmax weights upload** (compact, one ciphertext for up to 512 positions): with ``C``
   chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*head_slot(h) + l`` holds
   ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one). The server expands
-  chunk ``c`` with one 0/1 mask (lanes ``c mod P``), one or two rotations to lane 0 and
-  ``log2 P`` rotations.
+  chunk ``c`` with one 0/1 mask (lanes ``c mod P``) and ``log2 P`` rotations (signed by the
+  bits of ``c``, so lane ``c`` reaches its whole period without first moving to lane 0).
 * **MLP download**: ``σ'/(d * SIGMA2_DIV)`` in *every* slot (read at slot ``2F``), plus
   ``û_g`` at ``[0, F)`` and ``û_u`` at ``[F, 2F)``. (A 0/1 mask on σ' would leave its encoding
   error times σ' in the û slots; a constant factor does not.)
 * **m upload**: ``m`` replicated with period ``F`` over all slots (the matrix-input layout).
 
-Multi-token prefill packing (several tokens per ciphertext) is not implemented yet: prefill
-runs as a loop of single-token steps (see ``veil.engine.protected``).
+Multi-token prefill packing (several tokens per ciphertext) is not implemented yet: a prefill
+span carries up to ``MAX_SPAN`` positions per round trip, each in its own ciphertexts (see
+``veil.engine.protected``).
 """
 
 from __future__ import annotations

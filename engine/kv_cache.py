@@ -14,11 +14,25 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import mmap
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+
+
+def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A zero-filled pool tensor. On CPU it lives in an anonymous memory mapping, which the OS
+    fills with zero pages on first touch: only the blocks sequences have written become
+    resident. ``torch.zeros`` writes, and so keeps resident, the whole pool (a 2 GB pool on a
+    server that serves mostly protected sessions, whose KV cache is elsewhere, is 2 GB of RSS)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    # the tensor holds a reference to the mapping: it is unmapped when the tensor is freed
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 @dataclass
@@ -45,8 +59,8 @@ class PagedKVCache:
             raise ValueError("the pool needs at least one block of at least one slot")
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [zeroed_pool(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [zeroed_pool(shape, dtype, device) for _ in range(num_layers)]
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: deque[int] = deque(range(num_blocks))
         self.by_hash: dict[bytes, int] = {}

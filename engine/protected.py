@@ -50,7 +50,7 @@ Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at le
   (masks also clean the folded output), k̂ likewise on the 192 KV lanes, v̂ = 1_v ⊙ y: all at
   5; k̂ and v̂ repeated 3 times (period 192, three rotations each) for the 9 head slots, then
   appended to the KV cache (chunk j//8, key block j%8 of 1024 slots, value block j%8 of q
-  slots). Unrepeated W_k and W_v keep W_qkv at 960 rows, which folds into 7 blocks of 84
+  slots); k̂ is switched to 4 first, the only level keys are used at (values stay at 5). Unrepeated W_k and W_v keep W_qkv at 960 rows, which folds into 7 blocks of 84
   plaintexts (``MatvecPlan``) where [W_q; K_exp W_k; K_exp W_v] (1728 rows) needed 144.
   Scores (``shared_lane_sums``): replicate q̂ into the 8 blocks, switch to 4, ct x ct with
   each key chunk (3); the 64-lane sums per head are shared between the chunks of a group of
@@ -63,7 +63,7 @@ Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at le
   Download masks are encoded at scale ~2^56 (``DOWNLOAD_SCALE``) so that their encoding error
   times the masked-out partial sums stays ~2^-26 absolute, far below the flooding noise.
   Download switched to level 1, re-randomized and flooded.
-* WEIGHTS (uploaded at 6): chunk c expanded by a mask (5), a rotation to lane 0 and log2 P rotations;
+* WEIGHTS (uploaded at 6): chunk c expanded by a mask (5) and log2 P signed doublings;
   â = Σ_c E_c ⊙ V_c (4) (values in the "value blocks" of ``veil.crypto.layouts``: stride q,
   no gap); 16 right shifts by q summed (4 rotations) -> â with period q on [0, 5q); o = W_o â
   (3, folded, 144 plaintexts); cleaned (2) and replicated; h' = h + o at 2.
@@ -135,6 +135,7 @@ __all__ = [
     "rope_cos_sin",
     "required_rotation_steps",
     "active_positions",
+    "broadcast_lane",
 ]
 
 PROTOCOL_VERSION = 1
@@ -206,12 +207,18 @@ class Levels:
 
     m: int = 4
     h: int = 7
-    kv: int = 5
+    kv: int = 5  # values (multiplied by the expanded weights at 5)
     w: int = 6
     h_prime: int = 2  # h' and h'' (the refresh mask level)
     scores_download: int = 1
     mlp_download: int = 0
     final_download: int = 1
+
+    @property
+    def keys(self) -> int:
+        """Keys are only ever used one level under the values (against q̂ switched to 4):
+        stored there, each chunk is 5/6 of the bytes and needs no switch per use."""
+        return self.kv - 1
 
     @property
     def wqkv(self) -> int:
@@ -371,6 +378,19 @@ def shared_lane_sums(be, prods: list, valid: list[int], dims: LayoutDims, select
     return scores
 
 
+def broadcast_lane(be, e, lane: int, period: int):
+    """``e`` zero outside the lanes ``≡ lane (mod period)`` (``lane < period``, a power of two)
+    -> every slot holds the value of that lane of its period: log2(period) doublings with
+    signed steps, ``+2^i`` where bit i of ``lane`` is set, else ``-2^i``. The offsets the sums
+    reach are then exactly ``[lane - period + 1, lane]``: every slot of a period reads its lane
+    and nothing crosses into the next period (or head), with no rotation to lane 0 first."""
+    st = 1
+    while st < period:
+        e = be.add(e, be.rotate(e, st if lane & st else -st))
+        st *= 2
+    return e
+
+
 def dims_of(cfg, slots: int) -> LayoutDims:
     dims = LayoutDims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, slots)
     dims.check()
@@ -409,10 +429,8 @@ def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
     steps |= {dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}  # KV lanes -> head slots, alignment
     steps |= {-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}  # value blocks
     steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
-    steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums
+    steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums, weight broadcast
     steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
-    chunks = dims.max_positions // dims.per_chunk
-    steps |= set(range(1, min(N1, chunks))) | {N1 * a for a in range(1, (chunks - 1) // N1 + 1)}  # weight chunk -> lane 0
     steps |= {1 << i for i in range(BLOCK.bit_length() - 1)}  # cyclic slot sums (with -BLOCK*2^i)
     steps |= set(replicate_rotation_steps(dims.d, dims.copies))
     steps |= set(replicate_rotation_steps(BLOCK, dims.per_chunk))
@@ -515,8 +533,8 @@ def _ct_bytes(backend, ct: Ciphertext) -> int:
 
 @dataclass
 class LayerKV:
-    keys: list = field(default_factory=list)  # chunk ciphertexts
-    values: list = field(default_factory=list)
+    keys: list = field(default_factory=list)  # chunk ciphertexts at Levels.keys
+    values: list = field(default_factory=list)  # at Levels.kv
 
 
 @dataclass
@@ -769,6 +787,7 @@ class ProtectedExecutor:
             if q_hat is not None:
                 q_hats[i] = q_hat
             c, b = divmod(t0 + i, self.dims.per_chunk)
+            k_hat = be.mod_switch_to(k_hat, self.levels.keys)  # before its rotations: cheaper there
             k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b, self.dims.qdim)
             if c < len(keys):
                 keys[c], values[c] = be.add(keys[c], k_hat), be.add(values[c], v_hat)
@@ -831,10 +850,10 @@ class ProtectedExecutor:
     def _scores(self, be, q_hat: Ciphertext, keys: list, t: int) -> Ciphertext:
         """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (level 1)."""
         dims = self.dims
-        q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.kv - 1)
+        q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.keys)
         n_chunks = t // dims.per_chunk + 1
         valid = [min(dims.per_chunk, t + 1 - ci * dims.per_chunk) for ci in range(n_chunks)]
-        prods = [be.multiply(q_rep, be.mod_switch_to(keys[ci], self.levels.kv - 1)) for ci in range(n_chunks)]  # 3
+        prods = [be.multiply(q_rep, keys[ci]) for ci in range(n_chunks)]  # 3
 
         def select(ct, make, target, key):
             return self._select(be, ct, make, target, key=key)
@@ -882,19 +901,8 @@ class ProtectedExecutor:
                         mask[dims.value_base(bi) + hd * h + lanes[lanes % period == r]] = 1.0
                 return mask
 
-            # mask first (6 -> 5), then move lane ci to lane 0 of its period: rotating at
-            # level 5 is ~1.4x cheaper than shifting the upload at level 6
             pt = self._plain(be, ("expand", period, valid, ci), be.level(w), self._prime(be, w), expand_mask)
-            e = be.multiply_plain(w, pt)  # 5
-            hi, lo = divmod(ci, N1)  # keys: 1..N1-1 (baby steps) and multiples of N1
-            if hi:
-                e = be.rotate(e, N1 * hi)
-            if lo:
-                e = be.rotate(e, lo)
-            st = 1
-            while st < period:
-                e = be.add(e, be.rotate(e, -st))
-                st *= 2
+            e = broadcast_lane(be, be.multiply_plain(w, pt), ci, period)  # 5
             # unrelinearized: the sum needs one key switch instead of one per chunk
             prod = be.multiply(e, kv.values[ci], rescale=False, relinearize=False)
             acc = prod if acc is None else be.add(acc, prod)

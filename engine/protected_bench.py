@@ -80,9 +80,9 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
         vec_k[BLOCK * b : BLOCK * b + q] = np.tile(k.ravel(), dims.group)
         vec_v[dims.value_base(b) : dims.value_base(b) + q] = np.tile(y[q + kvd :], dims.group)
     kv = session.kv[layer]
-    kv.keys = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_k]
+    kv.keys = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.keys), level=lv.keys) for v in chunks_k]
     kv.values = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_v]
-    session.kv_bytes += 2 * len(chunks_k) * 2 * (lv.kv + 1) * dims.slots * 2 * 8
+    session.kv_bytes += len(chunks_k) * 2 * (lv.keys + 1 + lv.kv + 1) * dims.slots * 2 * 8
     session.length = session.position = n
     client.position = n
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]

@@ -69,6 +69,26 @@ def test_split_steps_equal_the_simple_cache(engine, full_model, chat_prompts):
     assert not seq.table.blocks
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_cpu_pool_is_resident_only_where_written():
+    """A 384 MiB CPU pool costs almost no RSS until blocks are written, and reads as zeros."""
+    before = _rss_bytes()
+    cache = PagedKVCache(2, 8192, 16, 3, 64)  # 2 layers x (k, v) x 96 MiB
+    pool_bytes = sum(t.numel() * t.element_size() for t in cache.k + cache.v)
+    assert pool_bytes == 384 << 20
+    block = torch.full((16, 3, 64), 2.0)
+    for bid in range(64):  # 64 blocks of 12 KiB in each of the four tensors: 3 MiB written
+        for t in cache.k + cache.v:
+            t[bid] = block
+    grown = _rss_bytes() - before
+    assert grown < 32 << 20, grown
+    assert torch.equal(cache.k[1][63], block) and not cache.v[0][64:80].any()
+
+
 def test_token_budget_and_chunked_prefill():
     cache = PagedKVCache(1, 64, 4, 1, 2)
     sched = Scheduler(SchedulerConfig(max_tokens_per_step=10, max_seqs_per_step=8), cache)

@@ -112,8 +112,10 @@ def test_round_trips_and_kv_cache(decoded, executor):
     for layer in range(FIRST, LAST):
         kv = session.kv[layer]
         assert len(kv.keys) == len(kv.values) == chunks
-    per_ct = 2 * (executor.levels.kv + 1) * PROTECTED_PARAMS.poly_modulus_degree * 8
-    assert session.kv_bytes == 2 * chunks * n * per_ct
+    ct_bytes = lambda level: 2 * (level + 1) * PROTECTED_PARAMS.poly_modulus_degree * 8  # noqa: E731
+    lv = executor.levels
+    assert lv.keys == lv.kv - 1  # keys are stored where they are used
+    assert session.kv_bytes == chunks * n * (ct_bytes(lv.keys) + ct_bytes(lv.kv))
     assert session.length == POSITIONS and client.position == POSITIONS
 
 
@@ -191,9 +193,9 @@ def test_prefill_spans_match_one_position_steps(spanned, decoded, plain, executo
             assert len(q.cts) == (1 if last_layer else span), (q.kind, q.layer, len(q.cts))
     for layer in range(FIRST, LAST):
         np.testing.assert_allclose(client.r[layer], c1.r[layer], rtol=1e-3)
-        for which in ("keys", "values"):
+        for which, level in (("keys", executor.levels.keys), ("values", executor.levels.kv)):
             for ct, ct1 in zip(getattr(session.kv[layer], which), getattr(s1.kv[layer], which), strict=True):
-                x, y = (keys[0].decrypt(keys[0].deserialize(keys[1].serialize(c), level=executor.levels.kv))
+                x, y = (keys[0].decrypt(keys[0].deserialize(keys[1].serialize(c), level=level))
                         for c in (ct, ct1))
                 assert np.abs(x - y).max() < 1e-3 * np.abs(y).max(), (layer, which)
     assert session.kv_bytes == s1.kv_bytes and session.length == client.position == sum(SPANS)

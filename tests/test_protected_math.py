@@ -14,7 +14,7 @@ from veil.crypto.layouts import (
     weights_period,
 )
 from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128
-from veil.engine.protected import score_lane_rotations, shared_lane_sums
+from veil.engine.protected import broadcast_lane, score_lane_rotations, shared_lane_sums
 from veil.engine.protected_client import softmax_weights, swiglu_from_u
 
 DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=8192)
@@ -68,7 +68,8 @@ def _rot(v, s):
 
 
 def test_weights_layout_expands_like_the_server():
-    """pack_weights + the server's rotate/mask/broadcast give each chunk's dense weights."""
+    """pack_weights + the server's mask and ``broadcast_lane`` give each chunk's dense weights,
+    with log2(period) rotations per chunk."""
     rng = np.random.default_rng(2)
     for n in (1, 8, 9, 20, 64, 100):
         w = rng.standard_normal((DIMS.heads, n))
@@ -82,11 +83,9 @@ def test_weights_layout_expands_like_the_server():
                 if c * DIMS.per_chunk + b < n:
                     for h in range(DIMS.heads):
                         mask[DIMS.value_base(b) + 64 * h + lanes[lanes % period == c % period]] = 1
-            e = _rot(packed * mask, c)  # lane c of each period -> lane 0
-            st = 1
-            while st < period:
-                e = e + _rot(e, -st)
-                st *= 2
+            be = _SlotVectors()
+            e = broadcast_lane(be, packed * mask, c, period)
+            assert be.rotations == period.bit_length() - 1
             want = np.zeros(DIMS.slots)
             for b in range(DIMS.per_chunk):
                 j = c * DIMS.per_chunk + b
@@ -157,9 +156,9 @@ def test_scores_layout_matches_lane_placement():
 
 
 class _SlotVectors:
-    """Test-only fake backend for ``shared_lane_sums``: a "ciphertext" is a plain numpy slot
-    vector, rotations are ``np.roll`` (counted). It checks the lane-sum algorithm (where each
-    chunk's sum lands, what is zeroed), not HE: the real backend runs it in
+    """Test-only fake backend for ``shared_lane_sums`` and ``broadcast_lane``: a "ciphertext"
+    is a plain numpy slot vector, rotations are ``np.roll`` (counted). It checks the slot
+    algorithms (where each value lands, what is zeroed), not HE: the real backend runs them in
     test_protected_executor and the protected benchmarks."""
 
     def __init__(self):
