@@ -50,8 +50,9 @@ Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at le
   (masks also clean the folded output), k̂ likewise on the 192 KV lanes, v̂ = 1_v ⊙ y: all at
   5; k̂ and v̂ repeated 3 times (period 192, three rotations each) for the 9 head slots, then
   appended to the KV cache (chunk j//8, key block j%8 of 1024 slots, value block j%8 of q
-  slots); k̂ is switched to 4 first, the only level keys are used at (values stay at 5). Unrepeated W_k and W_v keep W_qkv at 960 rows, which folds into 7 blocks of 84
-  plaintexts (``MatvecPlan``) where [W_q; K_exp W_k; K_exp W_v] (1728 rows) needed 144.
+  slots); k̂ is switched to 4 first, the only level keys are used at (values stay at 5).
+  Unrepeated W_k and W_v keep W_qkv at 960 rows, which folds into 7 blocks of 84 plaintexts
+  (``MatvecPlan``) where [W_q; K_exp W_k; K_exp W_v] (1728 rows) needed 144.
   Scores (``shared_lane_sums``): replicate q̂ into the 8 blocks, switch to 4, ct x ct with
   each key chunk (3); the 64-lane sums per head are shared between the chunks of a group of
   C (2^j >= C; groups of 2-4 chunks, ``score_lane_groups``): j halvings per chunk, a mask
