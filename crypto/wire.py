@@ -200,11 +200,11 @@ class ProtectedMessage:
     def payloads(self, expected: dict[int, str]) -> list[CtPayload]:
         """Exactly one ciphertext per span position of ``expected`` (position -> tag) and nothing
         else, in position order; ``WireError`` otherwise."""
-        got = sorted((c.token, c.tag) for c in self.cts)
-        want = sorted(expected.items())
+        cts = sorted(self.cts, key=lambda c: c.token)
+        got, want = [(c.token, c.tag) for c in cts], sorted(expected.items())
         if got != want:
             raise WireError(f"{self.kind} message carries ciphertexts {got}, expected {want}")
-        return [self.ct(tag, i) for i, tag in want]
+        return cts
 
     def to_bytes(self) -> bytes:
         return pack({"v": self.version, "session": self.session_id, "step": self.step, "kind": self.kind,

@@ -30,9 +30,10 @@ def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.
     server that serves mostly protected sessions, whose KV cache is elsewhere, is 2 GB of RSS)."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    count = math.prod(shape)
+    nbytes = count * torch.empty(0, dtype=dtype).element_size()
     # the tensor holds a reference to the mapping: it is unmapped when the tensor is freed
-    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=count).view(shape)
 
 
 @dataclass

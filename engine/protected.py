@@ -137,6 +137,7 @@ __all__ = [
     "required_rotation_steps",
     "active_positions",
     "broadcast_lane",
+    "ciphertext_bytes",
 ]
 
 PROTOCOL_VERSION = 1
@@ -528,7 +529,8 @@ class ProtectedLayer:
         return sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
 
 
-def _ct_bytes(backend, ct: Ciphertext) -> int:
+def ciphertext_bytes(backend, ct: Ciphertext) -> int:
+    """Server memory of a two-polynomial ciphertext at its level (the KV cache's accounting)."""
     return 2 * (backend.level(ct) + 1) * backend.params.poly_modulus_degree * 8
 
 
@@ -795,7 +797,7 @@ class ProtectedExecutor:
             else:
                 keys.append(k_hat)
                 values.append(v_hat)
-                added += _ct_bytes(be, k_hat) + _ct_bytes(be, v_hat)
+                added += ciphertext_bytes(be, k_hat) + ciphertext_bytes(be, v_hat)
         if s.kv_bytes + added > s.max_kv_bytes:
             raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
                                 f"{s.max_kv_bytes}")

@@ -31,6 +31,7 @@ from veil.crypto.seal_backend import SealBackend
 from veil.engine.protected import (
     MsgKind,
     ProtectedExecutor,
+    ciphertext_bytes,
     layer_weights_from_tensors,
     required_rotation_steps,
     rope_cos_sin,
@@ -82,7 +83,7 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
     kv = session.kv[layer]
     kv.keys = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.keys), level=lv.keys) for v in chunks_k]
     kv.values = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_v]
-    session.kv_bytes += len(chunks_k) * 2 * (lv.keys + 1 + lv.kv + 1) * dims.slots * 2 * 8
+    session.kv_bytes += sum(ciphertext_bytes(ex.be, ct) for ct in kv.keys + kv.values)
     session.length = session.position = n
     client.position = n
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]
