@@ -59,8 +59,8 @@ Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at le
   keeping lanes that are multiples of 2^j (2), chunk c moved to lane offset c, the chunks
   added and the last 6-j halvings done once per group; each group masked to its lanes (1),
   the groups joined at 1 by rotations of their sizes. σ = Σh² from h
-  switched to 3 (2) by a cyclic sum of all slots (13 rotations; every slot then holds 14σ,
-  nothing partial), masked into slot d (1).
+  switched to 3 (2) by a window sum over one period d (10 rotations: 576 = 512 + 64), masked
+  into slot d (1), whose window [d, 2d) is one whole copy.
   Download masks are encoded at scale ~2^56 (``DOWNLOAD_SCALE``) so that their encoding error
   times the masked-out partial sums stays ~2^-26 absolute, far below the flooding noise.
   Download switched to level 1, re-randomized and flooded.
@@ -137,6 +137,7 @@ __all__ = [
     "required_rotation_steps",
     "active_positions",
     "broadcast_lane",
+    "window_sum",
     "ciphertext_bytes",
 ]
 
@@ -378,6 +379,20 @@ def shared_lane_sums(be, prods: list, valid: list[int], dims: LayoutDims, select
     for i in range(len(parts) - 2, -1, -1):  # group i+1 starts groups[i][0] lanes after group i
         scores = be.add(parts[i], be.rotate(scores, -groups[i][0]))
     return scores
+
+
+def window_sum(be, ct, width: int):
+    """Slot i gets Σ ct[i .. i+width) (cyclic): doubling windows (log2 of width's top bit
+    rotations), joined at each further set bit of ``width`` by one more (576 = 512 + 64: 10).
+    Slots whose window runs past the data hold partial sums: callers keep whole windows only."""
+    run, acc, st = ct, None, 1  # run: windows of length st; acc: of width's bits below st
+    while True:
+        if width & st:  # run followed by acc: windows of length width mod 2st
+            acc = run if acc is None else be.add(run, be.rotate(acc, st))
+        if 2 * st > width:
+            return acc
+        run = be.add(run, be.rotate(run, st))
+        st *= 2
 
 
 def broadcast_lane(be, e, lane: int, period: int):
@@ -864,13 +879,14 @@ class ProtectedExecutor:
         return shared_lane_sums(be, prods, valid, dims, select, DOWNLOAD_SCALE)  # 1
 
     def _sigma(self, be, h: Ciphertext, scores: Ciphertext | None) -> Ciphertext:
-        """σ_t / d at slot ``sigma_slot`` (added to the scores when there are any): every slot of
-        the cyclic sum holds copies * σ (nothing partial)."""
+        """σ_t / d at slot ``sigma_slot`` (added to the scores when there are any), from a window
+        sum of one period of h²: 10 rotations instead of the 13 of a cyclic sum. Only slot
+        ``sigma_slot`` is kept, so the partial sums elsewhere are masked away (at DOWNLOAD_SCALE)."""
         dims = self.dims
         h_low = be.mod_switch_to(h, self.levels.scores_download + 2)
-        sq = self._sum_all(be, be.multiply(h_low, h_low))  # 2
+        sq = window_sum(be, be.multiply(h_low, h_low), dims.d)  # 2
         sig = np.zeros(dims.slots)
-        sig[dims.sigma_slot] = 1.0 / (dims.d * dims.copies)
+        sig[dims.sigma_slot] = 1.0 / dims.d
         out = self._select(be, sq, sig, DOWNLOAD_SCALE, key="sigma")  # 1
         return out if scores is None else be.add(scores, out)
 

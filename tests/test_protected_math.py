@@ -14,7 +14,7 @@ from veil.crypto.layouts import (
     weights_period,
 )
 from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128
-from veil.engine.protected import broadcast_lane, score_lane_rotations, shared_lane_sums
+from veil.engine.protected import broadcast_lane, score_lane_rotations, shared_lane_sums, window_sum
 from veil.engine.protected_client import softmax_weights, swiglu_from_u
 
 DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=8192)
@@ -170,6 +170,25 @@ class _SlotVectors:
 
     def add(self, a, b):
         return a + b
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 575, 576, 1024])
+def test_window_sum_sums_each_window(width):
+    """Every slot i holds the cyclic sum of [i, i+width), after log2(top bit) + (set bits - 1)
+    rotations; for σ (width d) slot d holds exactly one copy of Σh², as the client reads it."""
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal(DIMS.slots)
+    be = _SlotVectors()
+    got = window_sum(be, x, width)
+    want = sum(_rot(x, s) for s in range(width))
+    assert np.allclose(got, want, atol=1e-9)
+    assert be.rotations == (width.bit_length() - 1) + (bin(width).count("1") - 1)
+    h = rng.standard_normal(DIMS.d)
+    sq = np.zeros(DIMS.slots)
+    sq[: DIMS.copies * DIMS.d] = np.tile(h, DIMS.copies) ** 2
+    if width == DIMS.d:
+        assert be.rotations == 10
+        assert np.isclose(window_sum(_SlotVectors(), sq, width)[DIMS.sigma_slot], (h**2).sum())
 
 
 @pytest.mark.parametrize("positions", [1, 8, 9, 20, 33, 64, 65, 72, 127, 200, 512])
