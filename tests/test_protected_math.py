@@ -156,7 +156,7 @@ def test_scores_layout_matches_lane_placement():
 
 
 class _SlotVectors:
-    """Test-only fake backend for ``shared_lane_sums`` and ``broadcast_lane``: a "ciphertext"
+    """Test-only fake backend for ``shared_lane_sums``, ``broadcast_lane`` and ``window_sum``: a "ciphertext"
     is a plain numpy slot vector, rotations are ``np.roll`` (counted). It checks the slot
     algorithms (where each value lands, what is zeroed), not HE: the real backend runs them in
     test_protected_executor and the protected benchmarks."""
@@ -183,11 +183,11 @@ def test_window_sum_sums_each_window(width):
     want = sum(_rot(x, s) for s in range(width))
     assert np.allclose(got, want, atol=1e-9)
     assert be.rotations == (width.bit_length() - 1) + (bin(width).count("1") - 1)
-    h = rng.standard_normal(DIMS.d)
-    sq = np.zeros(DIMS.slots)
-    sq[: DIMS.copies * DIMS.d] = np.tile(h, DIMS.copies) ** 2
     if width == DIMS.d:
         assert be.rotations == 10
+        h = rng.standard_normal(DIMS.d)
+        sq = np.zeros(DIMS.slots)
+        sq[: DIMS.copies * DIMS.d] = np.tile(h, DIMS.copies) ** 2
         assert np.isclose(window_sum(_SlotVectors(), sq, width)[DIMS.sigma_slot], (h**2).sum())
 
 
