@@ -385,6 +385,8 @@ def window_sum(be, ct, width: int):
     """Slot i gets Σ ct[i .. i+width) (cyclic): doubling windows (log2 of width's top bit
     rotations), joined at each further set bit of ``width`` by one more (576 = 512 + 64: 10).
     Slots whose window runs past the data hold partial sums: callers keep whole windows only."""
+    if width < 1:
+        raise ValueError(f"window width must be at least 1, got {width}")
     run, acc, st = ct, None, 1  # run: windows of length st; acc: of width's bits below st
     while True:
         if width & st:  # run followed by acc: windows of length width mod 2st
@@ -449,6 +451,7 @@ def required_rotation_steps(cfg, params=PROTECTED_PARAMS) -> list[int]:
     steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums, weight broadcast
     steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
     steps |= {1 << i for i in range(BLOCK.bit_length() - 1)}  # cyclic slot sums (with -BLOCK*2^i)
+    steps |= {1 << i for i in range(dims.d.bit_length())}  # σ window sum (window_sum of width d)
     steps |= set(replicate_rotation_steps(dims.d, dims.copies))
     steps |= set(replicate_rotation_steps(BLOCK, dims.per_chunk))
     half = dims.slots // 2
@@ -885,8 +888,11 @@ class ProtectedExecutor:
         dims = self.dims
         h_low = be.mod_switch_to(h, self.levels.scores_download + 2)
         sq = window_sum(be, be.multiply(h_low, h_low), dims.d)  # 2
-        sig = np.zeros(dims.slots)
-        sig[dims.sigma_slot] = 1.0 / dims.d
+        def sig():  # built once: _select caches the encoded mask under its key
+            v = np.zeros(dims.slots)
+            v[dims.sigma_slot] = 1.0 / dims.d
+            return v
+
         out = self._select(be, sq, sig, DOWNLOAD_SCALE, key="sigma")  # 1
         return out if scores is None else be.add(scores, out)
 
@@ -938,7 +944,10 @@ class ProtectedExecutor:
         # σ'/(8d) in every slot: a constant factor, no 0/1 mask (a mask's encoding error times
         # the large 14σ' would spill into the û slots); the client subtracts slot 2F from û
         sq = self._sum_all(be, be.multiply(h_prime, h_prime))  # 1
-        sig = np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))
+
+        def sig():  # built once: _select caches the encoded constant under its key
+            return np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))
+
         u = be.matvec(L.wgu, h_prime)  # 1, folded
         out = be.add(self._select(be, u, self._mask([(0, 2 * f)]), key="first_2f"),
                      self._select(be, sq, sig, key="sigma2"))  # 0

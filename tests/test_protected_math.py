@@ -191,6 +191,11 @@ def test_window_sum_sums_each_window(width):
         assert np.isclose(window_sum(_SlotVectors(), sq, width)[DIMS.sigma_slot], (h**2).sum())
 
 
+def test_window_sum_rejects_an_empty_window():
+    with pytest.raises(ValueError):
+        window_sum(_SlotVectors(), np.zeros(DIMS.slots), 0)
+
+
 @pytest.mark.parametrize("positions", [1, 8, 9, 20, 33, 64, 65, 72, 127, 200, 512])
 def test_shared_lane_sums_place_every_chunk_at_its_lane(positions):
     """Random chunk products -> each head's 64-lane sum / sqrt(hd) of position j at
