@@ -47,13 +47,15 @@ Levels (``PROTECTED_PARAMS``: top level 7, scale 2^36; a refresh mask fits at le
   REFRESHED); y = [Π W_q; W_k; W_v] γ1 h at 6 (960 rows; Π orders the query heads by head
   slot, see ``veil.crypto.layouts``, so that every KV head serves head slots g = its index mod
   kv_heads); RoPE on ciphertexts q̂ = cos ⊙ y_q + (-sin) ⊙ rot(y,32) + sin ⊙ rot(y,-32)
-  (masks also clean the folded output), k̂ likewise on the 192 KV lanes, v̂ = 1_v ⊙ y: all at
-  5; k̂ and v̂ repeated 3 times (period 192, three rotations each) for the 9 head slots, then
-  appended to the KV cache (chunk j//8, key block j%8 of 1024 slots, value block j%8 of q
-  slots); k̂ is switched to 4 first, the only level keys are used at (values stay at 5).
+  (masks also clean the folded output; their plaintexts depend on the position only, so the
+  layers of a token share them), k̂ likewise on the 192 KV lanes, v̂ = 1_v ⊙ y: all at 5; k̂
+  is switched to 4, the only level keys are used at (values stay at 5), before any of its
+  rotations; k̂ and v̂ repeated 3 times (period 192, three rotations each) for the 9 head
+  slots, then appended to the KV cache (chunk j//8, key block j%8 of 1024 slots, value block
+  j%8 of q slots).
   Unrepeated W_k and W_v keep W_qkv at 960 rows, which folds into 7 blocks of 84 plaintexts
   (``MatvecPlan``) where [W_q; K_exp W_k; K_exp W_v] (1728 rows) needed 144.
-  Scores (``shared_lane_sums``): replicate q̂ into the 8 blocks, switch to 4, ct x ct with
+  Scores (``shared_lane_sums``): switch q̂ to 4, replicate it into the 8 blocks, ct x ct with
   each key chunk (3); the 64-lane sums per head are shared between the chunks of a group of
   C (2^j >= C; groups of 2-4 chunks, ``score_lane_groups``): j halvings per chunk, a mask
   keeping lanes that are multiples of 2^j (2), chunk c moved to lane offset c, the chunks
@@ -94,7 +96,7 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -627,6 +629,10 @@ class ProtectedExecutor:
         # encoded 0/1 masks and constants, keyed by (what, level, scale): they depend on no
         # key and no session, and encoding one costs an FFT and an NTT per prime
         self._plains: dict[tuple, object] = {}
+        # RoPE's cos/±sin plaintexts by position: every layer of a token (or of a prefill span)
+        # multiplies by the same six, so the last MAX_SPAN positions' stay encoded (~5.5 MB
+        # each at level 6) instead of 6 encodes per layer (least recently used dropped first)
+        self._rope_plains: OrderedDict[tuple, dict] = OrderedDict()
 
     @classmethod
     def from_checkpoint(cls, backend: HEBackend, ckpt, first: int, last: int, **kw) -> ProtectedExecutor:
@@ -808,7 +814,6 @@ class ProtectedExecutor:
             if q_hat is not None:
                 q_hats[i] = q_hat
             c, b = divmod(t0 + i, self.dims.per_chunk)
-            k_hat = be.mod_switch_to(k_hat, self.levels.keys)  # before its rotations: cheaper there
             k_hat, v_hat = self._rotate_blocks(be, k_hat, b), self._rotate_blocks(be, v_hat, b, self.dims.qdim)
             if c < len(keys):
                 keys[c], values[c] = be.add(keys[c], k_hat), be.add(values[c], v_hat)
@@ -842,36 +847,63 @@ class ProtectedExecutor:
         dims = self.dims
         hd, q, kvd = dims.head_dim, dims.qdim, dims.kv_dim
         y = be.matvec(L.wqkv, h)  # 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after
-        cos, sin = rope_cos_sin(self.cfg, t)
-        lane = np.arange(q) % hd
-        c_full = np.tile(cos, q // hd)
-        s_lo = np.where(lane < hd // 2, -np.tile(sin, q // hd), 0.0)  # pairs with rot(y, +hd/2)
-        s_hi = np.where(lane >= hd // 2, np.tile(sin, q // hd), 0.0)  # pairs with rot(y, -hd/2)
         y_up, y_dn = be.rotate(y, hd // 2), be.rotate(y, -(hd // 2))
+        plains = self._rope(be, t, be.level(y), self._prime(be, y))
 
         def rope(off: int, n: int) -> Ciphertext:
             acc = None
-            for src, vals in ((y, c_full), (y_up, s_lo), (y_dn, s_hi)):
-                if not np.any(vals):  # sin = 0 at position 0
+            for src, part in ((y, 0), (y_up, 1), (y_dn, 2)):
+                pt = plains(off, n, part)
+                if pt is None:  # sin = 0 at position 0
                     continue
-                v = np.zeros(dims.slots)
-                v[off : off + n] = vals[:n]
-                prod = be.multiply_plain(src, v, rescale=False)
+                prod = be.multiply_plain(src, pt, rescale=False)
                 acc = prod if acc is None else be.add(acc, prod)
             return be.rescale(acc)
 
         q_hat = rope(0, q) if want_q else None  # [0, q), level 5
         # KV lanes repeated for the head slots (slot g reads KV head g % kv_heads), then moved
-        # to [0, q) (keys) and to the value block frame (values): 3 rotations each
-        k_hat = be.rotate(self._repeat_kv(be, rope(q, kvd)), kvd)
+        # to [0, q) (keys) and to the value block frame (values): 3 rotations each, after the
+        # switch to the keys' level (a rotation at 4 costs ~3/4 of one at 5)
+        k_hat = be.rotate(self._repeat_kv(be, be.mod_switch_to(rope(q, kvd), self.levels.keys)), kvd)
         v_mask = self._plain(be, "v_lanes", be.level(y), self._prime(be, y), lambda: self._mask([(q + kvd, q + 2 * kvd)]))
         v_hat = be.rotate(self._repeat_kv(be, be.multiply_plain(y, v_mask)), 2 * kvd - dims.value_offset)
         return q_hat, k_hat, v_hat
 
+    def _rope(self, be, t: int, level: int, scale: float):
+        """``plains(off, n, part)``: RoPE's factor for lanes ``[off, off + n)`` of position ``t``
+        encoded at ``level`` and ``scale`` (part 0: cos with y; 1: -sin on the low half-heads, with
+        rot(y, +hd/2); 2: sin on the high half-heads, with rot(y, -hd/2)); None where it is all
+        zero (sin at position 0). Encoded on first use, kept for the last MAX_SPAN positions."""
+        key = (t, level, scale)
+        cache = self._rope_plains.get(key)
+        if cache is None:
+            cache = self._rope_plains[key] = {}
+            while len(self._rope_plains) > MAX_SPAN:
+                self._rope_plains.popitem(last=False)
+        else:
+            self._rope_plains.move_to_end(key)
+        dims = self.dims
+        hd, q = dims.head_dim, dims.qdim
+
+        def plains(off: int, n: int, part: int):
+            if (off, n, part) not in cache:
+                cos, sin = rope_cos_sin(self.cfg, t)
+                lane = np.arange(q) % hd
+                vals = (np.tile(cos, q // hd),
+                        np.where(lane < hd // 2, -np.tile(sin, q // hd), 0.0),
+                        np.where(lane >= hd // 2, np.tile(sin, q // hd), 0.0))[part][:n]
+                v = np.zeros(dims.slots)
+                v[off : off + n] = vals
+                cache[(off, n, part)] = be.encode(v, level, scale) if np.any(vals) else None
+            return cache[(off, n, part)]
+
+        return plains
+
     def _scores(self, be, q_hat: Ciphertext, keys: list, t: int) -> Ciphertext:
         """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (level 1)."""
         dims = self.dims
-        q_rep = be.mod_switch_to(be.replicate(q_hat, BLOCK, dims.per_chunk), self.levels.keys)
+        # switched before its 3 replicating rotations: cheaper at the keys' level
+        q_rep = be.replicate(be.mod_switch_to(q_hat, self.levels.keys), BLOCK, dims.per_chunk)
         n_chunks = t // dims.per_chunk + 1
         valid = [min(dims.per_chunk, t + 1 - ci * dims.per_chunk) for ci in range(n_chunks)]
         prods = [be.multiply(q_rep, keys[ci]) for ci in range(n_chunks)]  # 3

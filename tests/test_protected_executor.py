@@ -14,6 +14,7 @@ import torch
 from veil.crypto.layouts import PROTECTED_PARAMS, scores_slots
 from veil.crypto.seal_backend import SealBackend
 from veil.engine.protected import (
+    MAX_SPAN,
     MsgKind,
     ProtectedExecutor,
     ProtocolError,
@@ -117,6 +118,18 @@ def test_round_trips_and_kv_cache(decoded, executor):
     assert lv.keys == lv.kv - 1  # keys are stored where they are used
     assert session.kv_bytes == chunks * n * (ct_bytes(lv.keys) + ct_bytes(lv.kv))
     assert session.length == POSITIONS and client.position == POSITIONS
+
+
+def test_rope_plaintexts_are_shared_by_layers_and_bounded(decoded, executor):
+    """RoPE's encoded factors depend on the position alone: both layers of a token reuse one
+    set (six: cos, -sin, sin for q and for k), and only the last MAX_SPAN positions' stay
+    encoded (~5.5 MB each at N=16384), however long the session runs."""
+    assert POSITIONS > MAX_SPAN  # the decode above ran past the bound
+    cached = executor._rope_plains
+    assert sorted(t for t, _, _ in cached) == list(range(POSITIONS - MAX_SPAN, POSITIONS))
+    assert len({(level, scale) for _, level, scale in cached}) == 1  # one level and scale for all layers
+    for factors in cached.values():
+        assert len(factors) == 6 and all(pt is not None for pt in factors.values())
 
 
 def audit(client, dims) -> set:
