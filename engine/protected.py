@@ -850,53 +850,51 @@ class ProtectedExecutor:
         y_up, y_dn = be.rotate(y, hd // 2), be.rotate(y, -(hd // 2))
         plains = self._rope(be, t, be.level(y), self._prime(be, y))
 
-        def rope(off: int, n: int) -> Ciphertext:
+        def rope(off: int) -> Ciphertext:
             acc = None
-            for src, part in ((y, 0), (y_up, 1), (y_dn, 2)):
-                pt = plains(off, n, part)
+            for src, pt in zip((y, y_up, y_dn), plains[off], strict=True):
                 if pt is None:  # sin = 0 at position 0
                     continue
                 prod = be.multiply_plain(src, pt, rescale=False)
                 acc = prod if acc is None else be.add(acc, prod)
             return be.rescale(acc)
 
-        q_hat = rope(0, q) if want_q else None  # [0, q), level 5
+        q_hat = rope(0) if want_q else None  # [0, q), level 5
         # KV lanes repeated for the head slots (slot g reads KV head g % kv_heads), then moved
         # to [0, q) (keys) and to the value block frame (values): 3 rotations each, after the
         # switch to the keys' level (a rotation at 4 costs ~3/4 of one at 5)
-        k_hat = be.rotate(self._repeat_kv(be, be.mod_switch_to(rope(q, kvd), self.levels.keys)), kvd)
+        k_hat = be.rotate(self._repeat_kv(be, be.mod_switch_to(rope(q), self.levels.keys)), kvd)
         v_mask = self._plain(be, "v_lanes", be.level(y), self._prime(be, y), lambda: self._mask([(q + kvd, q + 2 * kvd)]))
         v_hat = be.rotate(self._repeat_kv(be, be.multiply_plain(y, v_mask)), 2 * kvd - dims.value_offset)
         return q_hat, k_hat, v_hat
 
-    def _rope(self, be, t: int, level: int, scale: float):
-        """``plains(off, n, part)``: RoPE's factor for lanes ``[off, off + n)`` of position ``t``
-        encoded at ``level`` and ``scale`` (part 0: cos with y; 1: -sin on the low half-heads, with
-        rot(y, +hd/2); 2: sin on the high half-heads, with rot(y, -hd/2)); None where it is all
-        zero (sin at position 0). Encoded on first use, kept for the last MAX_SPAN positions."""
+    def _rope(self, be, t: int, level: int, scale: float) -> dict[int, list]:
+        """RoPE's factors of position ``t`` encoded at ``level`` and ``scale``: lane offset (0
+        for q, q for k) -> [cos (with y), -sin on the low half-heads (with rot(y, +hd/2)), sin on
+        the high half-heads (with rot(y, -hd/2))], None where all zero (sin at position 0).
+        Kept for the last MAX_SPAN positions: the layers of a token (or span) all use them."""
         key = (t, level, scale)
-        cache = self._rope_plains.get(key)
-        if cache is None:
-            cache = self._rope_plains[key] = {}
-            while len(self._rope_plains) > MAX_SPAN:
-                self._rope_plains.popitem(last=False)
-        else:
+        plains = self._rope_plains.get(key)
+        if plains is not None:
             self._rope_plains.move_to_end(key)
+            return plains
         dims = self.dims
         hd, q = dims.head_dim, dims.qdim
-
-        def plains(off: int, n: int, part: int):
-            if (off, n, part) not in cache:
-                cos, sin = rope_cos_sin(self.cfg, t)
-                lane = np.arange(q) % hd
-                vals = (np.tile(cos, q // hd),
-                        np.where(lane < hd // 2, -np.tile(sin, q // hd), 0.0),
-                        np.where(lane >= hd // 2, np.tile(sin, q // hd), 0.0))[part][:n]
+        cos, sin = rope_cos_sin(self.cfg, t)
+        lane = np.arange(q) % hd
+        factors = (np.tile(cos, q // hd),
+                   np.where(lane < hd // 2, -np.tile(sin, q // hd), 0.0),
+                   np.where(lane >= hd // 2, np.tile(sin, q // hd), 0.0))
+        plains = {}
+        for off, n in ((0, q), (q, dims.kv_dim)):
+            plains[off] = []
+            for vals in factors:
                 v = np.zeros(dims.slots)
-                v[off : off + n] = vals
-                cache[(off, n, part)] = be.encode(v, level, scale) if np.any(vals) else None
-            return cache[(off, n, part)]
-
+                v[off : off + n] = vals[:n]
+                plains[off].append(be.encode(v, level, scale) if np.any(v) else None)
+        self._rope_plains[key] = plains
+        while len(self._rope_plains) > MAX_SPAN:
+            self._rope_plains.popitem(last=False)
         return plains
 
     def _scores(self, be, q_hat: Ciphertext, keys: list, t: int) -> Ciphertext:

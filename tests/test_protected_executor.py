@@ -129,7 +129,8 @@ def test_rope_plaintexts_are_shared_by_layers_and_bounded(decoded, executor):
     assert sorted(t for t, _, _ in cached) == list(range(POSITIONS - MAX_SPAN, POSITIONS))
     assert len({(level, scale) for _, level, scale in cached}) == 1  # one level and scale for all layers
     for factors in cached.values():
-        assert len(factors) == 6 and all(pt is not None for pt in factors.values())
+        assert sorted(factors) == [0, executor.dims.qdim]  # q's lanes and k's
+        assert all(len(row) == 3 and all(pt is not None for pt in row) for row in factors.values())
 
 
 def audit(client, dims) -> set:
