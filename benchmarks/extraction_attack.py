@@ -120,18 +120,21 @@ def text_chunks(tokenizer, n_tokens: int, chunk: int) -> list[list[int]]:
 
 def collect_veil(ckpt, model, k: int, chunks: list[list[int]], progress=None) -> VeilTranscript:
     """Run the real protected protocol for layers [k, L) over every chunk (one session each)."""
-    from veil.crypto.layouts import PROTECTED_PARAMS, unpack_mlp, unpack_scores
-    from veil.crypto.seal_backend import SealBackend
-    from veil.engine.protected import ProtectedExecutor, required_rotation_steps
-    from veil.engine.protected_client import ProtectedClientState, softmax_weights, swiglu_from_u
+    from veil.crypto.backend import make_backend
+    from veil.crypto.params import PROTECTED_PARAMS
+    from veil.protected.circuits import required_rotation_steps
+    from veil.protected.client import ProtectedClientState, softmax_weights, swiglu_from_u
+    from veil.protected.layouts import dims_of, unpack_mlp, unpack_scores
+    from veil.protected.server import ProtectedExecutor
+    from veil.server.config import ServerConfig
 
     cfg = ckpt.config
     L, d, heads, hd = cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim
-    client_be = SealBackend(PROTECTED_PARAMS)
-    client_be.generate_keys(required_rotation_steps(cfg))
-    server_be = SealBackend(PROTECTED_PARAMS)
+    client_be = make_backend(PROTECTED_PARAMS, "seal")
+    client_be.generate_keys(required_rotation_steps(dims_of(cfg, PROTECTED_PARAMS.slot_count)))
+    server_be = make_backend(PROTECTED_PARAMS, "seal")
     server_be.import_public_material(client_be.export_public_material())
-    ex = ProtectedExecutor.from_checkpoint(server_be, ckpt, k, L)
+    ex = ProtectedExecutor.from_checkpoint(server_be, ckpt, k, L, ServerConfig().protected_limits())
     tr = VeilTranscript()
     t0 = time.perf_counter()
     for ids in chunks:
@@ -204,7 +207,9 @@ def linear_only(model, k: int, chunks: list[list[int]]) -> dict[str, tuple[np.nd
 
 # ------------------------------------------------------------------------------------ attack
 def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict) -> dict:
-    from veil.engine.protected import layer_weights_from_tensors
+    from veil.crypto.params import PROTECTED_PARAMS
+    from veil.protected.layouts import dims_of
+    from veil.protected.weights import layer_weights_from_tensors
 
     cfg = ckpt.config
     L, d, heads, hd, F_ = cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
@@ -219,7 +224,7 @@ def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict) -> dict:
         out["linear_only"][name] = errors(lstsq(x, y), w, x)
 
     a = tr.arrays()
-    lw = layer_weights_from_tensors(tensors, cfg, k)
+    lw = layer_weights_from_tensors(tensors, cfg, k, dims_of(cfg, PROTECTED_PARAMS.slot_count))
     x = a["h_in"]
     for name, u, w in (("gate", a["u_gate"], lw.w_gu[:F_]), ("up", a["u_up"], lw.w_gu[F_:])):
         e = errors(lstsq(x, u), w, x)

@@ -147,9 +147,9 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
                         prefill_span: int | None = None) -> dict:
     """Run every (path, context) against one server subprocess; returns results by path."""
     from veil.client.sdk import VeilClient
-    from veil.crypto.wire import MAX_SPAN
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.split import client_half_from
+    from veil.protected.protocol import MAX_SPAN
 
     ckpt = ckpt or load_checkpoint()
     reference_logits = reference_logits or logits_of(build_model(ckpt))

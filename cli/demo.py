@@ -1,7 +1,7 @@
 """`veil demo`: a server on a free loopback port in this process, a fresh tenant, one prompt,
 answered on the plaintext split path and on the protected (CKKS) path, with what privacy cost.
 
-The protected path runs ``2(L-k)+1`` round trips per token and each protected layer costs
+The protected path runs ``3(L-k)`` round trips per token and each protected layer costs
 seconds per position on this CPU, so the demo's default protected split keeps only the last
 ``--protected-layers`` (2) layers on the server and a short answer: a newcomer's ``make demo``
 finishes in a few minutes. It prints what it chose and the command for the full split.
@@ -17,6 +17,8 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from veil.crypto.backend import backend_names
+
     p = sub.add_parser("demo", help="run a server in-process and chat with it on both paths")
     p.add_argument("--prompt", default="The capital of France is",
                    help="a completion prompt (see --chat for the chat template)")
@@ -26,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="split point (default: 2 for plaintext alone, else L - --protected-layers)")
     p.add_argument("--protected-layers", type=int, default=2,
                    help="server layers when --k is not given and the protected path runs")
+    p.add_argument("--he-backend", default="seal", choices=backend_names(),
+                   help="HE backend of the protected path (server and client)")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,
                    help="wrap the prompt in the chat template (~30 more prompt tokens to prefill)")
     p.set_defaults(func=cmd_demo)
@@ -64,16 +68,17 @@ def cmd_demo(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tenants = TenantStore(Path(tmp) / "tenants.json")
         key = tenants.add("demo", modes)
-        cfg = ServerConfig(tenants_file=tenants.path, k=k)
+        cfg = ServerConfig(tenants_file=tenants.path, k=k, he_backend=args.he_backend)
         server = start_background(create_app(cfg, server_half_from(ckpt, k, full=True), tenants))
         say(f"server on {server.url}, tenant 'demo' ({', '.join(modes)}); prompt of {len(ids)} tokens, "
             f"{args.max_new_tokens} new tokens, greedy")
         try:
             half = client_half_from(ckpt, k)
             for mode in modes:
-                with VeilClient(server.url, key, mode=mode, half=half) as client:
+                with VeilClient(server.url, key, mode=mode, half=half, he_backend=args.he_backend) as client:
                     if mode == "protected":
-                        say("protected: generating the CKKS keys (the secret key stays in this process)…")
+                        say(f"protected: generating the CKKS keys on the {args.he_backend} backend "
+                            "(the secret key stays in this process)…")
                         client.ensure_keys()
                         say(f"protected: {client.setup_bytes / 1e6:.0f} MB of evaluation keys uploaded; "
                             "the server encodes its layers' weights on first use…")

@@ -8,11 +8,15 @@ from pathlib import Path
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from veil.crypto.backend import backend_names
+
     p = sub.add_parser("chat", help="chat with a Veil server through the client SDK")
     p.add_argument("--server", required=True, help="server URL, e.g. https://provider:8443")
     p.add_argument("--api-key", required=True)
     p.add_argument("--mode", default="plaintext", choices=["plaintext", "protected"],
-                   help="protected: CKKS split inference (PROTOCOL.md); the server runs its layers on ciphertexts")
+                   help="protected: CKKS split inference (docs/PROTOCOL.md); the server runs its layers on ciphertexts")
+    p.add_argument("--he-backend", default="seal", choices=backend_names(),
+                   help="protected: the HE backend that holds this client's keys")
     p.add_argument("--bundle", type=Path, help="client bundle directory (veil split); default: embedded model")
     p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
     p.add_argument("--prompt", help="one prompt; without it, an interactive loop reads stdin")
@@ -29,7 +33,7 @@ def cmd_chat(args) -> int:
     from veil.client.sdk import VeilClient, VeilError
 
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
-                        verify=args.cacert or True)
+                        verify=args.cacert or True, he_backend=args.he_backend)
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:

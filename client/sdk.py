@@ -6,11 +6,11 @@ to what comes back. Sampling happens here; the server never sees token ids.
 
 Two modes:
 * ``plaintext``: one round trip per step carries the hidden states in the clear (trusted tenants).
-* ``protected``: PROTOCOL.md. The client generates a CKKS key pair (the secret key stays in this
-  process), uploads its public evaluation keys once, and drives ``3(L-k)`` round trips per
+* ``protected``: docs/PROTOCOL.md. The client generates a CKKS key pair (the secret key stays in
+  this process), uploads its public evaluation keys once, and drives ``3(L-k)`` round trips per
   decode token, or per prompt span of up to ``MAX_SPAN`` positions, with
-  ``veil.engine.protected_client.ProtectedClientState``, which decrypts only the values
-  PROTOCOL.md lists and computes the norms, softmax and SiLU.
+  ``veil.protected.client.ProtectedClientState``, which decrypts only the values the protocol
+  lists and computes the norms, softmax and SiLU.
 """
 
 from __future__ import annotations
@@ -25,17 +25,11 @@ import httpx
 import numpy as np
 import torch
 
-from veil.crypto.wire import (
-    CONTENT_TYPE,
-    MAX_SPAN,
-    HiddenReply,
-    HiddenStep,
-    ProtectedMessage,
-    public_material_to_bytes,
-)
+from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep
 from veil.engine.model import LayerKV
 from veil.engine.sampling import Sampler, SamplingParams
 from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
+from veil.protected.protocol import MAX_SPAN, ProtectedMessage, public_material_to_bytes
 
 
 class VeilError(RuntimeError):
@@ -143,7 +137,7 @@ class ProtectedSession(SplitSession):
     decode token, or a prompt span of up to ``prefill_span`` positions."""
 
     def __init__(self, client: VeilClient, sid: str, info: dict):
-        from veil.engine.protected_client import ProtectedClientState
+        from veil.protected.client import ProtectedClientState
 
         super().__init__(client, sid, info)
         cfg = client.cfg
@@ -196,9 +190,14 @@ class ProtectedSession(SplitSession):
 class VeilClient:
     def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
-                 half: ClientHalf | None = None, prefill_span: int = MAX_SPAN):
+                 half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str = "seal"):
+        from veil.crypto.backend import backend_names
+
         if mode not in ("plaintext", "protected"):
             raise ValueError(f"mode must be 'plaintext' or 'protected', not {mode!r}")
+        if he_backend not in backend_names():
+            raise ValueError(f"he_backend must be one of {backend_names()}, not {he_backend!r}")
+        self.he_backend = he_backend  # protected: which HE backend holds this client's keys
         if not 1 <= prefill_span <= MAX_SPAN:
             raise ValueError(f"prefill_span must be 1..{MAX_SPAN}")
         self.prefill_span = prefill_span  # protected: prompt positions per round trip
@@ -264,17 +263,18 @@ class VeilClient:
 
     def generate_keys(self, progress: bool = True) -> None:
         """Protected mode: a fresh CKKS key pair and the evaluation keys the server's layouts
-        need (secret key in this process only; randomness from the OS CSPRNG via SEAL)."""
+        need (secret key in this process only; randomness from the OS CSPRNG)."""
         from tqdm.auto import tqdm
 
+        from veil.crypto.backend import make_backend
         from veil.crypto.params import PROTECTED_PARAMS
-        from veil.crypto.seal_backend import SealBackend
-        from veil.engine.protected import required_rotation_steps
+        from veil.protected.circuits import required_rotation_steps
+        from veil.protected.layouts import dims_of
 
-        steps = required_rotation_steps(self.cfg, PROTECTED_PARAMS)
+        steps = required_rotation_steps(dims_of(self.cfg, PROTECTED_PARAMS.slot_count))
         with tqdm(total=3, desc="CKKS keys", unit="phase", disable=not progress) as bar:
             bar.set_postfix_str(f"secret + public key, {len(steps)} Galois keys ({PROTECTED_PARAMS.id})")
-            he = SealBackend(PROTECTED_PARAMS)
+            he = make_backend(PROTECTED_PARAMS, self.he_backend)
             he.generate_keys(steps)
             bar.update()
             material = he.export_public_material()  # relin + Galois keys are made here

@@ -34,6 +34,8 @@ __all__ = [
     "TEST_PARAMS",
     "TEST_PARAMS_ID",
     "get_params",
+    "is_prime",
+    "ntt_primes",
     "production_param_ids",
 ]
 
@@ -57,6 +59,51 @@ HE_STANDARD_MAX_LOG_Q_128: dict[int, int] = {
 _MAX_PRIME_BITS = 60
 
 
+def is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for n < 3.3e24 (these bases suffice below that bound)."""
+    if n < 2:
+        return False
+    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+    for p in bases:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in bases:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def ntt_primes(n: int, bit_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Primes ``q ≡ 1 (mod 2n)`` of the given bit sizes, picked the way SEAL's
+    ``CoeffModulus::Create`` picks them: for each size, the largest such primes below
+    ``2^bits``, handed out smallest first in the order the sizes appear (so ``[57, 36 x 7, 57]``
+    gets the second-largest 57-bit prime as ``q_0`` and the largest as the special prime)."""
+    wanted: dict[int, int] = {}
+    for b in bit_sizes:
+        wanted[b] = wanted.get(b, 0) + 1
+    pools: dict[int, list[int]] = {}
+    for bits, count in wanted.items():
+        found, q = [], ((1 << bits) - 1) // (2 * n) * (2 * n) + 1
+        while len(found) < count:
+            if q.bit_length() < bits:
+                raise ParamsError(f"not enough {bits}-bit NTT primes for N={n}")
+            if is_prime(q):
+                found.append(q)
+            q -= 2 * n
+        pools[bits] = found  # descending; pop() hands out the smallest first
+    return tuple(pools[b].pop() for b in bit_sizes)
+
+
 @dataclass(frozen=True)
 class CkksParams:
     """One named CKKS parameter set.
@@ -66,6 +113,9 @@ class CkksParams:
         poly_modulus_degree: ring dimension N; N/2 complex slots.
         coeff_modulus_bits: bit sizes of the RNS primes ``[q_0, q_1..q_L, p]``; the last one is
             the special (key-switching) prime.
+        primes: the primes themselves, in the same order: every backend builds its modulus chain
+            from these numbers, so ciphertexts of one backend have the moduli of another's.
+            Production sets pin them; when left out they are derived by ``ntt_primes``.
         scale_bits: log2 of the default encoding scale Delta.
         security_level: 128 (checked against the HE Standard) or 0 for a set that is *not*
             secure and is only valid with ``test_only=True``.
@@ -89,8 +139,11 @@ class CkksParams:
     mask_value_bits: int = 12
     flood_log2_sigma: float = 30.0
     test_only: bool = False
+    primes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.primes:  # frozen: derived once here, then validated like pinned ones
+            object.__setattr__(self, "primes", ntt_primes(self.poly_modulus_degree, self.coeff_modulus_bits))
         self.validate()
 
     # ---- derived numbers -------------------------------------------------------------
@@ -180,20 +233,25 @@ class CkksParams:
                 raise ParamsError(f"{self.id}: special prime smaller than a data prime")
         if self.mask_lambda < 40 and not self.test_only:
             raise ParamsError(f"{self.id}: mask_lambda below 40 bits")
+        self._validate_primes()
 
-    def describe(self) -> dict:
-        return {
-            "id": self.id,
-            "poly_modulus_degree": self.poly_modulus_degree,
-            "coeff_modulus_bits": list(self.coeff_modulus_bits),
-            "scale_bits": self.scale_bits,
-            "security_level": self.security_level,
-            "log_q": self.log_q,
-            "top_level": self.top_level,
-            "mask_lambda": self.mask_lambda,
-            "mask_value_bits": self.mask_value_bits,
-            "flood_log2_sigma": self.flood_log2_sigma,
-        }
+    def _validate_primes(self) -> None:
+        n, primes = self.poly_modulus_degree, self.primes
+        if len(primes) != len(self.coeff_modulus_bits) or len(set(primes)) != len(primes):
+            raise ParamsError(f"{self.id}: need one distinct prime per modulus bit size")
+        for q, bits in zip(primes, self.coeff_modulus_bits, strict=True):
+            if q.bit_length() != bits or q % (2 * n) != 1 or not is_prime(q):
+                raise ParamsError(f"{self.id}: {q} is not an NTT-friendly {bits}-bit prime for N={n}")
+
+    def prime(self, level: int) -> int:
+        """``q_level``: the prime a rescale at ``level`` divides by."""
+        if not 0 <= level <= self.top_level:
+            raise ParamsError(f"level {level} outside [0, {self.top_level}] for {self.id}")
+        return self.primes[level]
+
+    @property
+    def special_prime(self) -> int:
+        return self.primes[-1]
 
 
 # --------------------------------------------------------------------------------------
@@ -222,6 +280,8 @@ DEFAULT_PARAMS = CkksParams(
     mask_lambda=54,
     mask_value_bits=12,
     flood_log2_sigma=30.0,
+    primes=(1152921504606683137, 1125899903107073, 1125899903500289, 1125899903795201, 1125899903827969,
+            1125899903991809, 1125899904679937, 1152921504606748673),
 )
 DEFAULT_PARAMS_ID = DEFAULT_PARAMS.id
 
@@ -229,7 +289,7 @@ DEFAULT_PARAMS_ID = DEFAULT_PARAMS.id
 
 #: The protected path's parameter set. N=16384, chain [57, 36 x 7, 57] = 366 bits (the HE
 #: Standard 128-bit bound for N=16384 is 438), scale 2^36, eight data levels (0..7).
-#: Why not the default [60, 50 x 6, 60]: the layer circuit of ``veil.engine.protected`` needs
+#: Why not the default [60, 50 x 6, 60]: the layer circuit of ``veil.protected.circuits`` needs
 #: five levels from the layer start (7) to the masked refresh of h'' (level 2) plus two below
 #: it for the downloads; with 50-bit primes only four levels lie between the top and the
 #: lowest level that can carry a refresh mask. 36-bit primes keep ~2^-28 absolute precision per
@@ -254,6 +314,8 @@ PROTECTED_PARAMS = CkksParams(
     mask_lambda=64,
     mask_value_bits=16,
     flood_log2_sigma=18.0,
+    primes=(144115188075134977, 68713512961, 68713873409, 68714201089, 68714954753, 68716036097, 68717740033,
+            68718428161, 144115188075593729),
 )
 
 _PRODUCTION: dict[str, CkksParams] = {DEFAULT_PARAMS.id: DEFAULT_PARAMS, PROTECTED_PARAMS.id: PROTECTED_PARAMS}
@@ -278,6 +340,7 @@ TEST_PARAMS = CkksParams(
     mask_value_bits=12,
     flood_log2_sigma=24.0,
     test_only=True,
+    primes=(1152921504606748673, 1099510890497, 1099511480321, 1152921504606830593),
 )
 TEST_PARAMS_ID = TEST_PARAMS.id
 

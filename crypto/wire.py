@@ -1,6 +1,7 @@
 """The wire format shared by client and server: msgpack messages, tensors as raw bytes.
 
-Every message is a msgpack map:
+Every message is a msgpack map (the protected protocol's messages, ``veil.protected.protocol``,
+use the same envelope):
 
     {"v": PROTOCOL_VERSION, "session": str, "step": int, "kind": str, ...kind-specific fields}
 
@@ -90,7 +91,7 @@ def unpack(data: bytes, *, max_bytes: int) -> dict[str, Any]:
     return msg
 
 
-def _int(msg: dict, key: str) -> int:
+def int_field(msg: dict, key: str) -> int:
     v = msg.get(key)
     if not isinstance(v, int) or isinstance(v, bool):
         raise WireError(f"field {key!r} must be an integer")
@@ -119,7 +120,7 @@ class HiddenStep:
         session = msg.get("session")
         if not isinstance(session, str):
             raise WireError("field 'session' must be a string")
-        step = _int(msg, "step")
+        step = int_field(msg, "step")
         hidden = decode_tensor(msg.get("tensor"), max_elements=max_tokens * hidden_size, ndim=2)
         if hidden.shape[1] != hidden_size or hidden.shape[0] == 0:
             raise WireError(f"hidden states must be [T>0, {hidden_size}], got {list(hidden.shape)}")
@@ -145,127 +146,4 @@ class HiddenReply:
     def from_bytes(cls, data: bytes, *, max_bytes: int = 1 << 30) -> HiddenReply:
         msg = unpack(data, max_bytes=max_bytes)
         t = decode_tensor(msg.get("tensor"), max_elements=max_bytes, ndim=2)
-        return cls(str(msg.get("session")), _int(msg, "step"), t)
-
-
-# ---------------------------------------------------------------------------------------------
-# The protected path (PROTOCOL.md): ciphertext messages and the client's public key material
-# ---------------------------------------------------------------------------------------------
-
-#: Message kinds of the protected protocol; the upload kinds travel client -> server.
-PROTECTED_UPLOAD_KINDS = ("token", "weights", "mlp_in", "refreshed")
-PROTECTED_KINDS = (*PROTECTED_UPLOAD_KINDS, "scores", "mlp", "refresh", "final")
-#: The most positions one protected message may carry (a prefill span; decode steps carry one).
-#: Bounds the server's per-step work and memory: every position holds its own residual
-#: ciphertexts (~2 MB at the layer-start level) while its span is in flight.
-MAX_SPAN = 8
-_MAX_CTS = 2 * MAX_SPAN  # the most ciphertexts a protected message may carry
-
-
-@dataclass(frozen=True)
-class CtPayload:
-    """One serialized ciphertext with its layout tag and level (validated by the backend when
-    it is deserialized: parameter set, size, level, scale)."""
-
-    tag: str
-    level: int
-    data: bytes = field(repr=False)
-    token: int = 0  # which position of the message's span (0 .. count-1) it belongs to
-
-
-@dataclass(frozen=True)
-class ProtectedMessage:
-    """One message of the protected protocol, in either direction."""
-
-    kind: str
-    session_id: str
-    step: int
-    layer: int
-    position: int
-    cts: tuple[CtPayload, ...]
-    params_id: str = ""
-    version: int = PROTOCOL_VERSION
-    count: int = 1  # positions [position, position + count): a prefill span, or one decode step
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(c.data) for c in self.cts)
-
-    def ct(self, tag: str, token: int = 0) -> CtPayload:
-        for c in self.cts:
-            if c.tag == tag and c.token == token:
-                return c
-        raise WireError(f"{self.kind} message lacks a {tag!r} ciphertext for span position {token}")
-
-    def payloads(self, expected: dict[int, str]) -> list[CtPayload]:
-        """Exactly one ciphertext per span position of ``expected`` (position -> tag) and nothing
-        else, in position order; ``WireError`` otherwise."""
-        cts = sorted(self.cts, key=lambda c: c.token)
-        got, want = [(c.token, c.tag) for c in cts], sorted(expected.items())
-        if got != want:
-            raise WireError(f"{self.kind} message carries ciphertexts {got}, expected {want}")
-        return cts
-
-    def to_bytes(self) -> bytes:
-        return pack({"v": self.version, "session": self.session_id, "step": self.step, "kind": self.kind,
-                     "layer": self.layer, "position": self.position, "count": self.count, "params": self.params_id,
-                     "cts": [{"tag": c.tag, "level": c.level, "token": c.token, "data": c.data} for c in self.cts]})
-
-    @classmethod
-    def from_bytes(cls, data: bytes, *, max_bytes: int, kinds: tuple[str, ...] = PROTECTED_KINDS) -> ProtectedMessage:
-        msg = unpack(data, max_bytes=max_bytes)
-        kind = msg.get("kind")
-        if kind not in kinds:
-            raise WireError(f"unexpected message kind {kind!r}")
-        session, params = msg.get("session"), msg.get("params")
-        if not isinstance(session, str) or not isinstance(params, str):
-            raise WireError("fields 'session' and 'params' must be strings")
-        step, layer, position = _int(msg, "step"), _int(msg, "layer"), _int(msg, "position")
-        if step < 0 or layer < 0 or position < 0:
-            raise WireError("step, layer and position must be non-negative")
-        count = _int(msg, "count") if "count" in msg else 1
-        if not 1 <= count <= MAX_SPAN:
-            raise WireError(f"'count' must be 1..{MAX_SPAN} positions")
-        recs = msg.get("cts")
-        if not isinstance(recs, list) or not 0 < len(recs) <= _MAX_CTS:
-            raise WireError(f"'cts' must be a list of 1..{_MAX_CTS} ciphertexts")
-        cts = []
-        for rec in recs:
-            if not isinstance(rec, dict):
-                raise WireError("a ciphertext record must be a map")
-            tag, level, blob, token = rec.get("tag"), rec.get("level"), rec.get("data"), rec.get("token", 0)
-            if not isinstance(tag, str) or not isinstance(level, int) or isinstance(level, bool) or level < 0:
-                raise WireError("a ciphertext record needs a string 'tag' and a non-negative integer 'level'")
-            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < count:
-                raise WireError(f"a ciphertext record's 'token' must be an integer in 0..{count - 1}")
-            if not isinstance(blob, bytes | bytearray) or not blob:
-                raise WireError("a ciphertext record's 'data' must be non-empty bytes")
-            cts.append(CtPayload(tag, level, bytes(blob), token))
-        if len({(c.tag, c.token) for c in cts}) != len(cts):
-            raise WireError("duplicate ciphertext tags")
-        return cls(kind, session, step, layer, position, tuple(cts), params, msg["v"], count)
-
-
-def public_material_to_bytes(material) -> bytes:
-    """The client's evaluation keys (``veil.crypto.backend.PublicMaterial``: public key, relin
-    and Galois keys, never the secret key) as one msgpack map."""
-    return pack({"v": PROTOCOL_VERSION, "kind": "public_material", "params": material.params_id,
-                 "public_key": material.public_key, "relin_keys": material.relin_keys,
-                 "galois_keys": material.galois_keys, "rotation_steps": list(material.rotation_steps)})
-
-
-def public_material_from_bytes(data: bytes, *, max_bytes: int):
-    from veil.crypto.backend import PublicMaterial
-
-    msg = unpack(data, max_bytes=max_bytes)
-    if msg.get("kind") != "public_material":
-        raise WireError(f"unexpected message kind {msg.get('kind')!r}")
-    params = msg.get("params")
-    blobs = [msg.get(k) for k in ("public_key", "relin_keys", "galois_keys")]
-    steps = msg.get("rotation_steps")
-    if not isinstance(params, str) or not all(isinstance(b, bytes | bytearray) for b in blobs):
-        raise WireError("public material needs 'params' and the three key blobs")
-    if not isinstance(steps, list) or len(steps) > 4096 or not all(
-            isinstance(s, int) and not isinstance(s, bool) for s in steps):
-        raise WireError("'rotation_steps' must be a list of integers")
-    return PublicMaterial(params, bytes(blobs[0]), bytes(blobs[1]), bytes(blobs[2]), tuple(steps))
+        return cls(str(msg.get("session")), int_field(msg, "step"), t)

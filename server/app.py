@@ -19,19 +19,16 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.backend import CiphertextError, HEError
-from veil.crypto.wire import (
-    CONTENT_TYPE,
-    MAX_SPAN,
-    PROTECTED_UPLOAD_KINDS,
-    HiddenReply,
-    HiddenStep,
-    ProtectedMessage,
-    WireError,
-)
+from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
 from veil.engine.engine import Engine, EngineConfig, EngineDead, SessionClosed, StepStats
-from veil.engine.protected import PROTOCOL_VERSION as PROTECTED_PROTOCOL_VERSION
-from veil.engine.protected import ProtocolError
 from veil.engine.split import ServerHalf
+from veil.protected.protocol import (
+    MAX_SPAN,
+    PROTOCOL_VERSION,
+    UPLOAD_KINDS,
+    ProtectedMessage,
+    ProtocolError,
+)
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
 from veil.server.metrics import Metrics
@@ -83,11 +80,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
 
     engine = Engine(half.model, half.k, EngineConfig(cfg.block_size, cfg.kv_cache_bytes, cfg.max_tokens_per_step,
                                                      cfg.max_seqs_per_step, cfg.device), on_step=on_step)
-    protected = ProtectedService(half, max_key_bytes_per_tenant=cfg.max_key_bytes_per_tenant,
-                                 max_key_bytes_total=cfg.max_key_bytes_total,
-                                 max_kv_bytes_per_session=cfg.max_protected_kv_bytes,
-                                 max_positions=cfg.max_protected_context,
-                                 max_kv_bytes_total=cfg.max_protected_kv_bytes_total)
+    protected = ProtectedService(half, cfg)
 
     def drop(s: Session) -> None:
         if s.path == "protected":
@@ -284,13 +277,13 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
                 "hidden_size": half.config.hidden_size, "model": half.config.name,
                 "model_fingerprint": half.fingerprint, "param_set": protected.params.id,
-                "protocol_version": PROTECTED_PROTOCOL_VERSION, "max_span": MAX_SPAN, "ttl_s": cfg.session_ttl_s,
-                "max_context": min(cfg.max_context, s.state.max_positions),
-                "max_kv_bytes": cfg.max_protected_kv_bytes}
+                "protocol_version": PROTOCOL_VERSION, "max_span": MAX_SPAN, "ttl_s": cfg.session_ttl_s,
+                "max_context": min(cfg.max_context, protected.executor().limits.max_positions),
+                "max_kv_bytes": cfg.max_protected_kv_bytes, "he_backend": cfg.he_backend}
 
     async def protected_step(s: Session, body: bytes) -> Response:
         try:
-            msg = ProtectedMessage.from_bytes(body, max_bytes=cfg.max_body_bytes, kinds=PROTECTED_UPLOAD_KINDS)
+            msg = ProtectedMessage.from_bytes(body, max_bytes=cfg.max_body_bytes, kinds=UPLOAD_KINDS)
         except WireError as e:
             raise ApiError(400, "bad_message", str(e)) from None
         if msg.session_id != s.id:

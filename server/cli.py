@@ -9,27 +9,35 @@ from pathlib import Path
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from veil.crypto.backend import backend_names
+    from veil.server.config import ServerConfig as C  # the defaults below are its field defaults
+
+    gb = 1 << 30
     p = sub.add_parser("serve", help="run the Veil server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8443)
     p.add_argument("--tenants", type=Path, required=True, help="tenants file (veil tenants add)")
-    p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
+    p.add_argument("--k", type=int, default=C.k, help="split point when no bundle is given")
     p.add_argument("--bundle", type=Path, help="server bundle directory (veil split)")
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
-    p.add_argument("--session-ttl", type=float, default=600.0, help="idle session TTL in seconds")
+    p.add_argument("--session-ttl", type=float, default=C.session_ttl_s, help="idle session TTL in seconds")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and KV cache dtype")
     p.add_argument("--threads", type=int,
                    help="torch intra-op threads of the engine (default: CPU count - 1, at least 1: the HTTP "
                         "event loop and the engine's own Python need a core, and intra-op threads that wait "
                         "on a busy core stall every op; on the 2-core CI machine 1 thread served the "
                         "engine_throughput workload 9-14%% faster than 2)")
-    p.add_argument("--kv-cache-gb", type=float, default=2.0, help="memory budget of the paged KV pool")
-    p.add_argument("--max-tokens-per-step", type=int, default=512, help="token budget of one engine iteration")
-    p.add_argument("--max-context", type=int, default=8192, help="tokens per session or request (413 above)")
-    p.add_argument("--max-protected-sessions", type=int, default=8, help="concurrent protected (CKKS) sessions")
-    p.add_argument("--protected-kv-gb", type=float, default=4.0,
+    p.add_argument("--kv-cache-gb", type=float, default=C.kv_cache_bytes / gb, help="memory budget of the paged KV pool")
+    p.add_argument("--max-tokens-per-step", type=int, default=C.max_tokens_per_step,
+                   help="token budget of one engine iteration")
+    p.add_argument("--max-context", type=int, default=C.max_context, help="tokens per session or request (413 above)")
+    p.add_argument("--he-backend", default=C.he_backend, choices=backend_names(),
+                   help="HE backend of the protected path")
+    p.add_argument("--max-protected-sessions", type=int, default=C.max_protected_sessions,
+                   help="concurrent protected (CKKS) sessions")
+    p.add_argument("--protected-kv-gb", type=float, default=C.max_protected_kv_bytes / gb,
                    help="encrypted KV cache budget of one protected session")
-    p.add_argument("--protected-kv-total-gb", type=float, default=16.0,
+    p.add_argument("--protected-kv-total-gb", type=float, default=C.max_protected_kv_bytes_total / gb,
                    help="encrypted KV cache budget of all protected sessions together")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
@@ -82,7 +90,7 @@ def cmd_serve(args) -> int:
     cfg = ServerConfig(tenants_file=args.tenants, k=args.k, bundle=args.bundle, model=args.model,
                        session_ttl_s=args.session_ttl, max_context=args.max_context,
                        kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
-                       max_tokens_per_step=args.max_tokens_per_step,
+                       max_tokens_per_step=args.max_tokens_per_step, he_backend=args.he_backend,
                        max_protected_sessions=args.max_protected_sessions,
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
                        max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)))

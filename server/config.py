@@ -1,9 +1,13 @@
-"""Server settings: one dataclass, filled from the CLI (`veil serve`) or by tests."""
+"""Server settings: one dataclass, filled from the CLI (`veil serve`) or by tests. Its field
+defaults are the only defaults: the CLI, the engine, the protected service and its executor
+all take their values from here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from veil.protected.server import Limits
 
 
 @dataclass
@@ -19,6 +23,7 @@ class ServerConfig:
     max_context: int = 8192  # tokens per session or request (prompt + output)
     max_step_tokens: int = 4096  # tokens in one split step
     # protected path (CKKS)
+    he_backend: str = "seal"  # the server's HE backend (veil.crypto.backend.make_backend)
     max_key_bytes: int = 1 << 30  # largest evaluation-key upload (the Galois keys are ~410 MB)
     max_key_bytes_per_tenant: int = 2 << 30
     max_key_bytes_total: int = 8 << 30
@@ -32,3 +37,6 @@ class ServerConfig:
     max_tokens_per_step: int = 512  # token budget of one engine iteration
     max_seqs_per_step: int = 64
     device: str = "cpu"
+
+    def protected_limits(self) -> Limits:
+        return Limits(self.max_protected_context, self.max_protected_kv_bytes, self.max_protected_kv_bytes_total)

@@ -1,4 +1,4 @@
-"""The server's side of the protected path around ``veil.engine.protected.ProtectedExecutor``:
+"""The server's side of the protected path around ``veil.protected.server.ProtectedExecutor``:
 tenants' evaluation keys, the executor (built on first use), and one HE worker.
 
 * **Keys.** A client uploads its public material once (``POST /v1/keys``); it is validated
@@ -6,7 +6,7 @@ tenants' evaluation keys, the executor (built on first use), and one HE worker.
   backend, stored per tenant under the SHA-256 of its bytes. Sessions name the keys they use.
   A tenant never sees or uses another tenant's keys: the store is keyed by tenant.
 * **Executor.** Encoding the protected layers' weights takes seconds per layer and about
-  0.68 GB per layer, so it happens once, on the first protected request, not at start-up: a
+  0.42 GB per layer, so it happens once, on the first protected request, not at start-up: a
   server that only serves plaintext tenants never pays for it.
 * **One HE worker.** Every HE computation runs on one worker thread under one lock: SEAL's
   operations are CPU-bound and `tenseal.sealapi` holds the GIL while they run, so a second
@@ -22,17 +22,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from veil.crypto.backend import HEBackend, KeyMaterialError
+from veil.crypto.backend import HEBackend, KeyMaterialError, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.crypto.seal_backend import SealBackend
-from veil.crypto.wire import ProtectedMessage, WireError, public_material_from_bytes
-from veil.engine.protected import (
-    ProtectedExecutor,
-    ProtectedSession,
-    layer_weights_from_tensors,
-    required_rotation_steps,
-)
+from veil.crypto.wire import WireError
 from veil.engine.split import ServerHalf
+from veil.protected.circuits import required_rotation_steps
+from veil.protected.layouts import dims_of
+from veil.protected.protocol import ProtectedMessage, public_material_from_bytes
+from veil.protected.server import ProtectedExecutor, ProtectedSession
+from veil.protected.weights import layer_weights_from_tensors
+from veil.server.config import ServerConfig
 
 log = logging.getLogger("veil.server.protected")
 
@@ -56,16 +55,11 @@ class KeySet:
 
 
 class ProtectedService:
-    def __init__(self, half: ServerHalf, *, max_key_bytes_per_tenant: int, max_key_bytes_total: int,
-                 max_kv_bytes_per_session: int, max_positions: int, max_kv_bytes_total: int = 16 << 30):
-        self.half = half
+    def __init__(self, half: ServerHalf, cfg: ServerConfig):
+        self.half, self.cfg = half, cfg
         self.params = PROTECTED_PARAMS
-        self.required_steps = tuple(required_rotation_steps(half.config, self.params))
-        self.max_key_bytes_per_tenant = max_key_bytes_per_tenant
-        self.max_key_bytes_total = max_key_bytes_total
-        self.max_kv_bytes_per_session = max_kv_bytes_per_session
-        self.max_positions = max_positions
-        self.max_kv_bytes_total = max_kv_bytes_total
+        make_backend(self.params, cfg.he_backend)  # refuses an unknown or test-only backend now
+        self.required_steps = tuple(required_rotation_steps(dims_of(half.config, self.params.slot_count)))
         self.keys: dict[tuple[str, str], KeySet] = {}
         self._keys_lock = threading.Lock()
         self._build_lock = threading.Lock()
@@ -77,14 +71,11 @@ class ProtectedService:
         with self._build_lock:
             if self._executor is None:
                 t = time.perf_counter()
-                be = SealBackend(self.params)  # key-less: only encodes the weights
+                be = make_backend(self.params, self.cfg.he_backend)  # key-less: only encodes the weights
                 tensors = self.half.model.hf_state_dict()
-                cfg = self.half.config
-                weights = (layer_weights_from_tensors(tensors, cfg, i) for i in range(self.half.k, cfg.num_layers))
-                self._executor = ProtectedExecutor(
-                    be, cfg, weights,
-                    max_positions=self.max_positions, max_kv_bytes=self.max_kv_bytes_per_session,
-                    max_kv_bytes_total=self.max_kv_bytes_total)
+                cfg, dims = self.half.config, dims_of(self.half.config, self.params.slot_count)
+                weights = (layer_weights_from_tensors(tensors, cfg, i, dims) for i in range(self.half.k, cfg.num_layers))
+                self._executor = ProtectedExecutor(be, cfg, weights, self.cfg.protected_limits())
                 log.info("protected executor ready: layers [%d, %d), %.1f GB of encoded weights, %.1f s",
                          self.half.k, self.half.config.num_layers, self._executor.encoded_bytes / 1e9,
                          time.perf_counter() - t)
@@ -98,12 +89,12 @@ class ProtectedService:
                 return self.keys[(tenant, key_id)]
             mine = sum(k.nbytes for k in self.keys.values() if k.tenant == tenant)
             total = sum(k.nbytes for k in self.keys.values())
-        if mine + len(data) > self.max_key_bytes_per_tenant:
-            raise KeysError(429, "key_bytes_per_tenant",
-                            f"evaluation keys would exceed max_key_bytes_per_tenant={self.max_key_bytes_per_tenant}")
-        if total + len(data) > self.max_key_bytes_total:
+        if mine + len(data) > self.cfg.max_key_bytes_per_tenant:
+            raise KeysError(429, "key_bytes_per_tenant", "evaluation keys would exceed "
+                                                         f"max_key_bytes_per_tenant={self.cfg.max_key_bytes_per_tenant}")
+        if total + len(data) > self.cfg.max_key_bytes_total:
             raise KeysError(429, "key_bytes_total",
-                            f"evaluation keys would exceed max_key_bytes_total={self.max_key_bytes_total}")
+                            f"evaluation keys would exceed max_key_bytes_total={self.cfg.max_key_bytes_total}")
         try:
             material = public_material_from_bytes(data, max_bytes=len(data))
         except WireError as e:
@@ -114,7 +105,7 @@ class ProtectedService:
         missing = set(self.required_steps) - set(material.rotation_steps)
         if missing:
             raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps {sorted(missing)[:8]}")
-        be = SealBackend(self.params)
+        be = make_backend(self.params, self.cfg.he_backend)
         try:
             be.import_public_material(material)
         except KeyMaterialError as e:

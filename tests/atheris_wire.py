@@ -17,14 +17,9 @@ import atheris
 with atheris.instrument_imports():
     from veil.crypto.backend import CiphertextError
     from veil.crypto.params import TEST_PARAMS_ID, get_params
-    from veil.crypto.seal_backend import SealBackend
-    from veil.crypto.wire import (
-        HiddenReply,
-        HiddenStep,
-        ProtectedMessage,
-        WireError,
-        public_material_from_bytes,
-    )
+    from veil.crypto.seal.backend import SealBackend
+    from veil.crypto.wire import HiddenReply, HiddenStep, WireError
+    from veil.protected.protocol import ProtectedMessage, public_material_from_bytes
 
 SERVER = SealBackend(get_params(TEST_PARAMS_ID, allow_test_params=True))
 

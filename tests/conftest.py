@@ -3,6 +3,11 @@
 TRITON_INTERPRET must be set before any Triton kernel is defined, so it is set here, at
 collection time: every kernel test then runs on CPU through Triton's interpreter.
 The real shipped model is loaded once per test session (about 20 s) and shared.
+
+HE backends: a test that takes the ``he_backend`` fixture runs once per backend in
+``HE_BACKENDS`` (module-scoped, so a module's fixtures are built once per backend). A module
+that sets ``HE_HEAVY = True`` marks its SEAL runs ``he_heavy``: SEAL's memory pool never
+returns memory, so the Makefile runs those in a process of their own.
 """
 
 import os
@@ -12,6 +17,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
+
+#: Every backend the interface and protocol tests run on: the slot-vector test double first.
+HE_BACKENDS = ("plain", "seal")
+
+
+def pytest_generate_tests(metafunc):
+    if "he_backend" in metafunc.fixturenames:
+        heavy = getattr(metafunc.module, "HE_HEAVY", False)
+        params = [pytest.param(name, marks=[pytest.mark.he_heavy] if heavy and name != "plain" else [])
+                  for name in HE_BACKENDS]
+        metafunc.parametrize("he_backend", params, scope="module")
+
+
+@pytest.fixture(scope="session")
+def he_pair():
+    """``he_pair(name, params, steps)``: a client backend with keys for ``steps`` and a server
+    backend holding only the client's exported public material. ``plain`` injects CKKS-sized
+    encryption and flooding noise, so tolerances are tested as on a real backend."""
+
+    def make(name, params, steps, **options):
+        from veil.crypto.backend import make_backend
+
+        if name == "plain":
+            options.setdefault("noise", True)
+        client = make_backend(params, name, allow_test_backends=True, **options)
+        client.generate_keys(steps)
+        server = make_backend(params, name, allow_test_backends=True, **options)
+        server.import_public_material(client.export_public_material())
+        return client, server
+
+    return make
 
 PROMPTS = [
     "What is the capital of France?",

@@ -5,9 +5,9 @@ it at 128-bit security, a product uses every level, and the refresh mask fits wh
 import numpy as np
 import pytest
 
-from veil.crypto.backend import matvec_rotation_steps, replicate_input
+from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate, replicate_input
 from veil.crypto.params import DEFAULT_PARAMS, get_params
-from veil.crypto.seal_backend import SealBackend
+from veil.crypto.seal.backend import SealBackend
 
 P = get_params()
 SLOTS = P.slot_count
@@ -16,7 +16,7 @@ SLOTS = P.slot_count
 @pytest.fixture(scope="module")
 def pair():
     client = SealBackend(P)
-    client.generate_keys(matvec_rotation_steps(16, 4) + [-16, -32])
+    client.generate_keys(plan_matvec(16, 16, SLOTS, n1=4).rotation_steps + [-16, -32])
     server = SealBackend(P)
     server.import_public_material(client.export_public_material())
     return client, server
@@ -25,8 +25,8 @@ def pair():
 def test_context_levels(pair):
     _, server = pair
     assert P is DEFAULT_PARAMS
-    assert sorted(server._levels) == list(range(7))
-    for level, lvl in server._levels.items():
+    assert sorted(server._c.levels) == list(range(7))
+    for level, lvl in server._c.levels.items():
         assert len(lvl.primes) == level + 1
         assert lvl.q_product.bit_length() <= P.level_log_q(level)
         assert lvl.q_product.bit_length() >= P.level_log_q(level) - level - 1
@@ -42,14 +42,13 @@ def test_depth_six_chain(pair):
     ref = x
     for level in range(P.top_level, 0, -1):
         w = rng.standard_normal((16, 16)) / 4
-        m = server.encode_matrix(w, level, n1=4)
-        y = server.matvec(m, ct)
+        y = matvec(server, encode_matrix(server, w, level, n1=4), ct)
         ref = w @ ref
         assert server.level(y) == level - 1
         full = client.decrypt(y)
         assert np.abs(full[:16] - ref).max() < 1e-6 * max(1.0, np.abs(ref).max())
         assert np.abs(full[16:]).max() < 1e-6  # zero-padded output
-        ct = server.replicate(y, 16, 4)
+        ct = replicate(server, y, 16, 4)
 
 
 def test_refresh_with_production_mask(pair):

@@ -87,3 +87,32 @@ def test_mask_room():
     assert t.min_mask_level() == 1
     with pytest.raises(ParamsError):
         p.level_log_q(7)
+
+
+def test_primes_are_pinned_and_match_seal():
+    """Every set pins its primes: NTT-friendly (q ≡ 1 mod 2N), of the stated sizes, the ones
+    SEAL's CoeffModulus::Create picks (so every backend builds the same chain)."""
+    import tenseal.sealapi as sealapi
+
+    from veil.crypto.params import PROTECTED_PARAMS, is_prime, ntt_primes
+
+    for p in (DEFAULT_PARAMS, PROTECTED_PARAMS, TEST_PARAMS):
+        n = p.poly_modulus_degree
+        assert p.primes == ntt_primes(n, p.coeff_modulus_bits)
+        seal = tuple(m.value() for m in sealapi.CoeffModulus.Create(n, list(p.coeff_modulus_bits)))
+        assert p.primes == seal
+        assert all(is_prime(q) and q % (2 * n) == 1 for q in p.primes)
+        assert [p.prime(level) for level in range(p.top_level + 1)] == list(p.primes[:-1])
+        assert p.special_prime == p.primes[-1]
+    assert [n for n in range(2, 60) if is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59]
+    assert not is_prime(3215031751) and not is_prime((1 << 61) - 3) and is_prime((1 << 61) - 1)
+
+
+def test_primes_are_validated():
+    good = DEFAULT_PARAMS.primes
+    with pytest.raises(ParamsError, match="NTT-friendly"):
+        CkksParams("x", 16384, DEFAULT_PARAMS.coeff_modulus_bits, 50, primes=(good[0] + 2,) + good[1:])
+    with pytest.raises(ParamsError, match="distinct"):
+        CkksParams("x", 16384, DEFAULT_PARAMS.coeff_modulus_bits, 50, primes=(good[1],) + good[1:])
+    with pytest.raises(ParamsError, match="distinct"):
+        CkksParams("x", 16384, DEFAULT_PARAMS.coeff_modulus_bits, 50, primes=good[:-1])

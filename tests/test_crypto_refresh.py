@@ -10,7 +10,8 @@ import pytest
 
 from veil.crypto.backend import HEError, RefreshMask
 from veil.crypto.params import TEST_PARAMS_ID, get_params
-from veil.crypto.seal_backend import SealBackend, gaussian_int_poly, uniform_int_poly
+from veil.crypto.sampling import gaussian_int_poly, uniform_int_poly
+from veil.crypto.seal.backend import SealBackend
 
 P = get_params(TEST_PARAMS_ID, allow_test_params=True)
 N = P.poly_modulus_degree
@@ -35,7 +36,8 @@ def _at_mask_level(client, server, x):
     """A ciphertext after some computation, at the lowest level that can carry the mask."""
     level = P.min_mask_level()
     ct = client.encrypt(x, level=level + 1)
-    return server.multiply_plain(ct, np.full(SLOTS, 0.5))  # one rescale -> mask level
+    half = server.encode(np.full(SLOTS, 0.5), level + 1, server.prime(level + 1))
+    return server.multiply_plain(ct, half)  # one rescale -> mask level
 
 
 def test_mask_add_is_exact_on_the_plaintext_polynomial(pair, rng):
@@ -144,7 +146,8 @@ def test_rerandomize_changes_bytes_not_values(pair, rng):
     ct = client.encrypt(x)
     w = rng.standard_normal(SLOTS)
     # the same computation twice: equal ciphertexts without re-randomization ...
-    y1, y2 = server.multiply_plain(ct, w), server.multiply_plain(ct, w)
+    pt = server.encode(w, P.top_level, server.prime(P.top_level))
+    y1, y2 = server.multiply_plain(ct, pt), server.multiply_plain(ct, pt)
     assert server.serialize(y1) == server.serialize(y2)
     # ... different bytes after it, decrypting alike
     r1, r2 = server.rerandomize(y1), server.rerandomize(y2)

@@ -7,10 +7,11 @@ import tempfile
 import numpy as np
 import pytest
 
-from veil.crypto import seal_format, seal_packing
 from veil.crypto.backend import CiphertextError, HEError, KeyMaterialError, PublicMaterial
 from veil.crypto.params import DEFAULT_PARAMS, TEST_PARAMS_ID, CkksParams, get_params
-from veil.crypto.seal_backend import SealBackend
+from veil.crypto.seal import format as seal_format
+from veil.crypto.seal import packing as seal_packing
+from veil.crypto.seal.backend import SealBackend
 
 P = get_params(TEST_PARAMS_ID, allow_test_params=True)
 SLOTS = P.slot_count
@@ -40,7 +41,7 @@ def test_round_trip(pair, ct_and_bytes):
     np.testing.assert_allclose(client.decrypt(back), x, atol=1e-7)
     # bit-packed: exactly the header, SEAL's members and N residues per prime at the prime's width
     assert seal_packing.is_packed(blob)
-    widths = [q.bit_length() for q in server._levels[P.top_level].primes]
+    widths = [q.bit_length() for q in server._c.levels[P.top_level].primes]
     n = P.poly_modulus_degree
     assert len(blob) == 8 + 73 + 2 * sum((n * w + 7) // 8 for w in widths)
     # lower levels are smaller on the wire
@@ -121,11 +122,11 @@ def test_rejects_truncated_and_tampered(pair, ct_and_bytes):
     # uncompressed blob with a residue >= its prime is refused by SEAL's data check
     ct = server.deserialize(blob)
     obj = ct._obj
-    lvl = server._levels[P.top_level]
+    lvl = server._c.levels[P.top_level]
     polys = np.zeros((2, len(lvl.primes), P.poly_modulus_degree), dtype=np.uint64)
     polys[0, 0, 0] = lvl.primes[0]  # not reduced
     polys[1] = 1
-    bad = seal_format.ciphertext_blob(polys, obj.parms_id(), obj.scale, True, server._version)
+    bad = seal_format.ciphertext_blob(polys, obj.parms_id(), obj.scale, True, server._c.version)
     with pytest.raises(CiphertextError):
         server.deserialize(bad)
     # random byte flips: a clean error or a (different) valid ciphertext, never a crash
@@ -145,7 +146,7 @@ def test_packed_form_is_validated(pair, ct_and_bytes):
     missing or surplus seed, a residue >= its prime and every truncation are refused."""
     client, server = pair
     x, ct, blob = ct_and_bytes
-    legacy = server._io.save(ct._obj)  # SEAL's own (zstd) form
+    legacy = server._c.io.save(ct._obj)  # SEAL's own (zstd) form
     np.testing.assert_allclose(client.decrypt(server.deserialize(legacy)), x, atol=1e-7)
     bad_flags = blob[:4] + b"\x02" + blob[5:]
     unknown_level = blob[:8] + b"\x01" * 32 + blob[40:]
@@ -156,11 +157,11 @@ def test_packed_form_is_validated(pair, ct_and_bytes):
         with pytest.raises(CiphertextError):
             server.deserialize(bad)
     # a residue equal to its prime (fits the packed width) is refused by SEAL's load check
-    lvl = server._levels[P.top_level]
+    lvl = server._c.levels[P.top_level]
     polys = np.ones((2, len(lvl.primes), P.poly_modulus_degree), dtype=np.uint64)
     polys[0, 0, 5] = lvl.primes[0]
-    raw = seal_format.ciphertext_blob(polys, ct._obj.parms_id(), ct._obj.scale, True, server._version)
-    packed = seal_packing.pack(raw, server._prime_widths)
+    raw = seal_format.ciphertext_blob(polys, ct._obj.parms_id(), ct._obj.scale, True, server._c.version)
+    packed = seal_packing.pack(raw, server._c.prime_widths)
     with pytest.raises(CiphertextError):
         server.deserialize(packed)
     # and the seeded upload round-trips
@@ -197,7 +198,7 @@ def test_rejects_decompression_bomb(pair, ct_and_bytes):
         server.deserialize(zh + z)
     # real ciphertexts in SEAL's own form are well inside the bound
     _, ct, _ = ct_and_bytes
-    bound = seal_format.inflated_size_bound(server._io.save(ct._obj), 10**9)
+    bound = seal_format.inflated_size_bound(server._c.io.save(ct._obj), 10**9)
     assert bound < 2 * 2 * P.poly_modulus_degree * (P.top_level + 1) * 8
 
 

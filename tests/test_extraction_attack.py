@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from veil.benchmarks.extraction_attack import errors, figures, lstsq, quadratic_form_fit
-from veil.engine.protected_client import ALLOWED_KINDS
+from veil.protected.protocol import ALLOWED_KINDS
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,11 @@ from hypothesis import strategies as st
 
 from veil.crypto.backend import CiphertextError, KeyMaterialError
 from veil.crypto.params import TEST_PARAMS_ID, get_params
-from veil.crypto.seal_backend import SealBackend
-from veil.crypto.wire import (
+from veil.crypto.seal.backend import SealBackend
+from veil.crypto.wire import HiddenReply, HiddenStep, WireError
+from veil.protected.protocol import (
     CtPayload,
-    HiddenReply,
-    HiddenStep,
     ProtectedMessage,
-    WireError,
     public_material_from_bytes,
     public_material_to_bytes,
 )

@@ -1,23 +1,38 @@
-"""Client math and slot layouts of the protected path (no HE; fast)."""
+"""Client math, slot layouts and slot circuits of the protected path, on the ``plain`` backend
+(slot vectors with CKKS level and scale bookkeeping: fast, and rotations need their keys)."""
 
 import numpy as np
 import pytest
 import torch
 
-from veil.crypto.layouts import (
+from veil.crypto.backend import make_backend
+from veil.crypto.linear import broadcast_lane, window_sum
+from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128, PROTECTED_PARAMS
+from veil.protected.circuits import Circuit, Constants, required_rotation_steps, score_lane_groups
+from veil.protected.client import softmax_weights, swiglu_from_u
+from veil.protected.layouts import (
     BLOCK,
-    PROTECTED_PARAMS,
     LayoutDims,
     pack_weights,
     score_slot,
     unpack_scores,
     weights_period,
 )
-from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128
-from veil.engine.protected import broadcast_lane, score_lane_rotations, shared_lane_sums, window_sum
-from veil.engine.protected_client import softmax_weights, swiglu_from_u
+from veil.protected.protocol import LEVELS
+from veil.protected.timing import TimedBackend
 
 DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=8192)
+
+
+@pytest.fixture(scope="module")
+def slots():
+    """(client, server): plain backends with exactly the protocol's Galois keys; the server is
+    timed, so its ``counts["rotate"]`` counts rotations."""
+    client = make_backend(PROTECTED_PARAMS, "plain", allow_test_backends=True)
+    client.generate_keys(required_rotation_steps(DIMS))
+    server = make_backend(PROTECTED_PARAMS, "plain", allow_test_backends=True)
+    server.import_public_material(client.export_public_material())
+    return client, TimedBackend(server)
 
 
 def test_protected_params_budget():
@@ -25,8 +40,6 @@ def test_protected_params_budget():
     assert p.log_q <= HE_STANDARD_MAX_LOG_Q_128[p.poly_modulus_degree]
     # the layer starts at the top level: no level above it goes unused (each one would grow
     # every Galois key), and the circuit's depth fits
-    from veil.engine.protected import LEVELS
-
     assert p.top_level == LEVELS.h
     # the refresh of h'' happens at level 2; the mask must fit there (and the bound must hold)
     assert p.min_mask_level() <= 2
@@ -67,9 +80,10 @@ def _rot(v, s):
     return np.roll(v, -s)
 
 
-def test_weights_layout_expands_like_the_server():
+def test_weights_layout_expands_like_the_server(slots):
     """pack_weights + the server's mask and ``broadcast_lane`` give each chunk's dense weights,
     with log2(period) rotations per chunk."""
+    client, server = slots
     rng = np.random.default_rng(2)
     for n in (1, 8, 9, 20, 64, 100):
         w = rng.standard_normal((DIMS.heads, n))
@@ -83,9 +97,9 @@ def test_weights_layout_expands_like_the_server():
                 if c * DIMS.per_chunk + b < n:
                     for h in range(DIMS.heads):
                         mask[DIMS.value_base(b) + 64 * h + lanes[lanes % period == c % period]] = 1
-            be = _SlotVectors()
-            e = broadcast_lane(be, packed * mask, c, period)
-            assert be.rotations == period.bit_length() - 1
+            server.reset()
+            e = client.decrypt(broadcast_lane(server, client.encrypt(packed * mask), c, period))
+            assert server.counts["rotate"] == period.bit_length() - 1
             want = np.zeros(DIMS.slots)
             for b in range(DIMS.per_chunk):
                 j = c * DIMS.per_chunk + b
@@ -93,7 +107,7 @@ def test_weights_layout_expands_like_the_server():
                     for h in range(DIMS.heads):
                         base = DIMS.value_base(b) + 64 * DIMS.head_slot(h)
                         want[base : base + 64] = w[h, j]
-            assert np.array_equal(e, want), (n, c)
+            np.testing.assert_allclose(e, want, atol=1e-12, err_msg=f"{n} positions, chunk {c}")
 
 
 def test_head_slots_repeat_the_kv_lanes():
@@ -155,59 +169,41 @@ def test_scores_layout_matches_lane_placement():
     assert len({score_slot(DIMS, j, h) for j in range(DIMS.max_positions) for h in range(9)}) == 512 * 9
 
 
-class _SlotVectors:
-    """Test-only fake backend for ``shared_lane_sums``, ``broadcast_lane`` and ``window_sum``: a "ciphertext"
-    is a plain numpy slot vector, rotations are ``np.roll`` (counted). It checks the slot
-    algorithms (where each value lands, what is zeroed), not HE: the real backend runs them in
-    test_protected_executor and the protected benchmarks."""
-
-    def __init__(self):
-        self.rotations = 0
-
-    def rotate(self, v, step):
-        self.rotations += 1
-        return _rot(v, step)
-
-    def add(self, a, b):
-        return a + b
-
-
 @pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 575, 576, 1024])
-def test_window_sum_sums_each_window(width):
-    """Every slot i holds the cyclic sum of [i, i+width), after log2(top bit) + (set bits - 1)
-    rotations; for σ (width d) slot d holds exactly one copy of Σh², as the client reads it."""
+def test_window_sum_rotations_and_sigma_slot(slots, width):
+    """log2(top bit) + (set bits - 1) rotations; for σ (width d) slot d holds exactly one copy
+    of Σh², as the client reads it."""
+    client, server = slots
     rng = np.random.default_rng(width)
+    server.reset()
     x = rng.standard_normal(DIMS.slots)
-    be = _SlotVectors()
-    got = window_sum(be, x, width)
-    want = sum(_rot(x, s) for s in range(width))
-    assert np.allclose(got, want, atol=1e-9)
-    assert be.rotations == (width.bit_length() - 1) + (bin(width).count("1") - 1)
+    got = client.decrypt(window_sum(server, client.encrypt(x), width))
+    np.testing.assert_allclose(got, sum(_rot(x, s) for s in range(width)), atol=1e-9)
+    assert server.counts["rotate"] == (width.bit_length() - 1) + (bin(width).count("1") - 1)
     if width == DIMS.d:
-        assert be.rotations == 10
+        assert server.counts["rotate"] == 10
         h = rng.standard_normal(DIMS.d)
         sq = np.zeros(DIMS.slots)
         sq[: DIMS.copies * DIMS.d] = np.tile(h, DIMS.copies) ** 2
-        assert np.isclose(window_sum(_SlotVectors(), sq, width)[DIMS.sigma_slot], (h**2).sum())
-
-
-def test_window_sum_rejects_an_empty_window():
-    with pytest.raises(ValueError):
-        window_sum(_SlotVectors(), np.zeros(DIMS.slots), 0)
+        assert np.isclose(client.decrypt(window_sum(server, client.encrypt(sq), width))[DIMS.sigma_slot],
+                          (h**2).sum())
 
 
 @pytest.mark.parametrize("positions", [1, 8, 9, 20, 33, 64, 65, 72, 127, 200, 512])
-def test_shared_lane_sums_place_every_chunk_at_its_lane(positions):
+def test_lane_sums_place_every_chunk_at_its_lane(slots, positions):
     """Random chunk products -> each head's 64-lane sum / sqrt(hd) of position j at
-    score_slot(j, h), zero in every other slot (also past position t in the last chunk), with
-    exactly score_lane_rotations rotations."""
+    score_slot(j, h), zero in every other slot (also past position t in the last chunk), two
+    levels down, with the rotations ``score_lane_groups`` plans."""
+    client, server = slots
     rng = np.random.default_rng(positions)
     chunks = DIMS.chunks(positions)
     t = positions - 1
     valid = [min(DIMS.per_chunk, t + 1 - c * DIMS.per_chunk) for c in range(chunks)]
     prods = [rng.standard_normal(DIMS.slots) for _ in range(chunks)]
-    be = _SlotVectors()
-    out = shared_lane_sums(be, prods, valid, DIMS, lambda ct, make, target, key: ct * make(), 1.0)
+    circuit = Circuit(server, DIMS, LEVELS, Constants(None, DIMS))
+    server.reset()
+    out = circuit.lane_sums([client.encrypt(p, level=3) for p in prods], valid)
+    assert server.level(out) == 1
     want = np.zeros(DIMS.slots)
     for j in range(positions):
         c, b = divmod(j, DIMS.per_chunk)
@@ -215,5 +211,6 @@ def test_shared_lane_sums_place_every_chunk_at_its_lane(positions):
             g = DIMS.head_slot(h)
             lanes = prods[c][BLOCK * b + 64 * g : BLOCK * b + 64 * g + 64]
             want[score_slot(DIMS, j, h)] = lanes.sum() / 8.0
-    np.testing.assert_allclose(out, want, atol=1e-12)
-    assert be.rotations == score_lane_rotations(chunks, 6)
+    np.testing.assert_allclose(client.decrypt(out), want, atol=1e-9)
+    groups = score_lane_groups(chunks, 6)
+    assert server.counts["rotate"] == sum(n * j + (n - 1) + (6 - j) for n, j in groups) + len(groups) - 1

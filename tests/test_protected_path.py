@@ -10,10 +10,13 @@ import pytest
 
 from veil.client import VeilClient
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.crypto.wire import CONTENT_TYPE, CtPayload, ProtectedMessage
+from veil.crypto.wire import CONTENT_TYPE
 from veil.engine.generate import generate_local
-from veil.engine.protected_client import ALLOWED_KINDS, ProtectedClientState
 from veil.engine.split import client_half_from
+from veil.protected.client import ProtectedClientState
+from veil.protected.protocol import ALLOWED_KINDS, CtPayload, ProtectedMessage
+
+pytestmark = pytest.mark.he_heavy
 
 K = 28
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,"]  # 5 and 11 tokens: the second is two prefill spans
@@ -93,6 +96,7 @@ def test_server_runs_production_parameters_only(server):
 
     svc = server.app.state.protected
     assert svc.params.id in production_param_ids() and svc.params is PROTECTED_PARAMS
+    assert svc.cfg.he_backend == "seal" and svc.executor().be.inner.name == "seal"
     assert svc.executor().params_id == PROTECTED_PARAMS.id
     assert all(ks.backend.params.id == PROTECTED_PARAMS.id for ks in svc.keys.values())
 

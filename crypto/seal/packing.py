@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from veil.crypto import seal_format
-from veil.crypto.seal_format import HEADER_SIZE, SealFormatError
+from veil.crypto.seal import format as seal_format
+from veil.crypto.seal.format import HEADER_SIZE, SealFormatError
 
 MAGIC = b"VPC1"
 _PREFIX = struct.Struct("<4sB3x")

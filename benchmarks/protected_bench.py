@@ -1,4 +1,4 @@
-"""Per-layer timing of the protected executor: ``python -m veil.engine.protected_bench``.
+"""Per-layer timing of the protected executor: ``python -m veil.benchmarks.protected_bench``.
 
 For each context length (default 16 and 64) it times one decode step through two protected
 layers ``[layer, layer + 2)`` at position ``ctx - 1`` with ``ctx - 1`` positions already in
@@ -22,21 +22,20 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from veil.crypto.layouts import BLOCK, PROTECTED_PARAMS
-from veil.crypto.seal_backend import SealBackend
-from veil.engine.protected import (
-    MsgKind,
-    ProtectedExecutor,
-    ciphertext_bytes,
-    layer_weights_from_tensors,
-    required_rotation_steps,
-    rope_cos_sin,
-)
-from veil.engine.protected_client import ProtectedClientState
+from veil.crypto.backend import backend_names, make_backend
+from veil.crypto.params import PROTECTED_PARAMS
+from veil.protected.circuits import required_rotation_steps
+from veil.protected.client import ProtectedClientState
+from veil.protected.layouts import BLOCK, dims_of
+from veil.protected.protocol import MsgKind
+from veil.protected.server import ProtectedExecutor
+from veil.protected.weights import layer_weights_from_tensors, rope_cos_sin
+from veil.server.config import ServerConfig
 
 PROMPT = (
     "Veil runs the protected layers of a language model on encrypted activations. The server "
@@ -77,14 +76,14 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
         k = y[q : q + kvd].reshape(dims.kv_heads, dims.head_dim)
         half = dims.head_dim // 2
         k = k * cos + np.concatenate([-k[:, half:], k[:, :half]], 1) * sin
-        # head slot g holds KV head g % kv_heads (``veil.crypto.layouts``)
+        # head slot g holds KV head g % kv_heads (``veil.protected.layouts``)
         vec_k[BLOCK * b : BLOCK * b + q] = np.tile(k.ravel(), dims.group)
         vec_v[dims.value_base(b) : dims.value_base(b) + q] = np.tile(y[q + kvd :], dims.group)
     kv = session.kv[layer]
-    kv.keys = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.keys), level=lv.keys) for v in chunks_k]
-    kv.values = [ex.be._be.deserialize(client.be.encrypt_to_bytes(v, level=lv.kv), level=lv.kv) for v in chunks_v]
-    session.kv_bytes += sum(ciphertext_bytes(ex.be, ct) for ct in kv.keys + kv.values)
-    session.length = session.position = n
+    kv.keys = [ex.be.inner.deserialize(client.be.encrypt_to_bytes(v, lv.keys), level=lv.keys) for v in chunks_k]
+    kv.values = [ex.be.inner.deserialize(client.be.encrypt_to_bytes(v, lv.kv), level=lv.kv) for v in chunks_v]
+    session.kv_bytes += sum(ex.be.inner.nbytes(ct) for ct in kv.keys + kv.values)
+    session.state = replace(session.state, length=n, position=n)
     client.position = n
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]
 
@@ -94,26 +93,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layer", type=int, default=10)
     ap.add_argument("--contexts", default="16,64")
     ap.add_argument("--layers", type=int, default=28, help="protected layers for the extrapolation")
+    ap.add_argument("--he-backend", default="seal", choices=backend_names())
     args = ap.parse_args(argv)
 
     from veil.engine.loader import build_model, load_checkpoint
 
     ckpt = load_checkpoint()
     model, cfg = build_model(ckpt), ckpt.config
-    steps = required_rotation_steps(cfg)
+    dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
+    steps = required_rotation_steps(dims)
     t = time.perf_counter()
-    client_be = SealBackend(PROTECTED_PARAMS)
+    client_be = make_backend(PROTECTED_PARAMS, args.he_backend)
     client_be.generate_keys(steps)
     material = client_be.export_public_material()
     fig("keygen_s", time.perf_counter() - t)
     fig("galois_keys", len(steps))
     fig("setup_bytes", material.nbytes)
-    server_be = SealBackend(PROTECTED_PARAMS)
+    server_be = make_backend(PROTECTED_PARAMS, args.he_backend)
     server_be.import_public_material(material)
     t = time.perf_counter()
     layers = (args.layer, args.layer + 1)
-    weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i) for i in layers]
-    ex = ProtectedExecutor(server_be, cfg, weights)
+    weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i, dims) for i in layers]
+    ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
     fig("encode_layer_s", (time.perf_counter() - t) / 2)
     fig("encoded_bytes_per_layer", ex.encoded_bytes / 2)
 

@@ -1,7 +1,8 @@
-"""Timings of the HE layer on one parameter set: ``python -m veil.crypto.microbench``.
+"""Keys, products and refresh of the HE layer on one parameter set:
+``python -m veil.benchmarks.he_microbench [--backend seal]``.
 
-Prints one ``figure he.<metric> <value>`` line per number (seconds or bytes), the format of
-DESIGN.md's benchmarks. Single-threaded SEAL; wall-clock medians of ``--repeat`` runs.
+Prints one ``figure he.<metric> <value>`` line per number (seconds or bytes); wall-clock
+medians of ``--repeat`` runs. Products are the generic ones of ``veil.crypto.linear``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import time
 
 import numpy as np
 
-from veil.crypto.backend import plan_matvec, replicate_input
+from veil.crypto.backend import make_backend
+from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
 from veil.crypto.params import get_params
-from veil.crypto.seal_backend import SealBackend
 
 
 def _time(fn, repeat: int):
@@ -36,13 +37,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--levels", type=str, default="", help="comma list; default top and 2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--layouts", type=str, default="bsgs,folded")
+    ap.add_argument("--backend", default="seal")
     args = ap.parse_args(argv)
 
     p = get_params(args.params, allow_test_params=args.allow_test_params)
     levels = [int(x) for x in args.levels.split(",")] if args.levels else [p.top_level, 2]
     fig = lambda k, v: print(f"figure he.{k} {v:.6g}", flush=True)  # noqa: E731
 
-    client, server = SealBackend(p), SealBackend(p)
+    def backend():
+        return make_backend(p, args.backend, allow_test_backends=args.allow_test_params)
+
+    client, server = backend(), backend()
     layouts = args.layouts.split(",")
     plans = {lay: plan_matvec(args.rows, args.cols, p.slot_count, lay) for lay in layouts}
     steps = sorted(set().union(*(pl.rotation_steps for pl in plans.values())))
@@ -83,18 +88,16 @@ def main(argv: list[str] | None = None) -> None:
             tag = f"{lay}.{args.rows}x{args.cols}.l{level}"
             fig(f"rotations.{tag}", plans[lay].rotations)
             t = time.perf_counter()
-            m = server.encode_matrix(w, level, layout=lay)
+            m = encode_matrix(server, w, level, layout=lay)
             fig(f"encode_matrix_s.{tag}", time.perf_counter() - t)
             fig(f"encoded_matrix_bytes.{tag}", m.nbytes)
-            dt, bs = _time(lambda c=c, m=m: server.baby_steps(c, m.n1), args.repeat)
+            dt, _ = _time(lambda c=c, m=m: server.rotate_many(c, range(1, m.plan.n1)), args.repeat)
             fig(f"baby_steps_s.{tag}", dt)
-            dt, y = _time(lambda m=m, bs=bs: server.matvec(m, bs), args.repeat)
-            fig(f"matvec_given_baby_steps_s.{tag}", dt)
-            dt, y = _time(lambda m=m, c=c: server.matvec(m, c), args.repeat)
+            dt, y = _time(lambda m=m, c=c: matvec(server, m, c), args.repeat)
             fig(f"matvec_s.{tag}", dt)
             err = np.abs(client.decrypt(y, args.rows) - ref).max()
             fig(f"matvec_max_abs_err.{tag}", err)
-            del m, bs
+            del m
         dt, _ = _time(lambda y=y: server.rerandomize(y), args.repeat)
         fig(f"rerandomize_flood_s.l{level - 1}", dt)
         fig(f"ciphertext_bytes.l{level - 1}", len(server.serialize(y)))

@@ -1,4 +1,4 @@
-"""Slot layouts of the protected path (PROTOCOL.md) and the parameter set they are built for.
+"""Slot layouts of the protected path (docs/PROTOCOL.md, "Layouts").
 
 Pure numpy: no backend type appears here. Both halves use these functions, so the client's
 packing and the server's masks agree by construction. Notation: ``d`` hidden size, ``H``
@@ -8,8 +8,8 @@ Layouts (slot indices of one ciphertext):
 
 * **hidden** (the residual stream): ``x`` replicated with period ``d``, ``S // d`` whole
   copies (14 for d=576), zeros in the tail. This is the matrix-input layout of
-  ``veil.crypto.backend`` restricted to whole copies, so the server can rebuild it from a
-  vector in ``[0, d)`` with ``HEBackend.replicate`` (no level).
+  ``veil.crypto.linear`` restricted to whole copies, so the server can rebuild it from a
+  vector in ``[0, d)`` with ``linear.replicate`` (no level).
 * **position blocks**: the key cache and the query replicas use blocks of ``BLOCK = 1024``
   slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j`` lives in chunk
   ``j // 8``, block ``j % 8``; inside a block, slot ``g*hd + i`` holds lane ``i`` of the head
@@ -41,9 +41,8 @@ Layouts (slot indices of one ciphertext):
   error times σ' in the û slots; a constant factor does not.)
 * **m upload**: ``m`` replicated with period ``F`` over all slots (the matrix-input layout).
 
-Multi-token prefill packing (several tokens per ciphertext) is not implemented yet: a prefill
-span carries up to ``MAX_SPAN`` positions per round trip, each in its own ciphertexts (see
-``veil.engine.protected``).
+Several positions per ciphertext is not implemented yet: a prefill span carries up to
+``MAX_SPAN`` positions per round trip, each in its own ciphertexts.
 """
 
 from __future__ import annotations
@@ -54,13 +53,11 @@ from functools import cached_property
 
 import numpy as np
 
-from veil.crypto.params import PROTECTED_PARAMS
-
 __all__ = [
-    "PROTECTED_PARAMS",
     "BLOCK",
     "SIGMA2_DIV",
     "LayoutDims",
+    "dims_of",
     "hidden_layout",
     "hidden_copies",
     "periodic_layout",
@@ -188,6 +185,13 @@ class LayoutDims:
             raise ValueError("value blocks would wrap around the slot vector")
 
 
+def dims_of(cfg, slots: int) -> LayoutDims:
+    """The layout dimensions of a model config (``engine.config.ModelConfig``), checked."""
+    dims = LayoutDims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, slots)
+    dims.check()
+    return dims
+
+
 def hidden_copies(d: int, slots: int) -> int:
     return slots // d
 
@@ -240,12 +244,6 @@ def unpack_scores(dims: LayoutDims, vec: np.ndarray, positions: int) -> tuple[fl
     j = np.arange(positions)
     idx = np.array([[score_slot(dims, int(p), h) for p in j] for h in range(dims.heads)])
     return float(vec[dims.sigma_slot]), vec[idx]
-
-
-def scores_slots(dims: LayoutDims, positions: int) -> np.ndarray:
-    """Every slot the scores download may carry something in (for audits)."""
-    idx = [score_slot(dims, p, h) for p in range(positions) for h in range(dims.heads)]
-    return np.array(sorted(idx + [dims.sigma_slot]))
 
 
 def unpack_mlp(dims: LayoutDims, vec: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:

@@ -1,0 +1,437 @@
+"""Linear algebra on CKKS slot vectors, written once over the ``HEBackend`` interface.
+
+Everything here is backend-neutral: it calls ``encode``, ``multiply_plain``, ``add``,
+``rescale``, ``rotate`` and ``rotate_many`` and nothing else, so SEAL, the native backend and
+the slot-vector test double all run the same products (as Lattigo keeps its linear
+transformations generic over its evaluator).
+
+Matrix-vector products: generalized diagonals ``diag_k[j] = W[j, (j+k) % cols]`` against an
+input replicated with period ``cols``; baby steps ``rot(x, b), b < n1`` from one
+``rotate_many`` (a backend may hoist them), giant-step rotations ``g * n1`` pre-applied to the
+plaintexts, so a product costs ``n1 - 1 + n2 - 1`` rotations plus the folds of its layout
+(``MatvecPlan``). Diagonals are encoded at scale ``prime(level)``, so the rescaled output keeps
+the input's scale.
+
+Layout conventions (``S = params.slot_count`` slots):
+
+* A *matrix input* of length ``cols`` is periodic: slot ``k`` holds ``x[k % cols]`` on the
+  first ``plan.input_span`` slots (``replicate_input``); a server-side output that is zero
+  outside ``[0, len)`` becomes one with ``replicate`` (rotations, no level).
+* A matrix output of length ``rows`` sits in slots ``[0, rows)``; with the "bsgs" layout the
+  other slots are zero up to noise, with "folded" and "wide" they hold partial sums.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from veil.crypto.backend import Ciphertext, HEBackend, HEError, Plaintext
+
+__all__ = [
+    "MatvecPlan",
+    "plan_matvec",
+    "bsgs_split",
+    "EncodedMatrix",
+    "encode_matrix",
+    "matvec",
+    "replicate",
+    "replicate_input",
+    "replicate_rotation_steps",
+    "window_sum",
+    "broadcast_lane",
+]
+
+
+@dataclass(frozen=True)
+class MatvecPlan:
+    """How a ``rows x cols`` product is laid out in the slots.
+
+    ``layout="bsgs"``: one generalized diagonal per plaintext (``cols`` plaintexts), giant-step
+    rotations pre-applied; the output is zero outside ``[0, rows)``.
+
+    ``layout="folded"``: ``blocks`` groups of up to ``per_block`` diagonals share each
+    plaintext: block ``t`` sits at slots ``[t*stride, t*stride + rows)``, and with the periodic
+    input it sees the diagonals from offset ``o_t = t*stride mod cols`` on (``block_offsets``).
+    The windows ``[o_t, o_t + per_block)`` cover all ``cols`` diagonals; each diagonal goes to
+    the first block whose window holds it. ``stride = per_block`` (mod cols) gives disjoint
+    windows, but any stride whose offsets leave no gap wider than ``per_block`` works, which
+    lets more blocks fit: 960x576 takes 7 blocks of 84 diagonals at stride 987 (84
+    plaintexts), where stride = per_block allowed only 4 blocks of 144. The blocks are summed
+    by ``log2(fold_blocks)`` rotations (the blocks rounded up to a power of two; the empty
+    ones read zero slots). About ``blocks`` times fewer plaintexts and multiplications and
+    fewer rotations, but the output holds partial sums (garbage) outside ``[0, rows)``: use it
+    where the result goes to the client, or clean it with a 0/1 ``multiply_plain`` (one level).
+
+    ``layout="wide"`` (rows < cols, for W_down): the folded layout applied to the matrix tiled
+    vertically to ``cols`` rows (row ``j`` is row ``j % row_period`` of the matrix padded to
+    ``row_period`` rows, ``row_period`` = cols / 2^i >= rows), keeping only its first
+    ``row_period`` diagonals, each ``cols`` slots long; ``log2(cols / row_period)`` more
+    rotations by multiples of ``row_period`` add the row groups (Halevi–Shoup's hybrid method).
+    Every diagonal slot then carries a weight: for 576x1536 192 plaintexts, half of what the
+    folded layout needs at stride = per_block (the general-stride search of "folded" also
+    reaches 192 there), with the same output layout (partial sums outside ``[0, rows)``).
+
+    The input must be periodic (``x[k % cols]``) on slots ``[0, input_span)``.
+    """
+
+    layout: str
+    rows: int
+    cols: int
+    n1: int
+    n2: int
+    blocks: int = 1
+    per_block: int = 0
+    stride: int = 0
+    row_period: int = 0  # "wide" only
+
+    @property
+    def diag_len(self) -> int:
+        """Slots each diagonal occupies."""
+        return self.cols if self.layout == "wide" else self.rows
+
+    @property
+    def num_diagonals(self) -> int:
+        return self.row_period if self.layout == "wide" else self.cols
+
+    @property
+    def row_folds(self) -> list[int]:
+        """Rotation steps adding the row groups of the "wide" layout (largest first)."""
+        if self.layout != "wide":
+            return []
+        out, h = [], self.cols // self.row_period // 2
+        while h >= 1:
+            out.append(h * self.row_period)
+            h //= 2
+        return out
+
+    @property
+    def input_span(self) -> int:
+        return (self.blocks - 1) * self.stride + self.diag_len + self.n1 * self.n2
+
+    @property
+    def fold_blocks(self) -> int:
+        """``blocks`` rounded up to a power of two: the fold adds this many block frames."""
+        return 1 << (self.blocks - 1).bit_length()
+
+    @property
+    def block_offsets(self) -> list[int]:
+        """First diagonal each block sees (``wide``: consecutive groups of ``per_block``)."""
+        if self.layout == "wide":
+            return [t * self.per_block for t in range(self.blocks)]
+        return [t * self.stride % self.cols for t in range(self.blocks)]
+
+    def diagonal_owners(self) -> list[list[int]]:
+        """``owners[t][u]``: the diagonal block ``t`` carries in its ``u``-th plaintext, or -1.
+
+        Every diagonal below ``num_diagonals`` appears exactly once."""
+        n, seen = self.num_diagonals, set()
+        owners = []
+        for o in self.block_offsets:
+            row = []
+            for u in range(self.diagonals_per_block):
+                k = o + u if self.layout == "wide" else (o + u) % self.cols
+                if k >= n or k in seen:
+                    row.append(-1)
+                else:
+                    seen.add(k)
+                    row.append(k)
+            owners.append(row)
+        if len(seen) != n:
+            raise ValueError("the blocks do not cover every diagonal")
+        return owners
+
+    @property
+    def rotation_steps(self) -> list[int]:
+        steps = set(range(1, self.n1)) | {g * self.n1 for g in range(1, self.n2)}
+        h = self.fold_blocks // 2
+        while h >= 1:
+            steps.add(h * self.stride)
+            h //= 2
+        steps.update(self.row_folds)
+        return sorted(steps)
+
+    @property
+    def rotations(self) -> int:
+        """Key switches per product (baby steps included)."""
+        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.fold_blocks)) + len(self.row_folds)
+
+    @property
+    def diagonals_per_block(self) -> int:
+        return self.per_block if self.layout in ("folded", "wide") else self.cols
+
+
+def plan_matvec(
+    rows: int, cols: int, slot_count: int, layout: str = "bsgs", n1: int | None = None
+) -> MatvecPlan:
+    """Choose the slot layout of a product (see ``MatvecPlan``)."""
+    if rows < 1 or cols < 1:
+        raise ValueError("empty matrix")
+    if layout == "bsgs":
+        a, b = bsgs_split(cols, n1)
+        plan = MatvecPlan("bsgs", rows, cols, a, b, 1, cols, 0)
+        if plan.input_span > slot_count:
+            raise ValueError(f"{rows}x{cols} needs {plan.input_span} slots, have {slot_count}")
+        return plan
+    if layout not in ("folded", "wide"):
+        raise ValueError(f"unknown layout {layout!r}")
+    plan = _plan_folded(rows, cols, slot_count, n1) if layout == "folded" else _plan_wide(rows, cols, slot_count, n1)
+    if plan is None:
+        raise ValueError(f"{rows}x{cols} does not fit {slot_count} slots")
+    return plan
+
+
+def _cost(rotations, plaintexts):
+    # cost model: a key switch ~ 20 plaintext products (SEAL, N=16384, 7 primes)
+    return 20 * rotations + plaintexts
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_folded(rows: int, cols: int, slot_count: int, n1: int | None) -> MatvecPlan | None:
+    """Search every block count and stride (vectorized over strides) for the cheapest plan."""
+    best = None
+    for blocks in range(1, min(cols, slot_count // rows) + 1):
+        fold = 1 << (blocks - 1).bit_length()
+        if blocks == 1:
+            strides = np.array([rows])
+        else:
+            strides = np.arange(rows, (slot_count - rows) // (blocks - 1) + 1)
+            if fold > blocks:  # the empty frames of the fold must read zero slots, no wrap
+                strides = strides[(fold - 1) * strides + rows <= slot_count]
+        if strides.size == 0:
+            break
+        offs = np.sort(np.arange(blocks)[None, :] * strides[:, None] % cols, axis=1)
+        gaps = np.diff(np.concatenate([offs, offs[:, :1] + cols], axis=1), axis=1)
+        k = gaps.max(axis=1)  # diagonals per block: the widest gap between offsets
+        a = np.where(k >= n1, n1, np.ceil(np.sqrt(k))) if n1 is not None else np.ceil(np.sqrt(k))
+        a = a.astype(np.int64)
+        b = -(-k // a)
+        span = (blocks - 1) * strides + rows + a * b
+        cost = _cost((a - 1) + (b - 1) + (fold.bit_length() - 1), k)
+        ok = np.flatnonzero(span <= slot_count)
+        if ok.size == 0:
+            continue
+        i = ok[np.lexsort((span[ok], cost[ok]))[0]]  # cheapest, then the shortest input span
+        if best is None or cost[i] < best[0]:
+            plan = MatvecPlan("folded", rows, cols, int(a[i]), int(b[i]), blocks, int(k[i]), int(strides[i]))
+            best = (int(cost[i]), plan)
+    return None if best is None else best[1]
+
+
+def _plan_wide(rows: int, cols: int, slot_count: int, n1: int | None) -> MatvecPlan | None:
+    period = cols
+    while period % 2 == 0 and period // 2 >= rows:
+        period //= 2
+    if period == cols:
+        raise ValueError(f"{rows}x{cols}: the wide layout needs cols / 2^i >= rows for some i >= 1")
+    best = None
+    t = 1
+    while t <= period:
+        k = -(-period // t)
+        stride = k + cols * max(0, -(-(cols - k) // cols))  # >= cols and == k (mod cols)
+        a, b = bsgs_split(k, n1 if n1 is not None and n1 <= k else None)
+        plan = MatvecPlan("wide", rows, cols, a, b, t, k, stride, period)
+        if plan.input_span <= slot_count:
+            cost = _cost(plan.rotations, k)
+            if best is None or cost < best[0]:
+                best = (cost, plan)
+        t *= 2
+    return None if best is None else best[1]
+
+
+def bsgs_split(cols: int, n1: int | None = None) -> tuple[int, int]:
+    """Baby/giant step counts for ``cols`` generalized diagonals: ``n1 * n2 >= cols``."""
+    if cols < 1:
+        raise ValueError("cols must be positive")
+    if n1 is None:
+        n1 = max(1, int(np.ceil(np.sqrt(cols))))
+    n1 = min(n1, cols)
+    n2 = -(-cols // n1)
+    return n1, n2
+
+
+def replicate_rotation_steps(length: int, copies: int) -> list[int]:
+    """Rotation steps ``replicate(be, ct, length, copies)`` uses (all negative)."""
+    if length < 1 or copies < 1:
+        raise ValueError("length and copies must be positive")
+    top = copies.bit_length() - 1
+    steps = {-length * (1 << i) for i in range(top)}
+    have = 1 << top
+    for i in range(top - 1, -1, -1):
+        if copies >> i & 1:
+            steps.add(-length * have)
+            have += 1 << i
+    return sorted(steps)
+
+
+def replicate_input(x: np.ndarray, slot_count: int) -> np.ndarray:
+    """The matrix-input layout: slot ``k`` holds ``x[k % len(x)]``."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    if x.size == 0 or x.size > slot_count:
+        raise ValueError(f"input length {x.size} does not fit {slot_count} slots")
+    reps = -(-slot_count // x.size)
+    return np.tile(x, reps)[:slot_count]
+
+
+# ------------------------------------------------------------------------------------------
+# Products over the interface
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodedMatrix:
+    """A weight matrix encoded for one layout at one level (``rows x cols`` is W's shape in
+    ``y = W x``): built once, used for every product. ``plaintexts[u]`` is the u-th diagonal
+    plaintext of the plan (absent where all blocks are empty)."""
+
+    params_id: str
+    level: int
+    plan: MatvecPlan
+    plaintexts: dict[int, Plaintext] = field(repr=False)
+
+    @property
+    def rows(self) -> int:
+        return self.plan.rows
+
+    @property
+    def cols(self) -> int:
+        return self.plan.cols
+
+    @property
+    def nbytes(self) -> int:
+        return sum(pt.nbytes for pt in self.plaintexts.values())
+
+
+def _diagonals(w: np.ndarray, plan: MatvecPlan) -> np.ndarray:
+    rows, cols = w.shape
+    if plan.layout == "wide":
+        # diagonals of the matrix padded to row_period rows and tiled to cols rows:
+        # diag_k[j] = W[j % row_period, (j + k) % cols], j < cols, k < row_period
+        wpad = np.zeros((plan.row_period, cols))
+        wpad[:rows] = w
+        j = np.arange(cols)
+        return wpad[(j % plan.row_period)[None, :], (j[None, :] + np.arange(plan.row_period)[:, None]) % cols]
+    j = np.arange(rows)  # diag_k[j] = W[j, (j + k) % cols], j < rows, k < cols
+    return w[j[None, :], (j[None, :] + np.arange(cols)[:, None]) % cols]
+
+
+def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
+                  max_input_span: int | None = None) -> EncodedMatrix:
+    """Encode the diagonals of ``weight`` for inputs at ``level``, giant-step rotations
+    pre-applied. ``max_input_span``: the input is periodic on fewer slots than all of them
+    (the plan must read no further)."""
+    w = np.asarray(weight, dtype=np.float64)
+    if w.ndim != 2:
+        raise HEError("weight must be a 2-D matrix")
+    slots = be.params.slot_count
+    span = slots if max_input_span is None else min(max_input_span, slots)
+    try:
+        plan = plan_matvec(w.shape[0], w.shape[1], span, layout, n1)
+    except ValueError as e:
+        raise HEError(str(e)) from e
+    if level == 0:
+        raise HEError("a matrix product needs a level to rescale into")
+    diags, scale = _diagonals(w, plan), float(be.prime(level))
+    plaintexts: dict[int, Plaintext] = {}
+    owners = plan.diagonal_owners()  # "bsgs": one block holding every diagonal
+    for u in range(plan.diagonals_per_block):
+        g = u // plan.n1
+        buf = np.zeros(slots)
+        for t, row in enumerate(owners):
+            if row[u] >= 0:  # block t at t*stride, pre-rotated by -g*n1 for its giant step
+                start = t * plan.stride + g * plan.n1
+                buf[start : start + plan.diag_len] = diags[row[u]]
+        if np.any(buf):
+            plaintexts[u] = be.encode(buf, level, scale)
+    if not plaintexts:
+        raise HEError("all-zero matrix")
+    return EncodedMatrix(be.params.id, level, plan, plaintexts)
+
+
+def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
+    """``W x`` for an input periodic on ``plan.input_span`` slots; output in ``[0, rows)``."""
+    if matrix.params_id != be.params.id:
+        raise HEError("matrix encoded for another parameter set")
+    if be.level(x) != matrix.level:
+        raise HEError(f"input at level {be.level(x)}, matrix encoded for {matrix.level}")
+    plan = matrix.plan
+    baby = [x, *be.rotate_many(x, range(1, plan.n1))]
+    acc = None
+    for g in range(plan.n2):
+        inner = None
+        for b in range(plan.n1):
+            pt = matrix.plaintexts.get(g * plan.n1 + b)
+            if pt is not None:
+                prod = be.multiply_plain(baby[b], pt, rescale=False)
+                inner = prod if inner is None else be.add(inner, prod)
+        if inner is None:
+            continue
+        # rescale before the giant-step rotation: a key switch at level l costs ~(l+1)(l+2)
+        # NTTs, so rotating one level lower is cheaper than the extra rescales
+        inner = be.rescale(inner)
+        if g:
+            inner = be.rotate(inner, g * plan.n1)
+        acc = inner if acc is None else be.add(acc, inner)
+    half = plan.fold_blocks // 2
+    while half >= 1:  # fold the blocks onto block 0
+        acc = be.add(acc, be.rotate(acc, half * plan.stride))
+        half //= 2
+    for step in plan.row_folds:  # "wide": add the row groups
+        acc = be.add(acc, be.rotate(acc, step))
+    return acc
+
+
+def replicate(be: HEBackend, ct: Ciphertext, length: int, copies: int) -> Ciphertext:
+    """A vector in slots ``[0, length)`` (zero elsewhere) -> ``copies`` consecutive copies, by
+    doubling (steps: ``replicate_rotation_steps``). Uses no level."""
+    if length < 1 or copies < 1 or length * copies > be.params.slot_count:
+        raise HEError(f"{copies} copies of {length} slots do not fit {be.params.slot_count} slots")
+    powers = [ct]  # powers[i]: 2^i copies in [0, 2^i * length)
+    while 1 << len(powers) <= copies:
+        prev = powers[-1]
+        powers.append(be.add(prev, be.rotate(prev, -length * (1 << (len(powers) - 1)))))
+    top = len(powers) - 1
+    cur, have = powers[top], 1 << top
+    for i in range(top - 1, -1, -1):
+        if copies >> i & 1:
+            cur = be.add(cur, be.rotate(powers[i], -length * have))
+            have += 1 << i
+    return cur
+
+
+def window_sum(be: HEBackend, ct: Ciphertext, width: int) -> Ciphertext:
+    """Slot i gets Σ ct[i .. i+width) (cyclic): doubling windows (log2 of width's top bit
+    rotations), joined at each further set bit of ``width`` by one more (576 = 512 + 64: 10).
+    Slots whose window runs past the data hold partial sums: callers keep whole windows only."""
+    if width < 1:
+        raise ValueError(f"window width must be at least 1, got {width}")
+    run, acc, st = ct, None, 1  # run: windows of length st; acc: of width's bits below st
+    while True:
+        if width & st:  # run followed by acc: windows of length width mod 2st
+            acc = run if acc is None else be.add(run, be.rotate(acc, st))
+        if 2 * st > width:
+            return acc
+        run = be.add(run, be.rotate(run, st))
+        st *= 2
+
+
+def broadcast_lane(be: HEBackend, e: Ciphertext, lane: int, period: int) -> Ciphertext:
+    """``e`` zero outside the lanes ``≡ lane (mod period)`` (``lane < period``, a power of two)
+    -> every slot holds the value of that lane of its period: log2(period) doublings with
+    signed steps, ``+2^i`` where bit i of ``lane`` is set, else ``-2^i``. The offsets the sums
+    reach are then exactly ``[lane - period + 1, lane]``: every slot of a period reads its lane
+    and nothing crosses into the next period, with no rotation to lane 0 first."""
+    st = 1
+    while st < period:
+        e = be.add(e, be.rotate(e, st if lane & st else -st))
+        st *= 2
+    return e
+
+
+def rotation_steps_of(steps: Sequence[int], slots: int) -> list[int]:
+    """Rotation steps normalized to ``(-slots/2, slots/2]`` the way Galois keys name them."""
+    half = slots // 2
+    return sorted({s % slots if s % slots < half else s % slots - slots for s in steps})

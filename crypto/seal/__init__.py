@@ -1,0 +1,1 @@
+"""The SEAL backend: Microsoft SEAL through ``tenseal.sealapi`` (``make_backend(params, "seal")``)."""

@@ -1,0 +1,372 @@
+"""The HE circuits of a protected layer, over the backend interface (docs/PROTOCOL.md, "Levels").
+
+``Circuit`` is the per-step context the server evaluates with: one session's backend (its
+evaluation keys, timed) plus the executor-wide encoded constants. Its methods are the pieces
+of a layer in protocol order — ``qkv`` and ``kv_blocks``, ``scores`` and ``sigma`` (for
+SCORES), ``attend`` (for MLP), ``down``, ``residual`` and ``final`` (for REFRESH / FINAL) — and
+``download`` prepares anything that leaves. Each comment's trailing number is the level the
+value lands at on ``ckks-n16384-l7-v1``.
+
+0/1 masks ("select"): a product with a plaintext of zeros and ones keeps some slots and cleans
+the rest, at the price of one level. Its encoding error ε (~2^5.2 / plaintext scale) multiplies
+whatever the cleaned slots held, so masks before a download are encoded to land on
+``DOWNLOAD_SCALE`` (~2^56): ε times the folded partial sums then stays ~2^-26 absolute, far under
+the flooding noise. Every ciphertext that leaves is re-randomized and flooded with noise of std
+``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units (~2^-11.5 absolute per slot).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+
+import numpy as np
+
+from veil.crypto.backend import Ciphertext, Plaintext
+from veil.crypto.linear import (
+    EncodedMatrix,
+    broadcast_lane,
+    matvec,
+    plan_matvec,
+    replicate,
+    replicate_rotation_steps,
+    rotation_steps_of,
+    window_sum,
+)
+from veil.protected.layouts import BLOCK, SIGMA2_DIV, LayoutDims
+from veil.protected.protocol import MAX_SPAN, Levels
+from veil.protected.timing import TimedBackend
+from veil.protected.weights import (
+    MATRIX_LAYOUTS,
+    N1,
+    EncodedLayer,
+    input_spans,
+    matrix_shapes,
+    rope_cos_sin,
+)
+
+__all__ = ["DOWNLOAD_SCALE", "FLOOD_BELOW_SCALE", "Constants", "Circuit", "score_lane_groups",
+           "required_rotation_steps"]
+
+DOWNLOAD_SCALE = 2.0**56
+#: Flooding std in coefficient units = scale * 2^-FLOOD_BELOW_SCALE (equals the parameter set's
+#: flood_log2_sigma = 18 at scale 2^36).
+FLOOD_BELOW_SCALE = 18.0
+
+
+class Constants:
+    """Encoded 0/1 masks, constants and RoPE factors, shared by every session of an executor:
+    they depend on no key, and encoding one costs an FFT and an NTT per prime."""
+
+    def __init__(self, cfg, dims: LayoutDims):
+        self.cfg, self.dims = cfg, dims
+        self.plains: dict[tuple, Plaintext] = {}
+        # RoPE's plaintexts by position: every layer of a token (or span) multiplies by the same
+        # six, so the last MAX_SPAN positions' stay encoded (least recently used dropped first)
+        self.rope_plains: OrderedDict[tuple, dict[int, list]] = OrderedDict()
+
+    def get(self, be, key, level: int, scale: float, make) -> Plaintext:
+        k = (key, level, scale)
+        pt = self.plains.get(k)
+        if pt is None:
+            pt = self.plains[k] = be.encode(make(), level, scale)
+        return pt
+
+    def rope(self, be, t: int, level: int, scale: float) -> dict[int, list]:
+        """RoPE of position ``t`` at ``level`` and ``scale``: lane offset (0 for q, q for k) ->
+        [cos (with y), -sin on the low half-heads (with rot(y, +hd/2)), sin on the high
+        half-heads (with rot(y, -hd/2))], None where all zero (sin at position 0)."""
+        key = (t, level, scale)
+        plains = self.rope_plains.get(key)
+        if plains is not None:
+            self.rope_plains.move_to_end(key)
+            return plains
+        hd, q = self.dims.head_dim, self.dims.qdim
+        cos, sin = rope_cos_sin(self.cfg, t)
+        lane = np.arange(q) % hd
+        factors = (np.tile(cos, q // hd), np.where(lane < hd // 2, -np.tile(sin, q // hd), 0.0),
+                   np.where(lane >= hd // 2, np.tile(sin, q // hd), 0.0))
+        plains = {}
+        for off, n in ((0, q), (q, self.dims.kv_dim)):
+            plains[off] = []
+            for vals in factors:
+                v = np.zeros(self.dims.slots)
+                v[off : off + n] = vals[:n]
+                plains[off].append(be.encode(v, level, scale) if np.any(v) else None)
+        self.rope_plains[key] = plains
+        while len(self.rope_plains) > MAX_SPAN:
+            self.rope_plains.popitem(last=False)
+        return plains
+
+
+def _mask(slots: int, ranges: list[tuple[int, int]], value: float = 1.0) -> np.ndarray:
+    v = np.zeros(slots)
+    for a, b in ranges:
+        v[a:b] = value
+    return v
+
+
+class Circuit:
+    """One step's HE evaluation under one session's keys (see the module docstring)."""
+
+    def __init__(self, be: TimedBackend, dims: LayoutDims, levels: Levels, consts: Constants):
+        self.be, self.dims, self.levels, self.consts = be, dims, levels, consts
+
+    # ---- building blocks ---------------------------------------------------------------------
+    def select(self, ct: Ciphertext, key, make, target: float | None = None) -> Ciphertext:
+        """``make() ⊙ ct`` (one level), landing on scale ``target`` (default Δ); the plaintext
+        is encoded once per ``key``, level and scale."""
+        be = self.be
+        target = be.params.scale if target is None else target
+        level = be.level(ct)
+        scale = target * be.prime(level) / be.scale(ct)
+        return be.multiply_plain(ct, self.consts.get(be, key, level, scale, make))
+
+    def first(self, n: int):
+        return lambda: _mask(self.dims.slots, [(0, n)])
+
+    def matvec(self, m: EncodedMatrix, x: Ciphertext) -> Ciphertext:
+        with self.be.section("matvec", f"{m.rows}x{m.cols}@{m.level}"):
+            return matvec(self.be, m, x)
+
+    def rotate_blocks(self, ct: Ciphertext, blocks: int, width: int = BLOCK) -> Ciphertext:
+        """Rotate right by ``blocks * width`` slots (power-of-two steps)."""
+        i = 0
+        while blocks:
+            if blocks & 1:
+                ct = self.be.rotate(ct, -width * (1 << i))
+            blocks >>= 1
+            i += 1
+        return ct
+
+    def repeat_kv(self, x: Ciphertext) -> Ciphertext:
+        """``x`` zero outside ``[lo, lo + kv_dim)`` -> ``group`` copies on ``[lo - (group-1)*kv_dim,
+        lo + kv_dim)``, by left rotations of one step (a key the executor needs anyway)."""
+        acc = cur = x
+        for _ in range(self.dims.group - 1):
+            cur = self.be.rotate(cur, self.dims.kv_dim)
+            acc = self.be.add(acc, cur)
+        return acc
+
+    def sum_all(self, ct: Ciphertext) -> Ciphertext:
+        """Cyclic sum of all slots into every slot (log2(slots) rotations): no partial sums."""
+        st = 1
+        while st < self.dims.slots:
+            ct = self.be.add(ct, self.be.rotate(ct, st if st < BLOCK else -st))
+            st *= 2
+        return ct
+
+    def download(self, ct: Ciphertext, level: int) -> bytes:
+        """Switched to ``level``, re-randomized and flooded, serialized: ready to leave."""
+        be = self.be
+        ct = be.mod_switch_to(ct, level) if be.level(ct) > level else ct
+        ct = be.rerandomize(ct, float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE)
+        return be.serialize(ct)
+
+    # ---- TOKEN / REFRESHED -> SCORES -----------------------------------------------------------
+    def qkv(self, layer: EncodedLayer, h: Ciphertext, t: int, want_q: bool):
+        """q̂ (or None), k̂ and v̂ of position ``t`` from h (clean, replicated, at 7): k̂ at [0, q),
+        v̂ in the value frame, both repeated for the head slots, not yet in their block."""
+        be, dims = self.be, self.dims
+        hd, q, kvd = dims.head_dim, dims.qdim, dims.kv_dim
+        y = self.matvec(layer.wqkv, h)  # 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after
+        y_up, y_dn = be.rotate(y, hd // 2), be.rotate(y, -(hd // 2))
+        plains = self.consts.rope(be, t, be.level(y), be.prime(be.level(y)))
+
+        def rope(off: int) -> Ciphertext:
+            acc = None
+            for src, pt in zip((y, y_up, y_dn), plains[off], strict=True):
+                if pt is not None:  # sin = 0 at position 0
+                    prod = be.multiply_plain(src, pt, rescale=False)
+                    acc = prod if acc is None else be.add(acc, prod)
+            return be.rescale(acc)
+
+        q_hat = rope(0) if want_q else None  # [0, q), 5
+        # KV lanes repeated for the head slots (slot g reads KV head g % kv_heads), then moved
+        # to [0, q) (keys) and to the value frame (values): the keys switched to their level
+        # first (a rotation at 4 costs ~3/4 of one at 5)
+        k_hat = be.rotate(self.repeat_kv(be.mod_switch_to(rope(q), self.levels.keys)), kvd)  # 4
+        v_lanes = lambda: _mask(dims.slots, [(q + kvd, q + 2 * kvd)])  # noqa: E731
+        v_mask = self.consts.get(be, "v_lanes", be.level(y), be.prime(be.level(y)), v_lanes)
+        v_hat = be.rotate(self.repeat_kv(be.multiply_plain(y, v_mask)), 2 * kvd - dims.value_offset)  # 5
+        return q_hat, k_hat, v_hat
+
+    def kv_blocks(self, k_hat: Ciphertext, v_hat: Ciphertext, t: int) -> tuple[Ciphertext, Ciphertext]:
+        """k̂ and v̂ moved to position ``t``'s block of its chunk (key block of 1024 slots, value
+        block of q slots)."""
+        b = t % self.dims.per_chunk
+        return self.rotate_blocks(k_hat, b), self.rotate_blocks(v_hat, b, self.dims.qdim)
+
+    def scores(self, q_hat: Ciphertext, keys: list[Ciphertext], t: int) -> Ciphertext:
+        """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (1)."""
+        dims, be = self.dims, self.be
+        # switched before its 3 replicating rotations: cheaper at the keys' level
+        q_rep = replicate(be, be.mod_switch_to(q_hat, self.levels.keys), BLOCK, dims.per_chunk)
+        n_chunks = t // dims.per_chunk + 1
+        valid = [min(dims.per_chunk, t + 1 - c * dims.per_chunk) for c in range(n_chunks)]
+        return self.lane_sums([be.multiply(q_rep, keys[c]) for c in range(n_chunks)], valid)  # 3 -> 1
+
+    def lane_sums(self, prods: list[Ciphertext], valid: list[int]) -> Ciphertext:
+        """Scores download from the chunk products ``q ⊙ K_c``: ``Σ_lanes / sqrt(hd)`` of chunk
+        ``c`` at lane ``c`` of each head, every other slot zero; two levels.
+
+        The 64-lane sums are shared between the chunks of a group: each chunk's product gets
+        the first j halvings of its lane sum (rotations 1..2^(j-1)), a 0/1 mask keeps the lanes
+        that are multiples of 2^j (2^j >= chunks in the group; also zero for positions > t:
+        ``valid`` blocks) and chunk c moves to lane offset c; after adding the chunks the last
+        6-j halvings (rotations 2^j..32) finish every chunk at once: lane c only ever meets lanes
+        of its own residue class mod 2^j. A group of C chunks costs C*j + (C-1) + (6-j)
+        rotations instead of 6C + (C-1); ``score_lane_groups`` splits the chunks into groups
+        where that is cheaper, each masked on its own and joined one level lower."""
+        be, dims = self.be, self.dims
+        hd, heads, slots = dims.head_dim, dims.heads, dims.slots
+        log_hd = hd.bit_length() - 1
+        if len(prods) > hd:
+            raise ValueError(f"{len(prods)} chunks exceed {hd} lanes")  # max_positions prevents it
+        groups = score_lane_groups(len(prods), log_hd)
+        parts, base = [], 0
+        for n, j in groups:
+            kept = []
+            for c in range(base, base + n):
+                prod = prods[c]
+                for st in range(j):
+                    prod = be.add(prod, be.rotate(prod, 1 << st))
+
+                def class_mask(v=valid[c], j=j):
+                    mask = np.zeros(slots)
+                    for b in range(v):
+                        mask[BLOCK * b + hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
+                    return mask
+
+                kept.append(self.select(prod, ("lane_class", j, valid[c]), class_mask))
+            part = kept[-1]
+            for i in range(n - 2, -1, -1):  # chunk base+i at lane offset i
+                part = be.add(be.rotate(part, -1), kept[i])
+            for st in range(j, log_hd):
+                part = be.add(part, be.rotate(part, 1 << st))
+
+            def score_mask(n=n):  # every block: the class masks already zeroed positions > t
+                mask = np.zeros(slots)
+                for b in range(dims.per_chunk):
+                    mask[BLOCK * b + hd * np.arange(heads)[:, None] + np.arange(n)[None, :]] = 1 / np.sqrt(hd)
+                return mask
+
+            parts.append(self.select(part, ("scores", n), score_mask, DOWNLOAD_SCALE))
+            base += n
+        scores = parts[-1]
+        for i in range(len(parts) - 2, -1, -1):  # group i+1 starts groups[i][0] lanes after group i
+            scores = be.add(parts[i], be.rotate(scores, -groups[i][0]))
+        return scores
+
+    def sigma(self, h: Ciphertext, scores: Ciphertext | None) -> Ciphertext:
+        """σ_t / d at slot ``sigma_slot`` (added to the scores when there are any), from a window
+        sum of one period of h²: 10 rotations instead of the 13 of a cyclic sum; only slot
+        ``sigma_slot`` is kept, so the partial sums elsewhere are masked away (1)."""
+        be, dims = self.be, self.dims
+        h_low = be.mod_switch_to(h, self.levels.scores_download + 2)
+        sq = window_sum(be, be.multiply(h_low, h_low), dims.d)  # 2
+        out = self.select(sq, "sigma", lambda: _mask(dims.slots, [(dims.sigma_slot, dims.sigma_slot + 1)],
+                                                     1.0 / dims.d), DOWNLOAD_SCALE)
+        return out if scores is None else be.add(scores, out)
+
+    # ---- WEIGHTS -> MLP ------------------------------------------------------------------------
+    def attend(self, layer: EncodedLayer, values: list[Ciphertext], h: Ciphertext, w: Ciphertext, t: int):
+        """Weighted values, W_o and the residual for position ``t``: returns (h' at 2, [û, σ'] at 0)."""
+        be, dims = self.be, self.dims
+        d, hd = dims.d, dims.head_dim
+        n_chunks = t // dims.per_chunk + 1
+        period = 1 << max(0, (n_chunks - 1).bit_length())
+        lanes = np.arange(hd)
+        acc = None
+        for c in range(n_chunks):
+            valid = min(dims.per_chunk, t + 1 - c * dims.per_chunk)
+
+            def expand_mask(valid=valid, r=c):  # c < period: chunk c sits at lanes ≡ c
+                mask = np.zeros(dims.slots)
+                for b in range(valid):
+                    for head in range(dims.heads):
+                        mask[dims.value_base(b) + hd * head + lanes[lanes % period == r]] = 1.0
+                return mask
+
+            pt = self.consts.get(be, ("expand", period, valid, c), be.level(w), be.prime(be.level(w)), expand_mask)
+            e = broadcast_lane(be, be.multiply_plain(w, pt), c, period)  # 5
+            # unrelinearized: the sum needs one key switch instead of one per chunk
+            prod = be.multiply(e, values[c], rescale=False, relinearize=False)
+            acc = prod if acc is None else be.add(acc, prod)
+        a = be.relinearize(be.rescale(acc))  # 4 (relinearized one level lower: cheaper)
+        st = 1
+        while st < dims.value_shifts:  # shift sum: â with period q on [0, value_span)
+            a = be.add(a, be.rotate(a, -dims.qdim * st))
+            st *= 2
+        o = self.matvec(layer.wo, a)  # 3, folded
+        o = replicate(be, self.select(o, "first_d", self.first(d)), d, dims.copies)  # 2
+        h_prime = be.add(be.mod_switch_to(h, be.level(o)), o)
+        # σ'/(8d) in every slot: a constant factor, no 0/1 mask (a mask's encoding error times
+        # the large 14σ' would spill into the û slots); the client subtracts slot 2F from û
+        sq = self.sum_all(be.multiply(h_prime, h_prime))  # 1
+        sig = lambda: np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))  # noqa: E731
+        u = self.matvec(layer.wgu, h_prime)  # 1, folded
+        out = be.add(self.select(u, "first_2f", self.first(2 * dims.ffn)), self.select(sq, "sigma2", sig))  # 0
+        return h_prime, out
+
+    # ---- MLP_IN -> REFRESH / FINAL -------------------------------------------------------------
+    def down(self, layer: EncodedLayer, m: Ciphertext) -> Ciphertext:
+        return self.matvec(layer.wdown, m)  # 3, wide: partial sums outside [0, d)
+
+    def residual(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:
+        """h'' = h' + W_down m, clean and replicated (2): the next layer's input once refreshed."""
+        d = self.dims.d
+        return self.be.add(h_prime, replicate(self.be, self.select(down, "first_d", self.first(d)), d, self.dims.copies))
+
+    def final(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:
+        """h_L = h' + W_down m, both cleaned at the download scale (1)."""
+        be, d = self.be, self.dims.d
+        h_out = self.select(h_prime, "first_d", self.first(d), DOWNLOAD_SCALE)  # 1
+        down = self.select(down, "first_d", self.first(d), DOWNLOAD_SCALE)  # 2
+        return be.add(h_out, be.mod_switch_to(down, be.level(h_out)))
+
+
+@functools.cache
+def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]:
+    """Groups ``(chunks, j)`` of ``Circuit.lane_sums``, in lane order: a group of ``C`` chunks
+    with ``2^j >= C`` costs ``C*j`` rotations at level 3 and ``(C-1) + (log_hd-j)`` at level 2,
+    and each group after the first a join at level 1. Every group but the last is a power of
+    two (the joins rotate by its size). The cheapest split by a time model, by exhaustive
+    recursion (8 chunks: 4 + 4, 9: 2 + 4 + 3)."""
+
+    def single(n: int) -> tuple[int, int]:
+        return n, max(0, (n - 1).bit_length())
+
+    def cost(groups) -> float:
+        # ms on the 2-core dev CPU, N=16384: a rotation at level 3 6.5, at level 2 4.4, a mask +
+        # rescale 1.4, a group join at level 1 2.7 (benchmarks/results/2026-11-21-protected)
+        return sum(6.5 * n * j + 4.4 * ((n - 1) + (log_hd - j)) + 1.4 for n, j in groups) + 2.7 * (len(groups) - 1)
+
+    best = (single(n_chunks),)
+    e = 0
+    while (1 << e) < n_chunks:
+        cand = ((1 << e, e),) + score_lane_groups(n_chunks - (1 << e), log_hd)
+        if cost(cand) < cost(best):
+            best = cand
+        e += 1
+    return best
+
+
+def required_rotation_steps(dims: LayoutDims) -> list[int]:
+    """Every Galois step the circuits use: the client generates exactly these keys."""
+    steps: set[int] = set()
+    spans = input_spans(dims)
+    for name, (rows, cols) in matrix_shapes(dims).items():
+        steps |= set(plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], N1).rotation_steps)
+    hd = dims.head_dim
+    steps |= {hd // 2, -(hd // 2)}  # RoPE
+    steps |= {dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}  # KV lanes -> head slots, alignment
+    steps |= {-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}  # value blocks
+    steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
+    steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums, weight broadcast
+    steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
+    steps |= {1 << i for i in range(BLOCK.bit_length() - 1)}  # cyclic slot sums (with -BLOCK*2^i)
+    steps |= {1 << i for i in range(dims.d.bit_length())}  # σ window sum (window_sum of width d)
+    steps |= set(replicate_rotation_steps(dims.d, dims.copies))
+    steps |= set(replicate_rotation_steps(BLOCK, dims.per_chunk))
+    return rotation_steps_of(steps, dims.slots)

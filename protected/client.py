@@ -1,0 +1,198 @@
+"""The client half of the protected protocol: what the SDK computes between round trips.
+
+It mirrors ``veil.protected.server`` step for step: ``token_message`` starts a span, and each
+reply kind has its handler — ``on_scores`` (softmax weights), ``on_mlp`` (SwiGLU), ``on_refresh``
+(re-encryption of the masked h''), ``on_final`` (h_L). The client holds the secret key; it
+decrypts exactly the values ``protocol.DECRYPTED`` names, and records each decryption with its
+kinds in ``transcript`` (the audit trail the tests check).
+
+Per layer the client keeps ``r_j = sqrt(σ_j/d + eps)`` of every past position: the server's
+values are unnormalized (``v̂_j = W_v γ h_j``), so the weights it uploads are ``w_tj = p_tj / r_j``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from veil.crypto.backend import HEBackend
+from veil.protected.layouts import (
+    dims_of,
+    hidden_layout,
+    pack_weights,
+    periodic_layout,
+    unpack_mlp,
+    unpack_scores,
+)
+from veil.protected.protocol import (
+    DECRYPTED,
+    LEVELS,
+    MAX_SPAN,
+    CtPayload,
+    Levels,
+    MsgKind,
+    ProtectedMessage,
+    ProtocolError,
+    Tag,
+    active_positions,
+)
+
+__all__ = ["Decryption", "ProtectedClientState", "softmax_weights", "swiglu_from_u"]
+
+
+@dataclass
+class Decryption:
+    """One decryption the client performed (audit record)."""
+
+    kinds: tuple[str, ...]
+    tag: str
+    layer: int
+    position: int
+    values: np.ndarray | None = field(default=None, repr=False)  # decoded slots (None: poly)
+
+
+def softmax_weights(sigma_over_d: float, scores_scaled: np.ndarray, r_past: list[float],
+                    eps: float) -> tuple[np.ndarray, float]:
+    """Attention weights from the decrypted statistics: ``scores_scaled[h, j] = <q̂_t, k̂_j>_h /
+    sqrt(hd)`` for j <= t. Returns ``(w, r_t)`` with ``w[h, j] = softmax_j(ŝ/(sqrt(hd) r_t
+    r_j))[h, j] / r_j``."""
+    r_t = float(np.sqrt(max(sigma_over_d, 0.0) + eps))
+    r = np.asarray(list(r_past) + [r_t])
+    s = scores_scaled / (r_t * r[None, :])
+    s = s - s.max(axis=1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=1, keepdims=True)
+    return p / r[None, :], r_t
+
+
+def swiglu_from_u(sigma2_over_d: float, u_gate: np.ndarray, u_up: np.ndarray, eps: float) -> np.ndarray:
+    """``m = SiLU(û_g / r') ⊙ (û_u / r')`` with ``r' = sqrt(σ'/d + eps)``."""
+    r = float(np.sqrt(max(sigma2_over_d, 0.0) + eps))
+    g = u_gate / r
+    return g / (1.0 + np.exp(-g)) * (u_up / r)
+
+
+class ProtectedClientState:
+    """One protected session on the client: builds uploads, decrypts downloads."""
+
+    def __init__(self, backend: HEBackend, cfg, first: int, last: int, session_id: str, *,
+                 levels: Levels = LEVELS, record_values: bool = True):
+        if not backend.has_secret_key:
+            raise ValueError("the client backend needs the secret key")
+        self.be, self.cfg = backend, cfg
+        self.first, self.last = first, last
+        self.session_id = session_id
+        self.levels = levels
+        self.dims = dims_of(cfg, backend.params.slot_count)
+        self.eps = cfg.rms_norm_eps
+        self.r: dict[int, list[float]] = {i: [] for i in range(first, last)}
+        self.position = 0  # first position of the span in flight
+        self.count = 1  # positions in the span
+        self.step = 0
+        self.transcript: list[Decryption] = []
+        self.record_values = record_values  # False: the audit keeps kinds only (long sessions)
+        self.bytes_up = self.bytes_down = 0
+        self._pending_r: dict[int, list[float]] = {}
+
+    # ---- the steps -----------------------------------------------------------------------------
+    def token_message(self, h: np.ndarray) -> ProtectedMessage:
+        """The inputs of layer ``first`` for the next ``len(h)`` positions (one row each, at most
+        ``MAX_SPAN``; a 1-D ``h`` is one position)."""
+        rows = np.atleast_2d(h)
+        if not 1 <= len(rows) <= MAX_SPAN:
+            raise ValueError(f"a step carries 1..{MAX_SPAN} positions, not {len(rows)}")
+        self.count = len(rows)
+        lv = self.levels.h
+        cts = tuple(CtPayload(Tag.H_IN, lv, self.be.encrypt_to_bytes(hidden_layout(row, self.dims.slots), lv), i)
+                    for i, row in enumerate(rows))
+        return self._upload(MsgKind.TOKEN, self.first, cts)
+
+    def handle(self, msg: ProtectedMessage) -> ProtectedMessage | np.ndarray:
+        """Process a server reply: the next upload, or h_L of the span's last position at the end."""
+        if msg.session_id != self.session_id or msg.position != self.position or msg.count != self.count:
+            raise ProtocolError("reply for another session or positions")
+        on = {MsgKind.SCORES: self.on_scores, MsgKind.MLP: self.on_mlp, MsgKind.REFRESH: self.on_refresh,
+              MsgKind.FINAL: self.on_final}.get(msg.kind)
+        if on is None:
+            raise ProtocolError(f"unexpected reply kind {msg.kind!r}")
+        self.bytes_down += msg.nbytes
+        return on(msg)
+
+    def on_scores(self, msg: ProtectedMessage) -> ProtectedMessage:
+        """SCORES -> WEIGHTS: σ and the scores of each active position give its softmax weights;
+        the positions that end at the last layer's KV append send σ alone (for their r)."""
+        layer, active = msg.layer, active_positions(msg.layer, self.last, self.count)
+        tags = {i: Tag.SCORES_SIGMA if i in active else Tag.SIGMA for i in range(self.count)}
+        r_span, cts = [], []
+        for p in self._downloads(msg, tags, self.levels.scores_download):
+            t = self.position + p.token
+            vec = self._decrypt(p, layer)
+            if p.tag == Tag.SIGMA:
+                r_span.append(float(np.sqrt(max(float(vec[self.dims.sigma_slot]), 0.0) + self.eps)))
+                continue
+            # position t attends to every cached position and to its span predecessors
+            sigma, scores = unpack_scores(self.dims, vec, t + 1)
+            w, r_t = softmax_weights(sigma, scores, self.r[layer][: self.position] + r_span, self.eps)
+            r_span.append(r_t)
+            data = self.be.encrypt_to_bytes(pack_weights(self.dims, w), self.levels.w)
+            cts.append(CtPayload(Tag.W, self.levels.w, data, p.token))
+        self._pending_r[layer] = r_span
+        return self._upload(MsgKind.WEIGHTS, layer, tuple(cts))
+
+    def on_mlp(self, msg: ProtectedMessage) -> ProtectedMessage:
+        """MLP -> MLP_IN: σ' and û give m = SiLU(û_g/r') ⊙ (û_u/r')."""
+        layer, cts = msg.layer, []
+        tags = dict.fromkeys(active_positions(layer, self.last, self.count), Tag.U_SIGMA2)
+        for p in self._downloads(msg, tags, self.levels.mlp_download):
+            sigma2, ug, uu = unpack_mlp(self.dims, self._decrypt(p, layer))
+            m = swiglu_from_u(sigma2, ug, uu, self.eps)
+            data = self.be.encrypt_to_bytes(periodic_layout(m, self.dims.slots), self.levels.m)
+            cts.append(CtPayload(Tag.M, self.levels.m, data, p.token))
+        r = self.r[layer]  # the span's r of this layer are final once its attention is done
+        if len(r) == self.position:
+            r.extend(self._pending_r.pop(layer))
+        return self._upload(MsgKind.MLP_IN, layer, tuple(cts))
+
+    def on_refresh(self, msg: ProtectedMessage) -> ProtectedMessage:
+        """REFRESH -> REFRESHED: h'' + ρ decrypted as an integer polynomial (never decoded) and
+        re-encrypted at the layer-start level; the server subtracts ρ."""
+        cts = []
+        for p in self._downloads(msg, dict.fromkeys(range(self.count), Tag.MASKED_H), self.levels.h_prime):
+            ct = self.be.deserialize(p.data, level=p.level)
+            self.transcript.append(Decryption(DECRYPTED[p.tag], p.tag, msg.layer, self.position + p.token))
+            data = self.be.refresh_reencrypt_to_bytes(ct, self.levels.h)
+            cts.append(CtPayload(Tag.H_REFRESHED, self.levels.h, data, p.token))
+        return self._upload(MsgKind.REFRESHED, msg.layer, tuple(cts))
+
+    def on_final(self, msg: ProtectedMessage) -> np.ndarray:
+        """FINAL: h_L of the span's last position; the span is done."""
+        (p,) = self._downloads(msg, {self.count - 1: Tag.H_FINAL}, self.levels.final_download)
+        h = self._decrypt(p, msg.layer)[: self.dims.d]
+        self.position += self.count
+        return h
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _upload(self, kind: str, layer: int, cts: tuple[CtPayload, ...]) -> ProtectedMessage:
+        self.step += 1
+        msg = ProtectedMessage(kind, self.session_id, self.step, layer, self.position, cts, self.be.params.id,
+                               count=self.count)
+        self.bytes_up += msg.nbytes
+        return msg
+
+    def _downloads(self, msg: ProtectedMessage, tags: dict[int, str], level: int) -> list[CtPayload]:
+        """The reply's ciphertexts, one per span position in ``tags`` with exactly that tag and
+        at the level the protocol puts it."""
+        payloads = msg.payloads(tags)
+        for p in payloads:
+            if p.level != level:
+                raise ProtocolError(f"{p.tag} at level {p.level}, expected {level}")
+        return payloads
+
+    def _decrypt(self, p: CtPayload, layer: int) -> np.ndarray:
+        if p.tag not in DECRYPTED or p.tag == Tag.MASKED_H:
+            raise ProtocolError(f"the client does not decrypt {p.tag!r}")
+        vec = self.be.decrypt(self.be.deserialize(p.data, level=p.level))
+        self.transcript.append(Decryption(DECRYPTED[p.tag], p.tag, layer, self.position + p.token,
+                                          vec if self.record_values else None))
+        return vec

@@ -1,0 +1,286 @@
+"""The server half of the protected protocol: layers ``[first, last)`` on CKKS ciphertexts.
+
+Read it beside ``veil.protected.client``, which mirrors it step for step (the table of steps is
+in ``veil.protected.protocol``; the protocol, its levels and who learns what in
+docs/PROTOCOL.md). ``handle`` checks a message against its session, runs the step it starts
+(``on_token``, ``on_weights``, ``on_mlp_in``, ``on_refreshed``) and only then commits: a step
+computes its reply and the session's next state without touching the session, so a message that
+fails anywhere — a bad ciphertext, a limit, an HE error — leaves the session exactly as it was.
+
+Each session owns its encrypted KV cache (per layer, chunks of 8 positions) and evaluates under
+its own evaluation keys; the encoded weights and constants are shared by all sessions. A step
+may carry a span of up to ``MAX_SPAN`` positions; each position's key and value are appended
+before any score is computed and the class masks of the scores keep the causal order.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from veil.crypto.backend import Ciphertext, HEBackend, RefreshMask
+from veil.protected.circuits import Circuit, Constants
+from veil.protected.layouts import dims_of
+from veil.protected.protocol import (
+    EXPECT,
+    LEVELS,
+    MAX_SPAN,
+    PROTOCOL_VERSION,
+    CapacityExceeded,
+    CtPayload,
+    Levels,
+    LimitExceeded,
+    MessageError,
+    MsgKind,
+    ProtectedMessage,
+    ProtocolError,
+    Tag,
+    UnknownSession,
+    active_positions,
+)
+from veil.protected.timing import TimedBackend
+from veil.protected.weights import EncodedLayer, LayerWeights, layer_weights_from_tensors
+
+__all__ = ["Limits", "LayerKV", "SpanState", "ProtectedSession", "ProtectedExecutor"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The executor's bounds; ``ServerConfig.protected_limits()`` is where their values come from."""
+
+    max_positions: int  # context of one session (the layouts cap it too: 512 at N=16384)
+    max_kv_bytes: int  # encrypted KV cache of one session (413 above)
+    max_kv_bytes_total: int  # encrypted KV cache of all sessions (429 above)
+
+
+@dataclass
+class LayerKV:
+    keys: list = field(default_factory=list)  # chunk ciphertexts at Levels.keys
+    values: list = field(default_factory=list)  # at Levels.kv
+
+
+@dataclass(frozen=True)
+class SpanState:
+    """Where a session stands: replaced as a whole by every accepted step. Per-position values
+    are keyed by the position's index in the span ``[position, position + count)``."""
+
+    expect: str = MsgKind.TOKEN
+    layer: int = 0
+    position: int = 0
+    count: int = 1
+    length: int = 0  # positions fully processed
+    h: Mapping[int, Ciphertext] = field(default_factory=dict)  # residual of the active positions
+    refresh_mask: Mapping[int, RefreshMask] = field(default_factory=dict)  # ρ of h'' awaiting REFRESHED
+
+
+@dataclass
+class ProtectedSession:
+    id: str
+    be: TimedBackend = field(repr=False)  # evaluates under this session's keys
+    kv: dict[int, LayerKV] = field(repr=False)
+    step: int = -1  # last accepted client step id
+    state: SpanState = field(default_factory=SpanState)
+    kv_bytes: int = 0
+
+
+@dataclass
+class _Advance:
+    """What an accepted step changes: its reply, the next state, one layer's new KV cache."""
+
+    reply: ProtectedMessage
+    state: SpanState
+    kv: tuple[int, LayerKV, int] | None = None  # (layer, cache, bytes added)
+
+
+class ProtectedExecutor:
+    def __init__(self, backend: HEBackend, cfg, weights: Iterable[LayerWeights], limits: Limits, *,
+                 levels: Levels = LEVELS) -> None:
+        if backend.has_secret_key:
+            raise ValueError("the server's backend must not hold a secret key")
+        self.be = TimedBackend(backend)
+        self.cfg, self.levels, self.params_id = cfg, levels, backend.params.id
+        self.dims = dims_of(cfg, backend.params.slot_count)
+        # one layer's float64 weights at a time: a generator keeps them (0.9 GB for 28 layers)
+        # from sitting next to the encoded plaintexts at the peak
+        self.layers = [EncodedLayer(backend, w, self.dims, levels) for w in weights]
+        if not self.layers:
+            raise ValueError("no layers")
+        self.first, self.last = self.layers[0].index, self.layers[-1].index + 1
+        if [layer.index for layer in self.layers] != list(range(self.first, self.last)):
+            raise ValueError("layers must be contiguous")
+        self.limits = replace(limits, max_positions=min(limits.max_positions, self.dims.max_positions))
+        self.consts = Constants(cfg, self.dims)
+        self.sessions: dict[str, ProtectedSession] = {}
+
+    @classmethod
+    def from_checkpoint(cls, backend: HEBackend, ckpt, first: int, last: int, limits: Limits,
+                        **kw) -> ProtectedExecutor:
+        dims = dims_of(ckpt.config, backend.params.slot_count)
+        ws = (layer_weights_from_tensors(ckpt.tensors, ckpt.config, i, dims) for i in range(first, last))
+        return cls(backend, ckpt.config, ws, limits, **kw)
+
+    @property
+    def encoded_bytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return sum(s.kv_bytes for s in self.sessions.values())
+
+    # ---- sessions --------------------------------------------------------------------------
+    def new_session(self, backend: HEBackend | None = None, session_id: str | None = None) -> ProtectedSession:
+        """A session evaluated under ``backend``'s public material (the client's evaluation keys;
+        default: the executor's own backend). Any backend of the same parameter set works: the
+        encoded weights depend on no key, so tenants with different keys share them."""
+        if backend is not None:
+            if backend.has_secret_key:
+                raise ValueError("the server's backend must not hold a secret key")
+            if backend.params.id != self.params_id:
+                raise ValueError(f"session backend is {backend.params.id!r}, executor {self.params_id!r}")
+        sid = session_id or secrets.token_urlsafe(16)
+        if sid in self.sessions:
+            raise ValueError("session id in use")
+        be = self.be if backend is None else self.be.sharing(backend)
+        s = self.sessions[sid] = ProtectedSession(sid, be, {i: LayerKV() for i in range(self.first, self.last)},
+                                                  state=SpanState(layer=self.first))
+        return s
+
+    def drop_session(self, session_id: str) -> None:
+        """Forget a session: its encrypted KV cache and refresh masks are released."""
+        self.sessions.pop(session_id, None)
+
+    # ---- one message -------------------------------------------------------------------------
+    def handle(self, msg: ProtectedMessage) -> ProtectedMessage:
+        """Run the step ``msg`` starts and return the reply; commit only if it all succeeded."""
+        s = self.sessions.get(msg.session_id)
+        if s is None:
+            raise UnknownSession("unknown session")
+        if msg.version != PROTOCOL_VERSION:
+            raise MessageError(f"protocol version {msg.version} not supported")
+        if msg.params_id != self.params_id:
+            raise MessageError(f"message for parameter set {msg.params_id!r}, session uses {self.params_id!r}")
+        if msg.step <= s.step:
+            raise ProtocolError(f"step {msg.step} replayed or out of order (last {s.step})")
+        st = s.state
+        if msg.kind != st.expect:
+            raise ProtocolError(f"expected a {st.expect!r} message, got {msg.kind!r}")
+        if msg.kind == MsgKind.TOKEN:
+            if msg.position != st.length or msg.layer != self.first:
+                raise ProtocolError("token message for the wrong position or layer")
+            if not 1 <= msg.count <= MAX_SPAN:
+                raise MessageError(f"a step carries 1..{MAX_SPAN} positions, not {msg.count}")
+            if st.length + msg.count > self.limits.max_positions:
+                raise LimitExceeded(f"context would exceed max_protected_context={self.limits.max_positions} positions")
+        elif (msg.layer, msg.position, msg.count) != (st.layer, st.position, st.count):
+            raise ProtocolError("message for the wrong layer or positions")
+        on = {MsgKind.TOKEN: self.on_token, MsgKind.WEIGHTS: self.on_weights, MsgKind.MLP_IN: self.on_mlp_in,
+              MsgKind.REFRESHED: self.on_refreshed}[msg.kind]
+        out = on(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
+        # commit: the one place a session changes
+        s.state, s.step = out.state, msg.step
+        if out.kv is not None:
+            layer, kv, added = out.kv
+            s.kv[layer], s.kv_bytes = kv, s.kv_bytes + added
+        return out.reply
+
+    # ---- the four steps ------------------------------------------------------------------------
+    def on_token(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
+        """TOKEN -> SCORES: the span's inputs of layer ``first`` (clean, replicated, at 7)."""
+        hs = self._load(c, msg, dict.fromkeys(range(msg.count), Tag.H_IN), self.levels.h)
+        return self._start_layer(s, c, self.first, msg, hs, length=s.state.length)
+
+    def on_weights(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
+        """WEIGHTS -> MLP: attention output, W_o and the residual h'; then σ' and û."""
+        st = s.state
+        ws = self._load(c, msg, dict.fromkeys(sorted(st.h), Tag.W), self.levels.w)
+        layer, kv = self._layer(st.layer), s.kv[st.layer]
+        h_primes, payloads = {}, []
+        for i, w in ws.items():
+            h_primes[i], out = c.attend(layer, kv.values, st.h[i], w, st.position + i)
+            payloads.append(CtPayload(Tag.U_SIGMA2, self.levels.mlp_download,
+                                      c.download(out, self.levels.mlp_download), i))
+        return _Advance(self._reply(MsgKind.MLP, msg, st.layer, payloads),
+                        replace(st, h=h_primes, expect=EXPECT[MsgKind.MLP]))
+
+    def on_mlp_in(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
+        """MLP_IN -> REFRESH: h'' = h' + W_down m, masked for its refresh; after the last layer
+        -> FINAL: h_L."""
+        st = s.state
+        ms = self._load(c, msg, dict.fromkeys(sorted(st.h), Tag.M), self.levels.m)
+        layer = self._layer(st.layer)
+        downs = {i: c.down(layer, m) for i, m in ms.items()}
+        if st.layer + 1 < self.last:
+            payloads, masks = [], {}
+            for i, down in downs.items():
+                masked, masks[i] = c.be.mask_for_refresh(c.residual(st.h[i], down))  # re-randomized
+                payloads.append(CtPayload(Tag.MASKED_H, c.be.level(masked), c.be.serialize(masked), i))
+            return _Advance(self._reply(MsgKind.REFRESH, msg, st.layer, payloads),
+                            replace(st, h={}, refresh_mask=masks, expect=EXPECT[MsgKind.REFRESH]))
+        payloads = [CtPayload(Tag.H_FINAL, self.levels.final_download,
+                              c.download(c.final(st.h[i], down), self.levels.final_download), i)
+                    for i, down in downs.items()]
+        return _Advance(self._reply(MsgKind.FINAL, msg, self.last, payloads),
+                        SpanState(layer=self.first, length=st.position + st.count))
+
+    def on_refreshed(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
+        """REFRESHED -> SCORES: h'' unmasked at 7 starts the next layer."""
+        st = s.state
+        hs = self._load(c, msg, dict.fromkeys(sorted(st.refresh_mask), Tag.H_REFRESHED), self.levels.h)
+        hs = {i: c.be.unmask_refresh(h, st.refresh_mask[i]) for i, h in hs.items()}
+        return self._start_layer(s, c, st.layer + 1, msg, hs, length=st.length)
+
+    def _start_layer(self, s: ProtectedSession, c: Circuit, index: int, msg: ProtectedMessage,
+                     hs: dict[int, Ciphertext], length: int) -> _Advance:
+        """Every span position's key and value go into the cache first, then each active
+        position's scores: position ``t0 + i`` sees its span predecessors, and the class masks
+        of the score sums drop the positions after it (the causal mask)."""
+        layer, t0, count = self._layer(index), msg.position, len(hs)
+        old = s.kv[index]
+        kv, added = LayerKV(list(old.keys), list(old.values)), 0
+        active = active_positions(index, self.last, count)
+        q_hats = {}
+        for i, h in hs.items():
+            q_hat, k_hat, v_hat = c.qkv(layer, h, t0 + i, want_q=i in active)
+            if q_hat is not None:
+                q_hats[i] = q_hat
+            k_hat, v_hat = c.kv_blocks(k_hat, v_hat, t0 + i)
+            chunk = (t0 + i) // self.dims.per_chunk
+            if chunk < len(kv.keys):
+                kv.keys[chunk], kv.values[chunk] = c.be.add(kv.keys[chunk], k_hat), c.be.add(kv.values[chunk], v_hat)
+            else:
+                kv.keys.append(k_hat)
+                kv.values.append(v_hat)
+                added += c.be.nbytes(k_hat) + c.be.nbytes(v_hat)
+        if s.kv_bytes + added > self.limits.max_kv_bytes:
+            raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
+                                f"{self.limits.max_kv_bytes}")
+        if added and self.kv_bytes_total + added > self.limits.max_kv_bytes_total:
+            raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed "
+                                   f"max_protected_kv_bytes_total={self.limits.max_kv_bytes_total}")
+        payloads = []
+        for i, h in hs.items():
+            scores = c.scores(q_hats[i], kv.keys, t0 + i) if i in active else None
+            tag = Tag.SCORES_SIGMA if scores is not None else Tag.SIGMA
+            out = c.sigma(h, scores)
+            payloads.append(CtPayload(tag, self.levels.scores_download, c.download(out, self.levels.scores_download), i))
+        state = SpanState(EXPECT[MsgKind.SCORES], index, t0, count, length, {i: hs[i] for i in active})
+        return _Advance(self._reply(MsgKind.SCORES, msg, index, payloads), state, (index, kv, added))
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _layer(self, index: int) -> EncodedLayer:
+        return self.layers[index - self.first]
+
+    def _load(self, c: Circuit, msg: ProtectedMessage, tags: dict[int, str], level: int) -> dict[int, Ciphertext]:
+        """The span's ciphertexts, exactly one per expected position with its tag, each
+        deserialized and validated before any work."""
+        out = {}
+        for p in msg.payloads(tags):
+            if p.level != level:
+                raise MessageError(f"{p.tag}: level {p.level}, expected {level}")
+            out[p.token] = c.be.deserialize(p.data, level=level, scale=c.be.params.scale)
+        return out
+
+    def _reply(self, kind: str, msg: ProtectedMessage, layer: int, payloads: list[CtPayload]) -> ProtectedMessage:
+        return ProtectedMessage(kind, msg.session_id, msg.step, layer, msg.position, tuple(payloads), self.params_id,
+                                count=msg.count)

@@ -1,0 +1,87 @@
+"""Server HE time by operation kind: a backend wrapper the executor evaluates through.
+
+Kinds: matvec (whole products, their rotations included), ctct, rotations, refresh, flooding,
+serialization, other. ``section(kind)`` attributes everything inside it to ``kind``: a product
+written over the interface (``veil.crypto.linear.matvec``) calls ``rotate`` and
+``multiply_plain`` many times, and the report wants the product as one figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+
+from veil.crypto.backend import HEBackend
+
+__all__ = ["TimedBackend"]
+
+_OP_KIND = {
+    "multiply": "ctct",
+    "relinearize": "ctct",
+    "rotate": "rotations",
+    "rotate_many": "rotations",
+    "mask_for_refresh": "refresh",
+    "unmask_refresh": "refresh",
+    "rerandomize": "flooding",
+    "serialize": "serialization",
+    "deserialize": "serialization",
+}
+
+
+class TimedBackend:
+    """Wraps a backend; accumulates wall seconds per op kind. ``sharing(other)`` gives another
+    backend (a session's key set) whose time adds to the same counters."""
+
+    def __init__(self, backend: HEBackend, share: TimedBackend | None = None) -> None:
+        self._be = backend
+        self.times: dict[str, float] = share.times if share else defaultdict(float)
+        self.counts: dict[str, int] = share.counts if share else defaultdict(int)
+        self.matvec_by_shape: dict[str, float] = share.matvec_by_shape if share else defaultdict(float)
+        self._open = False  # inside a section: inner ops are not counted again
+
+    @property
+    def inner(self) -> HEBackend:
+        return self._be
+
+    def sharing(self, backend: HEBackend) -> TimedBackend:
+        return TimedBackend(backend, share=self)
+
+    @contextlib.contextmanager
+    def section(self, kind: str, detail: str | None = None):
+        """Time the block as one ``kind`` (``detail``: matvec shape, e.g. "576x1536@4")."""
+        if self._open:
+            yield
+            return
+        self._open, t = True, time.perf_counter()
+        try:
+            yield
+        finally:
+            self._open, dt = False, time.perf_counter() - t
+            self.times[kind] += dt
+            self.counts[kind] += 1
+            if detail is not None:
+                self.matvec_by_shape[detail] += dt
+
+    def __getattr__(self, name):
+        attr = getattr(self._be, name)
+        if not callable(attr):
+            return attr
+        kind = _OP_KIND.get(name, "other")
+
+        def timed(*a, **kw):
+            if self._open:
+                return attr(*a, **kw)
+            t = time.perf_counter()
+            try:
+                return attr(*a, **kw)
+            finally:
+                self.times[kind] += time.perf_counter() - t
+                self.counts[name] += 1
+
+        return timed
+
+    def reset(self) -> None:
+        self.times.clear()
+        self.counts.clear()
+        self.matvec_by_shape.clear()

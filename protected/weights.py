@@ -1,0 +1,98 @@
+"""The server's weights of the protected layers: folded for the circuits, encoded at their levels.
+
+Per block, the RMSNorm gains fold into the matrices after them (``W diag(γ)``) and every
+``1/rms`` is left to the client, so the server's products are the unnormalized projections of
+docs/PROTOCOL.md. The query heads are reordered by head slot (``LayoutDims.head_order``) so that
+every KV head serves the head slots ``g ≡ its index (mod kv_heads)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from veil.crypto.backend import HEBackend
+from veil.crypto.linear import EncodedMatrix, encode_matrix
+from veil.protected.layouts import LayoutDims
+from veil.protected.protocol import LEVELS, Levels
+
+__all__ = ["N1", "MATRIX_LAYOUTS", "LayerWeights", "EncodedLayer", "layer_weights_from_tensors", "matrix_shapes",
+           "input_spans", "rope_cos_sin"]
+
+N1 = 16  # shared baby-step count of every product (few Galois keys)
+
+#: Slot layout of each product (``veil.crypto.linear.MatvecPlan``). W_down (d x F, wide) uses
+#: the hybrid diagonal layout: half the plaintexts and 11 fewer rotations than "folded".
+MATRIX_LAYOUTS = {"wqkv": "folded", "wo": "folded", "wgu": "folded", "wdown": "wide"}
+
+
+@dataclass
+class LayerWeights:
+    """Plaintext weights of one block with the RMSNorm gains folded in (float64)."""
+
+    index: int
+    w_qkv: np.ndarray  # (qdim + 2*kv_dim, d): [Π W_q; W_k; W_v] diag(γ1), Π: head-slot order
+    w_o: np.ndarray  # (d, q): W_o Π^T (its input â is in head-slot order)
+    w_gu: np.ndarray  # (2F, d): [W_gate; W_up] diag(γ2)
+    w_down: np.ndarray  # (d, F)
+
+    def matrices(self) -> dict[str, np.ndarray]:
+        return {"wqkv": self.w_qkv, "wo": self.w_o, "wgu": self.w_gu, "wdown": self.w_down}
+
+
+def layer_weights_from_tensors(tensors: dict, cfg, index: int, dims: LayoutDims) -> LayerWeights:
+    p = f"model.layers.{index}."
+
+    def t(name):
+        return tensors[p + name].detach().double().numpy()
+
+    g1, g2 = t("input_layernorm.weight"), t("post_attention_layernorm.weight")
+    hd = cfg.head_dim
+    lanes = (dims.head_order[:, None] * hd + np.arange(hd)[None, :]).ravel()  # head slot g -> query head
+    wq, wk, wv = t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")
+    w_qkv = np.vstack([wq[lanes], wk, wv]) * g1[None, :]
+    w_gu = np.vstack([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")]) * g2[None, :]
+    return LayerWeights(index, w_qkv, t("self_attn.o_proj.weight")[:, lanes], w_gu, t("mlp.down_proj.weight"))
+
+
+def matrix_shapes(dims: LayoutDims) -> dict[str, tuple[int, int]]:
+    """(rows, cols) of W_qkv, W_o, W_gate|up and W_down."""
+    return {"wqkv": (dims.qdim + 2 * dims.kv_dim, dims.d), "wo": (dims.d, dims.qdim), "wgu": (2 * dims.ffn, dims.d),
+            "wdown": (dims.d, dims.ffn)}
+
+
+def input_spans(dims: LayoutDims) -> dict[str, int]:
+    """Slots over which each product's input is periodic: W_o's input (the weighted values)
+    is exact on ``value_span`` slots only (``veil.protected.layouts``), and the inputs the
+    server replicates itself (h for W_qkv, h' for W_gate|up) hold whole copies only."""
+    whole = dims.copies * dims.d
+    return {"wqkv": whole, "wo": dims.value_span, "wgu": whole, "wdown": dims.slots}
+
+
+class EncodedLayer:
+    """The four products of one block, each encoded at the level its input sits at. Encoded
+    plaintexts depend on no key: one copy serves every session and tenant."""
+
+    def __init__(self, be: HEBackend, weights: LayerWeights, dims: LayoutDims, levels: Levels = LEVELS):
+        self.index = weights.index
+        spans = input_spans(dims)
+        mats: dict[str, EncodedMatrix] = {
+            name: encode_matrix(be, w, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=spans[name])
+            for name, w in weights.matrices().items()}
+        self.wqkv, self.wo, self.wgu, self.wdown = mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
+
+
+def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of one position over head_dim lanes, exactly as ``LlamaModel`` computes them."""
+    import torch
+
+    from veil.engine.model import RotaryEmbedding
+
+    rot = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+    cos, sin = rot.cos_sin(torch.tensor([position]), torch.float32)
+    return cos[0].double().numpy(), sin[0].double().numpy()

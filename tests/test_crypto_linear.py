@@ -1,0 +1,181 @@
+"""Linear algebra over the HE interface (``veil.crypto.linear``), on every backend.
+
+Diagonal products in every layout, replication, window sums and lane broadcasts against
+numpy, on the test-only N=8192 set (4096 slots hold a 1536 -> 576 product).
+"""
+
+import numpy as np
+import pytest
+
+from veil.crypto.backend import HEError
+from veil.crypto.linear import (
+    broadcast_lane,
+    bsgs_split,
+    encode_matrix,
+    matvec,
+    plan_matvec,
+    replicate,
+    replicate_input,
+    replicate_rotation_steps,
+    window_sum,
+)
+from veil.crypto.params import TEST_PARAMS_ID, get_params
+
+P = get_params(TEST_PARAMS_ID, allow_test_params=True)
+SLOTS = P.slot_count
+N1 = 24  # one baby-step size for every bsgs matrix: few Galois keys
+FOLDED_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (40, 7), (500, 288)]
+WIDE_SHAPES = [(576, 1536), (100, 512), (3, 16)]
+BSGS_SHAPES = [(576, 576, 2), (192, 576, 2), (1536, 576, 1), (40, 7, 1), (576, 1536, 1)]
+
+
+def _steps() -> list[int]:
+    steps = set()
+    for r, c, _ in BSGS_SHAPES:
+        steps |= set(plan_matvec(r, c, SLOTS, "bsgs", N1 if c >= N1 else None).rotation_steps)
+    for layout, shapes in (("folded", FOLDED_SHAPES), ("wide", WIDE_SHAPES)):
+        for r, c in shapes:
+            steps |= set(plan_matvec(r, c, SLOTS, layout).rotation_steps)
+    steps |= set(replicate_rotation_steps(100, 11)) | set(replicate_rotation_steps(192, 8))
+    steps |= {1, 2, 4, 8, 16, 32, 64, -1, -2, -4}  # window sums and lane broadcasts
+    return sorted(s for s in steps if s % SLOTS)
+
+
+@pytest.fixture(scope="module")
+def pair(he_backend, he_pair):
+    return he_pair(he_backend, P, _steps())
+
+
+@pytest.fixture()
+def rng():
+    return np.random.default_rng(1234)
+
+
+def test_bsgs_split_and_replicated_input():
+    assert bsgs_split(576) == (24, 24)
+    assert bsgs_split(1536, 24) == (24, 64)
+    assert bsgs_split(5) == (3, 2)
+    assert plan_matvec(576, 576, 8192).rotation_steps == list(range(1, 24)) + [24 * g for g in range(1, 24)]
+    assert replicate_input(np.arange(5.0), 12).tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
+
+
+def test_plan_matvec():
+    p = plan_matvec(576, 576, 8192, "folded")
+    assert p.blocks == 8 and p.per_block == 72 and p.stride == 648
+    # a stride that is not the block size (mod cols): the block offsets t*987 mod 576 leave
+    # gaps of at most 84, so 7 blocks of 84 diagonals fit where disjoint windows allowed 4 of 144
+    q = plan_matvec(960, 576, 8064, "folded", 16)
+    assert (q.blocks, q.fold_blocks, q.per_block, q.stride, q.n2) == (7, 8, 84, 987, 6)
+    assert sorted(q.block_offsets) == [0, 81, 162, 246, 327, 411, 492]
+    assert q.rotations < plan_matvec(1728, 576, 8064, "folded", 16).rotations
+    assert p.rotations < plan_matvec(576, 576, 8192).rotations
+    b = plan_matvec(576, 576, 8192)
+    assert (b.n1, b.n2, b.blocks, b.rotations) == (24, 24, 1, 46)
+    with pytest.raises(ValueError):
+        plan_matvec(4000, 600, 4096)
+    with pytest.raises(ValueError):
+        plan_matvec(4, 4, 4096, layout="spiral")
+
+
+@pytest.mark.parametrize("rows,cols,level", BSGS_SHAPES)
+def test_bsgs_matvec_vs_numpy(pair, rng, rows, cols, level):
+    client, server = pair
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    w[:, 3 % cols] = 0.0  # some zero entries
+    x = rng.standard_normal(cols)
+    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
+    m = encode_matrix(server, w, level, n1=N1 if cols >= N1 else None)
+    assert (m.rows, m.cols, m.level) == (rows, cols, level)
+    y = matvec(server, m, ct)
+    assert server.level(y) == level - 1 and server.scale(y) == pytest.approx(P.scale, rel=1e-9)
+    out = client.decrypt(y)
+    # ~2^-40 * sqrt(cols) * |w||x| per term, plus key-switching noise of the rotations
+    assert np.abs(out[:rows] - w @ x).max() < 1e-5
+    assert np.abs(out[rows:]).max() < 1e-5  # the bsgs output is zero outside [0, rows)
+
+
+@pytest.mark.parametrize("layout,rows,cols", [("folded", r, c) for r, c in FOLDED_SHAPES]
+                         + [("wide", r, c) for r, c in WIDE_SHAPES])
+def test_packed_layouts(pair, rng, layout, rows, cols):
+    """Folded: blocks of diagonals share plaintexts, every diagonal in exactly one block (also
+    with 7 blocks folded as 8). Wide (Halevi-Shoup hybrid, rows < cols): the diagonals of the
+    row-tiled matrix, for W_down's shape no more plaintexts than folded. Both: slots [0, rows)
+    hold W x after one level."""
+    client, server = pair
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    x = rng.standard_normal(cols)
+    ct = client.encrypt(replicate_input(x, SLOTS), level=2)
+    m = encode_matrix(server, w, 2, layout=layout)
+    plan = m.plan
+    assert plan.layout == layout and plan.input_span <= SLOTS
+    assert plan.fold_blocks & (plan.fold_blocks - 1) == 0 and plan.blocks <= plan.fold_blocks < 2 * plan.blocks
+    owned = [k for row in plan.diagonal_owners() for k in row if k >= 0]
+    assert sorted(owned) == list(range(plan.num_diagonals))  # every diagonal exactly once
+    if layout == "folded":
+        assert plan.stride >= rows and (plan.fold_blocks - 1) * plan.stride + rows <= SLOTS
+        assert len(m.plaintexts) <= plan.per_block < cols or cols < 8
+    else:
+        assert rows <= plan.row_period < cols and cols % plan.row_period == 0 and plan.row_folds
+        assert len(m.plaintexts) <= plan.per_block
+        if (rows, cols) == (576, 1536):  # W_down's shape: the reason the layout exists
+            assert len(m.plaintexts) <= len(encode_matrix(server, w, 2, layout="folded").plaintexts)
+    y = matvec(server, m, ct)
+    assert server.level(y) == 1
+    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+
+
+def test_chained_products_through_replicate(pair, rng):
+    """W_k's output (192 values, zero elsewhere) replicated into the next product's input."""
+    client, server = pair
+    h = rng.standard_normal(576)
+    wk, w2 = rng.standard_normal((192, 576)) / 24, rng.standard_normal((576, 192)) / np.sqrt(192)
+    k = matvec(server, encode_matrix(server, wk, 2, n1=N1), client.encrypt(replicate_input(h, SLOTS), level=2))
+    kr = replicate(server, k, 192, 8)  # 8 copies cover rows + cols + n1 = 576 + 192 + 24
+    np.testing.assert_allclose(client.decrypt(kr)[: 8 * 192], np.tile(wk @ h, 8), atol=1e-5)
+    z = matvec(server, encode_matrix(server, w2, 1, n1=N1), kr)
+    assert np.abs(client.decrypt(z, 576) - w2 @ (wk @ h)).max() < 1e-4
+
+
+def test_matvec_rejects_mismatch(pair, rng):
+    client, server = pair
+    m = encode_matrix(server, rng.standard_normal((8, 8)), 2)
+    with pytest.raises(HEError, match="level"):
+        matvec(server, m, client.encrypt(replicate_input(np.ones(8), SLOTS), level=1))
+    for bad, level in ((np.ones((8, 8)), 0), (np.ones((4000, 600)), 2), (np.zeros((4, 4)), 2), (np.ones(4), 2)):
+        with pytest.raises(HEError):
+            encode_matrix(server, bad, level)
+
+
+def test_replicate_any_number_of_copies(pair, rng):
+    client, server = pair
+    assert replicate_rotation_steps(100, 11) == [-1000, -800, -400, -200, -100]
+    v = rng.standard_normal(100)
+    ct = client.encrypt(v)  # zero outside [0, 100)
+    for copies in (1, 2, 3, 8, 11):
+        got = client.decrypt(replicate(server, ct, 100, copies))
+        np.testing.assert_allclose(got[: 100 * copies], np.tile(v, copies), atol=1e-5)
+        assert np.abs(got[100 * copies :]).max() < 1e-5
+    with pytest.raises(HEError):
+        replicate(server, ct, 100, 41)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 100])
+def test_window_sum_sums_each_window(pair, rng, width):
+    client, server = pair
+    x = rng.standard_normal(SLOTS)
+    got = client.decrypt(window_sum(server, client.encrypt(x), width))
+    want = np.array([x[(i + np.arange(width)) % SLOTS].sum() for i in range(SLOTS)])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    with pytest.raises(ValueError):
+        window_sum(server, client.encrypt(x), 0)
+
+
+@pytest.mark.parametrize("lane,period", [(0, 1), (0, 4), (3, 4), (5, 8), (2, 8)])
+def test_broadcast_lane_fills_each_period(pair, rng, lane, period):
+    """``e`` nonzero only on lanes ≡ lane (mod period) inside periods of 64: every slot of a
+    period ends up with that period's lane value, and nothing crosses into the next period."""
+    client, server = pair
+    x = np.zeros(SLOTS)
+    x[lane:: period] = rng.standard_normal(len(range(lane, SLOTS, period)))
+    got = client.decrypt(broadcast_lane(server, client.encrypt(x), lane, period))
+    np.testing.assert_allclose(got, np.repeat(x[lane::period], period), atol=1e-5)
