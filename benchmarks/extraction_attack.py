@@ -6,7 +6,7 @@ A curious client runs the real protected protocol (real SEAL, the real parameter
 shipped SmolLM2 weights; server executor and client state in one process, no HTTP, since the
 transport changes nothing the client sees) over N tokens of real text (default 2·d), in
 sessions of C tokens. It keeps everything it sees: its own input h_k of the first protected
-layer, every decrypted value of PROTOCOL.md's table (σ, ŝ, σ', û_g, û_u, h_L), and what it
+layer, every decrypted value of the protocol's table (docs/PROTOCOL.md) (σ, ŝ, σ', û_g, û_u, h_L), and what it
 computes from them (the softmax weights w and the SwiGLU outputs m). It then fits least-squares
 estimates of the protected weights from that transcript.
 

@@ -8,7 +8,7 @@ Paths:
 * ``reference``: `transformers` ``LlamaForCausalLM.generate`` on the full model, local, greedy;
 * ``fast``: the OpenAI-compatible full-model endpoint (streamed ``/v1/completions``);
 * ``split-plain``: the client SDK, plaintext split (layers [0, k) here, [k, L) on the server);
-* ``protected``: the client SDK, CKKS split (PROTOCOL.md).
+* ``protected``: the client SDK, CKKS split (docs/PROTOCOL.md).
 
 One ``veil serve --k K`` subprocess on loopback serves fast, split-plain and protected.
 

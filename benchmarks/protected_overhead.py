@@ -7,7 +7,7 @@ A `veil serve` subprocess on loopback serves both paths (one tenant with both sc
 process is the client SDK. For each context length C: a prompt of exactly C tokens (a fixed
 text), then ``--max-new-tokens`` greedy tokens, one session per (path, context).
 
-Figures (per path and context), as DESIGN.md names them:
+Figures (per path and context):
 * ``ttft_s``: session open → first token (the whole prompt's prefill; protected prefill runs
   position by position, multi-token packing is not implemented);
 * ``tpot_s`` / ``itl_s``: gaps between consecutive tokens (one decode step each);

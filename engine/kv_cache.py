@@ -132,9 +132,6 @@ class PagedKVCache:
         table.num_cached_tokens = len(table.blocks) * self.block_size
         return table.num_cached_tokens
 
-    def can_grow(self, table: BlockTable, num_tokens: int) -> bool:
-        return self.blocks_for(num_tokens) - len(table.blocks) <= len(self.free)
-
     def grow(self, table: BlockTable, num_tokens: int) -> None:
         """Make the table hold `num_tokens` slots."""
         need = self.blocks_for(num_tokens) - len(table.blocks)

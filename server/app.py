@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
-from veil.engine.engine import Engine, EngineConfig, EngineDead, SessionClosed, StepStats
+from veil.engine.engine import Engine, EngineDead, SessionClosed, StepStats
 from veil.engine.split import ServerHalf
 from veil.protected.protocol import (
     MAX_SPAN,
@@ -78,8 +78,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.batch_tokens.observe(s.num_tokens)
         metrics.kv_util.set(s.kv_utilization)
 
-    engine = Engine(half.model, half.k, EngineConfig(cfg.block_size, cfg.kv_cache_bytes, cfg.max_tokens_per_step,
-                                                     cfg.max_seqs_per_step, cfg.device), on_step=on_step)
+    engine = Engine(half.model, half.k, cfg.engine_config(), on_step=on_step)
     protected = ProtectedService(half, cfg)
 
     def drop(s: Session) -> None:

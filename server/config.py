@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from veil.engine.engine import EngineConfig
 from veil.protected.server import Limits
 
 
@@ -31,12 +32,16 @@ class ServerConfig:
     max_protected_kv_bytes: int = 4 << 30  # encrypted KV cache of one protected session
     max_protected_kv_bytes_total: int = 16 << 30  # encrypted KV cache of all protected sessions
     max_protected_context: int = 512  # positions of one protected session (the layouts' limit)
-    # engine
-    kv_cache_bytes: int = 2 << 30  # the paged KV pool's memory budget
-    block_size: int = 16
-    max_tokens_per_step: int = 512  # token budget of one engine iteration
-    max_seqs_per_step: int = 64
-    device: str = "cpu"
+    # engine: its own dataclass holds the defaults
+    kv_cache_bytes: int = EngineConfig.kv_cache_bytes  # the paged KV pool's memory budget
+    block_size: int = EngineConfig.block_size
+    max_tokens_per_step: int = EngineConfig.max_tokens_per_step  # token budget of one engine iteration
+    max_seqs_per_step: int = EngineConfig.max_seqs_per_step
+    device: str = EngineConfig.device
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(self.block_size, self.kv_cache_bytes, self.max_tokens_per_step, self.max_seqs_per_step,
+                            self.device)
 
     def protected_limits(self) -> Limits:
         return Limits(self.max_protected_context, self.max_protected_kv_bytes, self.max_protected_kv_bytes_total)
