@@ -250,7 +250,7 @@ def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict) -> dict:
 
     if k == L - 1:
         # h_L - h_k = W_o W_v Γ1 x + W_down m: one joint regression on [m, x_1..x_H]
-        lw_last = layer_weights_from_tensors(tensors, cfg, L - 1)
+        lw_last = layer_weights_from_tensors(tensors, cfg, L - 1, dims_of(cfg, PROTECTED_PARAMS.slot_count))
         feats = np.hstack([a["m_last"], a["x_last"]])
         y = a["h_final"] - x
         w_hat = lstsq(feats, y)

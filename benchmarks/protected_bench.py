@@ -20,9 +20,11 @@ against the plaintext blocks, one ``figure protected.<metric> <value>`` line per
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,7 +45,11 @@ PROMPT = (
 ) * 6
 
 
+FIGURES: dict[str, float] = {}
+
+
 def fig(name: str, value: float) -> None:
+    FIGURES[name] = float(value)
     print(f"figure protected.{name} {value:.6g}", flush=True)
 
 
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", default="16,64")
     ap.add_argument("--layers", type=int, default=28, help="protected layers for the extrapolation")
     ap.add_argument("--he-backend", default="seal", choices=backend_names())
+    ap.add_argument("--out", type=Path, default=Path("bench_out/protected_bench.json"), help="JSON of the figures")
     args = ap.parse_args(argv)
 
     from veil.engine.loader import build_model, load_checkpoint
@@ -173,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"# ctx {ctx}: matvec {shape}: {dt:.3f} s", flush=True)
         print(f"# ctx {ctx}: counts {counts}", flush=True)
     fig("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"he_backend": args.he_backend, "layers": list(layers), "figures": FIGURES},
+                                   indent=2))
 
 
 if __name__ == "__main__":
