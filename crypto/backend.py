@@ -194,6 +194,17 @@ class HEBackend(abc.ABC):
         """Slot-wise product with a plaintext encoded at the ciphertext's level (its scale
         multiplies in), then by default rescaled one level."""
 
+    def dot_plain(self, cts: Sequence[Ciphertext], pts: Sequence[Plaintext]) -> Ciphertext:
+        """Σ_i cts[i] ⊙ pts[i], not rescaled: the inner sum of a diagonal product's giant step.
+        A backend fuses it (accumulate in place, or one batched kernel over the diagonals)."""
+        acc = None
+        for ct, pt in zip(cts, pts, strict=True):
+            prod = self.multiply_plain(ct, pt, rescale=False)
+            acc = prod if acc is None else self.add(acc, prod)
+        if acc is None:
+            raise HEError("an empty sum of products")
+        return acc
+
     @abc.abstractmethod
     def multiply(self, a: Ciphertext, b: Ciphertext, rescale: bool = True, relinearize: bool = True) -> Ciphertext:
         """ct x ct. ``relinearize=False`` keeps the three-polynomial product, so that a sum of

@@ -1,7 +1,7 @@
 """Linear algebra on CKKS slot vectors, written once over the ``HEBackend`` interface.
 
-Everything here is backend-neutral: it calls ``encode``, ``multiply_plain``, ``add``,
-``rescale``, ``rotate`` and ``rotate_many`` and nothing else, so SEAL, the native backend and
+Everything here is backend-neutral: it calls ``encode``, ``dot_plain``, ``multiply_plain``,
+``add``, ``rescale``, ``rotate`` and ``rotate_many`` and nothing else, so SEAL, the native backend and
 the slot-vector test double all run the same products (as Lattigo keeps its linear
 transformations generic over its evaluator).
 
@@ -361,14 +361,11 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
     baby = [x, *be.rotate_many(x, range(1, plan.n1))]
     acc = None
     for g in range(plan.n2):
-        inner = None
-        for b in range(plan.n1):
-            pt = matrix.plaintexts.get(g * plan.n1 + b)
-            if pt is not None:
-                prod = be.multiply_plain(baby[b], pt, rescale=False)
-                inner = prod if inner is None else be.add(inner, prod)
-        if inner is None:
+        terms = [(baby[b], matrix.plaintexts[g * plan.n1 + b]) for b in range(plan.n1)
+                 if g * plan.n1 + b in matrix.plaintexts]
+        if not terms:
             continue
+        inner = be.dot_plain([ct for ct, _ in terms], [pt for _, pt in terms])
         # rescale before the giant-step rotation: a key switch at level l costs ~(l+1)(l+2)
         # NTTs, so rotating one level lower is cheaper than the extra rescales
         inner = be.rescale(inner)

@@ -199,3 +199,18 @@ def test_key_import_validates(pair, he_backend):
         fresh.import_public_material(dataclasses.replace(mat, public_key=b"junk" * 10))
     fresh.import_public_material(mat)
     assert not fresh.has_secret_key and fresh.rotation_steps == tuple(sorted(STEPS))
+
+
+def test_dot_plain_is_the_sum_of_products(pair, rng):
+    client, server = pair
+    xs, ws = rng.standard_normal((3, SLOTS)), rng.standard_normal((3, SLOTS))
+    top = P.top_level
+    cts = [client.encrypt(x) for x in xs]
+    pts = [server.encode(w, top, server.prime(top)) for w in ws]
+    out = server.dot_plain(cts, pts)
+    assert server.level(out) == top and server.scale(out) == pytest.approx(P.scale * P.primes[top])
+    np.testing.assert_allclose(client.decrypt(server.rescale(out)), (xs * ws).sum(0), atol=1e-5)
+    with pytest.raises(HEError):
+        server.dot_plain(cts[:1], [server.encode(ws[0], top - 1, server.prime(top - 1))])  # level mismatch
+    with pytest.raises((HEError, ValueError)):
+        server.dot_plain(cts, pts[:2])

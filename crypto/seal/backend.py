@@ -264,6 +264,27 @@ class SealBackend(HEBackend):
             self._c.ev.rescale_to_next_inplace(out)
         return self._wrap(out)
 
+    def dot_plain(self, cts, pts) -> Ciphertext:
+        """Products accumulated in place (one ciphertext allocated per product, none per sum)."""
+        if not cts or len(cts) != len(pts):
+            raise HEError("dot_plain needs as many plaintexts as ciphertexts, at least one")
+        ev, acc = self._c.ev, None
+        for ct, pt in zip(cts, pts, strict=True):
+            obj = self._unwrap(ct)
+            if not isinstance(pt, Plaintext):
+                raise HEError(f"expected an encoded Plaintext, got {type(pt).__name__}")
+            p = self._plain_operand(pt, obj)
+            if p.is_zero():
+                raise HEError("multiplication by an all-zero plaintext")
+            if acc is None:
+                acc = self._c.new_ct()
+                ev.multiply_plain(obj, p, acc)
+            else:
+                t = self._c.new_ct()
+                ev.multiply_plain(obj, p, t)
+                ev.add_inplace(acc, t)
+        return self._wrap(acc)
+
     def multiply(self, a, b, rescale: bool = True, relinearize: bool = True) -> Ciphertext:
         self._require_eval_keys("relin")
         x, y = self._unwrap(a), self._unwrap(b)
