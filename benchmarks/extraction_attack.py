@@ -16,12 +16,17 @@ exactly what that protocol reveals), and the same attacker regresses each output
 
 Default k = L-1, one protected layer: the cheapest real run (N = 1152 tokens take about an hour
 on a 2-core CPU) and the most exposed split (the client knows both the input and the output of
-the protected block). What the Veil attacker fits, per matrix of layer k:
+the protected block). ``--layers n`` protects only [k, k+n): for k = 2, ``--layers 1`` is a
+cheap proxy of the k = 2 split that shows the client more than the real one (the output of the
+range comes right after layer k). What the Veil attacker fits, per matrix of layer k:
 
 * ``gate``/``up``: û = W·diag(γ2)·(h_k + o_k) with o_k the unseen attention output, regressed
   on h_k (least squares, and ridge with the λ that minimises the error: an oracle-tuned upper
-  bound on what this attacker gets).
-* ``down`` and ``o·v`` (only for k = L-1): h_L - h_k = Σ_heads W_o,h W_v,h Γ1 x_h + W_down m,
+  bound on what this attacker gets). The server shuffles the FFN coordinates of the first
+  protected layer with a fresh secret permutation per position, so the attacker regresses on
+  û in an unknown order; ``gate_gram``/``up_gram`` fit what the shuffle leaves, the Gram matrix
+  WᵀW, from the permutation-invariant Σ_i û_i² = h'ᵀ WᵀW h' (a quadratic form, d(d+1)/2 unknowns).
+* ``down`` and ``o·v`` (only for a one-layer range): h_L - h_k = Σ_heads W_o,h W_v,h Γ1 x_h + W_down m,
   with x_h = Σ_j w_tj h_j computable by the client: one joint regression on [m, x_1..x_H]
   (I + H·d unknowns per output row).
 * ``qk``: the client sees only bilinear forms ŝ. At j = t the rotation cancels and
@@ -118,8 +123,9 @@ def text_chunks(tokenizer, n_tokens: int, chunk: int) -> list[list[int]]:
     return [ids[i:i + chunk] for i in range(0, n_tokens, chunk)]
 
 
-def collect_veil(ckpt, model, k: int, chunks: list[list[int]], progress=None) -> VeilTranscript:
-    """Run the real protected protocol for layers [k, L) over every chunk (one session each)."""
+def collect_veil(ckpt, model, k: int, chunks: list[list[int]], progress=None, last: int | None = None) -> VeilTranscript:
+    """Run the real protected protocol for layers [k, last) (default [k, L)) over every chunk
+    (one session each)."""
     from veil.crypto.backend import make_backend
     from veil.crypto.params import PROTECTED_PARAMS
     from veil.protected.circuits import required_rotation_steps
@@ -134,6 +140,7 @@ def collect_veil(ckpt, model, k: int, chunks: list[list[int]], progress=None) ->
     client_be.generate_keys(required_rotation_steps(dims_of(cfg, PROTECTED_PARAMS.slot_count)))
     server_be = make_backend(PROTECTED_PARAMS, "seal")
     server_be.import_public_material(client_be.export_public_material())
+    L = cfg.num_layers if last is None else last  # the end of the protected range
     ex = ProtectedExecutor.from_checkpoint(server_be, ckpt, k, L, ServerConfig().protected_limits())
     tr = VeilTranscript()
     t0 = time.perf_counter()
@@ -206,13 +213,14 @@ def linear_only(model, k: int, chunks: list[list[int]]) -> dict[str, tuple[np.nd
 
 
 # ------------------------------------------------------------------------------------ attack
-def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict) -> dict:
+def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict, last: int | None = None) -> dict:
     from veil.crypto.params import PROTECTED_PARAMS
     from veil.protected.layouts import dims_of
     from veil.protected.weights import layer_weights_from_tensors
 
     cfg = ckpt.config
     L, d, heads, hd, F_ = cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
+    L = L if last is None else last  # the end of the protected range
     tensors = ckpt.tensors
     out: dict = {"linear_only": {}, "veil": {}}
 
@@ -231,6 +239,12 @@ def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict) -> dict:
         ridge, lam = best_ridge(x, u, w)
         out["veil"][name] = {**e, "ridge_rel_err": ridge["rel_err"], "ridge_span_err": ridge["span_err"],
                              "ridge_lambda": lam}
+        # what a per-token shuffle of the FFN coordinates leaves: permutation-invariant sums,
+        # Σ_i û_i² = h'ᵀ (WᵀW) h', a quadratic form of the Gram matrix (d(d+1)/2 unknowns)
+        gram = w.T @ w
+        g_hat = quadratic_form_fit(x, (u**2).sum(axis=1))
+        out["veil"][f"{name}_gram"] = {"rel_err": float(np.linalg.norm(g_hat - gram) / np.linalg.norm(gram)),
+                                       "unknowns": d * (d + 1) // 2}
 
     # q·k: the per-head bilinear form from the diagonal scores ŝ_tt/sqrt(hd) = h_tᵀ M_h h_t / sqrt(hd)
     group = heads // cfg.num_kv_heads
@@ -275,23 +289,25 @@ def figures(res: dict) -> list[str]:
     return lines
 
 
-def run(n_tokens: int | None = None, k: int | None = None, chunk: int = 32, progress: bool = True) -> dict:
+def run(n_tokens: int | None = None, k: int | None = None, chunk: int = 32, progress: bool = True,
+        layers: int | None = None) -> dict:
     from veil.engine.loader import build_model, load_checkpoint
 
     ckpt = load_checkpoint()
     model, cfg = build_model(ckpt), ckpt.config
     k = cfg.num_layers - 1 if k is None else k
+    last = cfg.num_layers if layers is None else k + layers
     n_tokens = n_tokens or 2 * cfg.hidden_size
     chunks = text_chunks(ckpt.tokenizer, n_tokens, chunk)
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=n_tokens, desc="protected transcript", unit="tok", file=sys.stderr)
-    tr = collect_veil(ckpt, model, k, chunks, bar.update if bar else None)
+    tr = collect_veil(ckpt, model, k, chunks, bar.update if bar else None, last)
     if bar:
         bar.close()
-    res = attack(ckpt, model, k, tr, linear_only(model, k, chunks))
-    res.update({"schema": "veil.extraction_attack/1", "tokens": n_tokens, "k": k, "chunk": chunk,
+    res = attack(ckpt, model, k, tr, linear_only(model, k, chunks), last)
+    res.update({"schema": "veil.extraction_attack/2", "tokens": n_tokens, "k": k, "last": last, "chunk": chunk,
                 "hidden_size": cfg.hidden_size, "kinds_seen": sorted(tr.kinds),
                 "protected_seconds": tr.seconds})
     return res
@@ -302,9 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, help="tokens of transcript (default 2·d)")
     p.add_argument("--k", type=int, help="first protected layer (default L-1)")
     p.add_argument("--chunk", type=int, default=32, help="tokens per protected session")
+    p.add_argument("--layers", type=int,
+                   help="protected layers from k (default: all to L). Fewer is a cheaper proxy that shows the "
+                        "client more: the output of the range comes right after layer k")
     p.add_argument("--out", type=Path, default=Path("bench_out/extraction_attack.json"))
     args = p.parse_args(argv)
-    res = run(args.tokens, args.k, args.chunk)
+    res = run(args.tokens, args.k, args.chunk, layers=args.layers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     emit(figures(res), res, args.out)
     return 0

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         up_layer, down_layer = sum(r[4] for r in cycle), sum(r[5] for r in cycle)
         tag = f"ctx{ctx}"
         fig(f"layer_server_s.{tag}", server)
-        for kind in ("matvec", "ctct", "rotations", "refresh", "flooding", "serialization", "other"):
+        for kind in ("matvec", "ctct", "rotations", "refresh", "flooding", "shuffle", "serialization", "other"):
             fig(f"layer_server_s.{kind}.{tag}", per_op.get(kind, 0.0))
         fig(f"layer_client_s.{tag}", t_client)
         fig(f"layer_bytes_up.{tag}", up_layer)

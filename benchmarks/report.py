@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 PATH_ORDER = ("reference", "fast", "split-plain", "protected")
-OPS = ("matvec", "ctct", "rotations", "refresh", "flooding", "serialization", "other")
+OPS = ("matvec", "ctct", "rotations", "refresh", "flooding", "shuffle", "serialization", "other")
 # (metric, stat or None, unit label, scale)
 CONTEXT_FIGURES = (
     ("ttft_s", None, "TTFT (s)", 1.0),

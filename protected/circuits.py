@@ -270,8 +270,10 @@ class Circuit:
         return out if scores is None else be.add(scores, out)
 
     # ---- WEIGHTS -> MLP ------------------------------------------------------------------------
-    def attend(self, layer: EncodedLayer, values: list[Ciphertext], h: Ciphertext, w: Ciphertext, t: int):
-        """Weighted values, W_o and the residual for position ``t``: returns (h' at 2, [û, σ'] at 0)."""
+    def attend(self, layer: EncodedLayer, wgu: EncodedMatrix, values: list[Ciphertext], h: Ciphertext,
+               w: Ciphertext, t: int):
+        """Weighted values, W_o and the residual for position ``t``: returns (h' at 2, [û, σ'] at 0).
+        ``wgu``: the layer's W_gate|up, or its shuffled copy at the first protected layer."""
         be, dims = self.be, self.dims
         d, hd = dims.d, dims.head_dim
         n_chunks = t // dims.per_chunk + 1
@@ -305,13 +307,13 @@ class Circuit:
         # the large 14σ' would spill into the û slots); the client subtracts slot 2F from û
         sq = self.sum_all(be.multiply(h_prime, h_prime))  # 1
         sig = lambda: np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))  # noqa: E731
-        u = self.matvec(layer.wgu, h_prime)  # 1, folded
+        u = self.matvec(wgu, h_prime)  # 1, folded
         out = be.add(self.select(u, "first_2f", self.first(2 * dims.ffn)), self.select(sq, "sigma2", sig))  # 0
         return h_prime, out
 
     # ---- MLP_IN -> REFRESH / FINAL -------------------------------------------------------------
-    def down(self, layer: EncodedLayer, m: Ciphertext) -> Ciphertext:
-        return self.matvec(layer.wdown, m)  # 3, wide: partial sums outside [0, d)
+    def down(self, wdown: EncodedMatrix, m: Ciphertext) -> Ciphertext:
+        return self.matvec(wdown, m)  # 3, wide: partial sums outside [0, d)
 
     def residual(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:
         """h'' = h' + W_down m, clean and replicated (2): the next layer's input once refreshed."""

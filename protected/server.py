@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from veil.crypto.backend import Ciphertext, HEBackend, RefreshMask
+from veil.crypto.linear import EncodedMatrix
 from veil.protected.circuits import Circuit, Constants
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import (
@@ -40,7 +41,12 @@ from veil.protected.protocol import (
     active_positions,
 )
 from veil.protected.timing import TimedBackend
-from veil.protected.weights import EncodedLayer, LayerWeights, layer_weights_from_tensors
+from veil.protected.weights import (
+    EncodedLayer,
+    LayerWeights,
+    ffn_permutation,
+    layer_weights_from_tensors,
+)
 
 __all__ = ["Limits", "LayerKV", "SpanState", "ProtectedSession", "ProtectedExecutor"]
 
@@ -72,6 +78,8 @@ class SpanState:
     length: int = 0  # positions fully processed
     h: Mapping[int, Ciphertext] = field(default_factory=dict)  # residual of the active positions
     refresh_mask: Mapping[int, RefreshMask] = field(default_factory=dict)  # ρ of h'' awaiting REFRESHED
+    # the first layer's W_down under each position's secret FFN permutation, awaiting MLP_IN
+    shuffled_down: Mapping[int, EncodedMatrix] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,8 +110,11 @@ class ProtectedExecutor:
         self.cfg, self.levels, self.params_id = cfg, levels, backend.params.id
         self.dims = dims_of(cfg, backend.params.slot_count)
         # one layer's float64 weights at a time: a generator keeps them (0.9 GB for 28 layers)
-        # from sitting next to the encoded plaintexts at the peak
-        self.layers = [EncodedLayer(backend, w, self.dims, levels) for w in weights]
+        # from sitting next to the encoded plaintexts at the peak; the first layer keeps its FFN
+        # weights to encode them under each position's secret permutation
+        self.layers = []
+        for w in weights:
+            self.layers.append(EncodedLayer(backend, w, self.dims, levels, shuffled=not self.layers))
         if not self.layers:
             raise ValueError("no layers")
         self.first, self.last = self.layers[0].index, self.layers[-1].index + 1
@@ -191,17 +202,23 @@ class ProtectedExecutor:
         return self._start_layer(s, c, self.first, msg, hs, length=s.state.length)
 
     def on_weights(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
-        """WEIGHTS -> MLP: attention output, W_o and the residual h'; then σ' and û."""
+        """WEIGHTS -> MLP: attention output, W_o and the residual h'; then σ' and û. At the first
+        protected layer, whose input the client knows, each position's û comes out under a fresh
+        secret permutation of the FFN coordinates (the client cannot regress W_gate|up on it)."""
         st = s.state
         ws = self._load(c, msg, dict.fromkeys(sorted(st.h), Tag.W), self.levels.w)
         layer, kv = self._layer(st.layer), s.kv[st.layer]
-        h_primes, payloads = {}, []
+        h_primes, payloads, shuffled_down = {}, [], {}
         for i, w in ws.items():
-            h_primes[i], out = c.attend(layer, kv.values, st.h[i], w, st.position + i)
+            wgu = layer.wgu
+            if layer.ffn is not None:
+                with c.be.section("shuffle"):
+                    wgu, shuffled_down[i] = layer.shuffled_ffn(c.be.inner, ffn_permutation(self.dims.ffn))
+            h_primes[i], out = c.attend(layer, wgu, kv.values, st.h[i], w, st.position + i)
             payloads.append(CtPayload(Tag.U_SIGMA2, self.levels.mlp_download,
                                       c.download(out, self.levels.mlp_download), i))
         return _Advance(self._reply(MsgKind.MLP, msg, st.layer, payloads),
-                        replace(st, h=h_primes, expect=EXPECT[MsgKind.MLP]))
+                        replace(st, h=h_primes, shuffled_down=shuffled_down, expect=EXPECT[MsgKind.MLP]))
 
     def on_mlp_in(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
         """MLP_IN -> REFRESH: h'' = h' + W_down m, masked for its refresh; after the last layer
@@ -209,14 +226,14 @@ class ProtectedExecutor:
         st = s.state
         ms = self._load(c, msg, dict.fromkeys(sorted(st.h), Tag.M), self.levels.m)
         layer = self._layer(st.layer)
-        downs = {i: c.down(layer, m) for i, m in ms.items()}
+        downs = {i: c.down(st.shuffled_down.get(i, layer.wdown), m) for i, m in ms.items()}
         if st.layer + 1 < self.last:
             payloads, masks = [], {}
             for i, down in downs.items():
                 masked, masks[i] = c.be.mask_for_refresh(c.residual(st.h[i], down))  # re-randomized
                 payloads.append(CtPayload(Tag.MASKED_H, c.be.level(masked), c.be.serialize(masked), i))
             return _Advance(self._reply(MsgKind.REFRESH, msg, st.layer, payloads),
-                            replace(st, h={}, refresh_mask=masks, expect=EXPECT[MsgKind.REFRESH]))
+                            replace(st, h={}, shuffled_down={}, refresh_mask=masks, expect=EXPECT[MsgKind.REFRESH]))
         payloads = [CtPayload(Tag.H_FINAL, self.levels.final_download,
                               c.download(c.final(st.h[i], down), self.levels.final_download), i)
                     for i, down in downs.items()]

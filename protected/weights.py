@@ -8,6 +8,7 @@ every KV head serves the head slots ``g ≡ its index (mod kv_heads)``.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ from veil.protected.layouts import LayoutDims
 from veil.protected.protocol import LEVELS, Levels
 
 __all__ = ["N1", "MATRIX_LAYOUTS", "LayerWeights", "EncodedLayer", "layer_weights_from_tensors", "matrix_shapes",
-           "input_spans", "rope_cos_sin"]
+           "input_spans", "rope_cos_sin", "ffn_permutation"]
 
 N1 = 16  # shared baby-step count of every product (few Galois keys)
 
@@ -70,21 +71,51 @@ def input_spans(dims: LayoutDims) -> dict[str, int]:
     return {"wqkv": whole, "wo": dims.value_span, "wgu": whole, "wdown": dims.slots}
 
 
+def _encode(be: HEBackend, name: str, w: np.ndarray, dims: LayoutDims, levels: Levels) -> EncodedMatrix:
+    return encode_matrix(be, w, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
+
+
 class EncodedLayer:
     """The four products of one block, each encoded at the level its input sits at. Encoded
-    plaintexts depend on no key: one copy serves every session and tenant."""
+    plaintexts depend on no key: one copy serves every session and tenant.
 
-    def __init__(self, be: HEBackend, weights: LayerWeights, dims: LayoutDims, levels: Levels = LEVELS):
-        self.index = weights.index
-        spans = input_spans(dims)
-        mats: dict[str, EncodedMatrix] = {
-            name: encode_matrix(be, w, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=spans[name])
-            for name, w in weights.matrices().items()}
+    ``shuffled=True`` (the first protected layer): the layer also keeps W_gate|up and W_down in
+    the clear, so that ``shuffled_ffn`` can encode them under a fresh secret permutation of the
+    FFN coordinates for every position (docs/PROTOCOL.md, "The first protected layer")."""
+
+    def __init__(self, be: HEBackend, weights: LayerWeights, dims: LayoutDims, levels: Levels = LEVELS,
+                 shuffled: bool = False):
+        self.index, self.dims, self.levels = weights.index, dims, levels
+        mats = {name: _encode(be, name, w, dims, levels) for name, w in weights.matrices().items()}
         self.wqkv, self.wo, self.wgu, self.wdown = mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"]
+        self.ffn = (weights.w_gu, weights.w_down) if shuffled else None
 
     @property
     def nbytes(self) -> int:
         return sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
+
+    def shuffled_ffn(self, be: HEBackend, perm: np.ndarray) -> tuple[EncodedMatrix, EncodedMatrix]:
+        """W_gate|up with its rows and W_down with its columns in the order ``perm`` (the same
+        permutation of the F coordinates for gate and up): û comes out permuted, SiLU and ⊙ act
+        coordinate by coordinate, so the client's m is permuted the same way and W_down's
+        permuted columns undo it. The client never learns the order."""
+        if self.ffn is None:
+            raise ValueError(f"layer {self.index} keeps no FFN weights to shuffle")
+        w_gu, w_down = self.ffn
+        f = w_down.shape[1]
+        rows = np.concatenate([perm, f + perm])
+        return (_encode(be, "wgu", w_gu[rows], self.dims, self.levels),
+                _encode(be, "wdown", w_down[:, perm], self.dims, self.levels))
+
+
+def ffn_permutation(n: int) -> np.ndarray:
+    """A uniformly random permutation of ``range(n)`` from the OS CSPRNG (Fisher-Yates over
+    ``secrets``): secret material, never from numpy's or torch's generators."""
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = secrets.randbelow(i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return np.array(perm, dtype=np.int64)
 
 
 def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:

@@ -214,3 +214,22 @@ def test_lane_sums_place_every_chunk_at_its_lane(slots, positions):
     np.testing.assert_allclose(client.decrypt(out), want, atol=1e-9)
     groups = score_lane_groups(chunks, 6)
     assert server.counts["rotate"] == sum(n * j + (n - 1) + (6 - j) for n, j in groups) + len(groups) - 1
+
+
+def test_ffn_permutation_comes_from_the_os_csprng(monkeypatch):
+    """The permutation is secret material: drawn through ``secrets``, never numpy's or torch's
+    generators (made to fail here), and every order of 3 items turns up."""
+    import random
+
+    from veil.protected.weights import ffn_permutation
+
+    def refuse(*a, **k):
+        raise AssertionError("a non-cryptographic generator was used")
+
+    for mod, names in ((np.random, ("permutation", "shuffle", "randint", "rand", "choice", "default_rng")),
+                       (torch, ("randperm", "randint", "rand")), (random, ("shuffle", "randint", "random"))):
+        for name in names:
+            monkeypatch.setattr(mod, name, refuse)
+    perm = ffn_permutation(1536)
+    assert sorted(perm.tolist()) == list(range(1536)) and perm.tolist() != list(range(1536))
+    assert len({tuple(ffn_permutation(3).tolist()) for _ in range(200)}) == 6

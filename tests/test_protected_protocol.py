@@ -18,7 +18,7 @@ import torch
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.protected.circuits import required_rotation_steps
 from veil.protected.client import ProtectedClientState
-from veil.protected.layouts import dims_of, score_slot
+from veil.protected.layouts import dims_of, score_slot, unpack_mlp
 from veil.protected.protocol import (
     ALLOWED_KINDS,
     MAX_SPAN,
@@ -343,3 +343,27 @@ def test_refresh_upload_is_validated_and_the_session_goes_on(ckpt, keys, executo
     nxt = executor.handle(msg)
     assert nxt.kind == MsgKind.SCORES and nxt.layer == FIRST + 1 and not s.state.refresh_mask
     executor.drop_session(s.id)
+
+
+def test_first_layer_ffn_coordinates_are_shuffled_per_position(ckpt, keys, executor, plain):
+    """The client knows the first protected layer's input, so it must not see that layer's û in
+    a fixed order: two sessions with the same input decrypt the same values (as multisets) in
+    different orders; the next layer's û keeps its order."""
+    h_in, _ = plain
+    seen = []
+    for _ in range(2):
+        s = executor.new_session()
+        c = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id)
+        run_token(executor, c, h_in[0])
+        seen.append({r.layer: np.concatenate(unpack_mlp(executor.dims, r.values)[1:])
+                     for r in c.transcript if r.tag == Tag.U_SIGMA2})
+        executor.drop_session(s.id)
+    (a, b), f = seen, executor.dims.ffn
+    scale = np.abs(a[FIRST]).max()
+    for half in (slice(0, f), slice(f, 2 * f)):  # u_gate, u_up: each a permutation of the same values
+        np.testing.assert_allclose(np.sort(a[FIRST][half]), np.sort(b[FIRST][half]), atol=1e-3 * scale)
+        assert np.abs(a[FIRST][half] - b[FIRST][half]).max() > 0.1 * scale
+    # gate and up stay paired (one permutation for both): Σ_i g_i u_i is order-free
+    pair = [float(v[:f] @ v[f:]) for v in (a[FIRST], b[FIRST])]
+    assert abs(pair[0] - pair[1]) < 1e-3 * abs(pair[0])
+    np.testing.assert_allclose(a[FIRST + 1], b[FIRST + 1], atol=1e-3 * np.abs(a[FIRST + 1]).max())
