@@ -17,6 +17,7 @@ design, so its residue is measured against its slot 2F.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from veil.crypto.backend import make_backend
-from veil.crypto.params import PROTECTED_PARAMS
+from veil.crypto.params import PROTECTED_PARAMS, get_params
 from veil.protected import circuits, server
 from veil.protected.circuits import FLOOD_BELOW_SCALE, required_rotation_steps
 from veil.protected.client import ProtectedClientState
@@ -36,7 +37,7 @@ from veil.server.config import ServerConfig
 PROMPT = "The capital of France is Paris, and the capital of Italy is Rome; the capital of Spain"
 
 
-def _kept(dims, kind: str, position: int) -> np.ndarray:
+def kept_slots(dims, kind: str, position: int) -> np.ndarray:
     """The slots a download of ``kind`` may carry values in (the rest were masked)."""
     if kind == MsgKind.SCORES:
         idx = [score_slot(dims, p, h) for p in range(position + 1) for h in range(dims.heads)]
@@ -46,10 +47,55 @@ def _kept(dims, kind: str, position: int) -> np.ndarray:
     return np.arange(dims.d)  # FINAL
 
 
+def flood_std(dims) -> float:
+    """Std of the flooding noise per slot after decoding: 2^-FLOOD_BELOW_SCALE * sqrt(N/2)."""
+    return 2.0**-FLOOD_BELOW_SCALE * math.sqrt(dims.slots)
+
+
+@contextlib.contextmanager
+def recording_downloads(client_be, seen: list):
+    """Benchmark and test hook: every ciphertext the executor prepares for download is also
+    decrypted, before it is flooded, into ``seen`` (needs the client's secret key)."""
+
+    class Recording(circuits.Circuit):
+        def download(self, ct, level):
+            seen.append(client_be.decrypt(ct))
+            return super().download(ct, level)
+
+    saved, server.Circuit = server.Circuit, Recording
+    try:
+        yield
+    finally:
+        server.Circuit = saved
+
+
+def residues(ex, client: ProtectedClientState, client_be, h_rows: np.ndarray, results: dict) -> dict:
+    """Decode ``h_rows`` one position at a time through ``ex``; per download kind and layer, the
+    largest magnitude in the masked-out slots before flooding (the MLP download against its
+    slot 2F, which carries σ' in every slot by design)."""
+    dims, seen = ex.dims, []
+    with recording_downloads(client_be, seen):
+        for row in h_rows:
+            t = client.position
+            msg = client.token_message(row)
+            while not isinstance(msg, np.ndarray):
+                seen.clear()
+                reply = ex.handle(msg)
+                if reply.kind != MsgKind.REFRESH:  # masked by the refresh mask, not flooded
+                    for vec in seen:
+                        v = vec - vec[2 * dims.ffn] if reply.kind == MsgKind.MLP else vec
+                        rest = np.abs(np.delete(v, kept_slots(dims, reply.kind, t))).max()
+                        r = results.setdefault(f"{reply.kind}.l{reply.layer}", {"max_residue": 0.0})
+                        r["max_residue"] = max(r["max_residue"], float(rest))
+                msg = client.handle(reply)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", default="2,12,28", help="first layer of each two-layer range")
     ap.add_argument("--positions", type=int, default=9)
+    ap.add_argument("--params", default=PROTECTED_PARAMS.id, help="a production parameter set with the same levels")
     ap.add_argument("--out", type=Path, default=Path("bench_out/flooding_margin.json"))
     args = ap.parse_args(argv)
 
@@ -57,21 +103,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt = load_checkpoint()
     model, cfg = build_model(ckpt), ckpt.config
-    dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
-    client_be = make_backend(PROTECTED_PARAMS, "seal")
+    params = get_params(args.params)
+    dims = dims_of(cfg, params.slot_count)
+    client_be = make_backend(params, "seal")
     client_be.generate_keys(required_rotation_steps(dims))
-    server_be = make_backend(PROTECTED_PARAMS, "seal")
+    server_be = make_backend(params, "seal")
     server_be.import_public_material(client_be.export_public_material())
-    flood_std = 2.0**-FLOOD_BELOW_SCALE * math.sqrt(dims.slots)
-
-    seen: list[np.ndarray] = []
-
-    class Recording(circuits.Circuit):  # benchmark-only: the download before it is flooded
-        def download(self, ct, level):
-            seen.append(client_be.decrypt(ct))
-            return super().download(ct, level)
-
-    server.Circuit = Recording
+    std = flood_std(dims)
     ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.positions]
     results: dict[str, dict] = {}
     for first in (int(x) for x in args.layers.split(",")):
@@ -80,31 +118,16 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             h_in = model.run_layers(model.embed(ids), 0, first).double().numpy()
         s = ex.new_session()
-        c = ProtectedClientState(client_be, cfg, first, first + 2, s.id)
-        for t in range(len(ids)):
-            msg = c.token_message(h_in[t])
-            while not isinstance(msg, np.ndarray):
-                seen.clear()
-                reply = ex.handle(msg)
-                for vec in seen:
-                    if reply.kind == MsgKind.REFRESH:
-                        continue  # masked by the refresh mask, not flooded
-                    v = vec - vec[2 * dims.ffn] if reply.kind == MsgKind.MLP else vec
-                    rest = np.delete(v, _kept(dims, reply.kind, t))
-                    key = f"{reply.kind}.l{reply.layer}"
-                    r = results.setdefault(key, {"max_residue": 0.0, "max_value": 0.0})
-                    r["max_residue"] = max(r["max_residue"], float(np.abs(rest).max()))
-                    r["max_value"] = max(r["max_value"], float(np.abs(vec).max()))
-                msg = c.handle(reply)
+        residues(ex, ProtectedClientState(client_be, cfg, first, first + 2, s.id), client_be, h_in, results)
         ex.drop_session(s.id)
         del ex
-    print(f"figure flooding.flood_std {flood_std:.6g}")
+    print(f"figure flooding.flood_std {std:.6g}")
     for key, r in sorted(results.items()):
-        r["margin_bits"] = math.log2(flood_std / max(r["max_residue"], 1e-300))
+        r["margin_bits"] = math.log2(std / max(r["max_residue"], 1e-300))
         print(f"figure flooding.{key}.max_residue {r['max_residue']:.6g}")
         print(f"figure flooding.{key}.margin_bits {r['margin_bits']:.6g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"flood_std": flood_std, "downloads": results}, indent=2))
+    args.out.write_text(json.dumps({"params": params.id, "flood_std": std, "downloads": results}, indent=2))
     return 0
 
 

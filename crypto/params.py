@@ -31,6 +31,8 @@ __all__ = [
     "ParamsError",
     "DEFAULT_PARAMS",
     "DEFAULT_PARAMS_ID",
+    "PROTECTED_PARAMS",
+    "PROTECTED_PARAMS_V1",
     "TEST_PARAMS",
     "TEST_PARAMS_ID",
     "get_params",
@@ -287,25 +289,12 @@ DEFAULT_PARAMS_ID = DEFAULT_PARAMS.id
 
 
 
-#: The protected path's parameter set. N=16384, chain [57, 36 x 7, 57] = 366 bits (the HE
-#: Standard 128-bit bound for N=16384 is 438), scale 2^36, eight data levels (0..7).
-#: Why not the default [60, 50 x 6, 60]: the layer circuit of ``veil.protected.circuits`` needs
-#: five levels from the layer start (7) to the masked refresh of h'' (level 2) plus two below
-#: it for the downloads; with 50-bit primes only four levels lie between the top and the
-#: lowest level that can carry a refresh mask. 36-bit primes keep ~2^-28 absolute precision per
-#: level on these activations (|h| < 2^15), far below the flooding noise.
-#: Why eight data levels and not the ten that 438 bits would allow: the circuit starts every
-#: layer at level 7 (fresh uploads), so levels 8 and 9 were never used, while every data prime
-#: adds key-switching components to every Galois key: in the server's memory the 57 keys take
-#: 57 x (10 x 2 x 11) polynomials of 128 KiB = 1.64 GB with ten data levels and
-#: 57 x (8 x 2 x 9) = 1.07 GB with eight (arithmetic).
-#: Refresh mask: b = 36 + 16 + 2 = 54 coefficient bits (mask_value_bits=16: SmolLM2's residual
-#: stream reaches |h| = 22552 < 2^15 at layers 12..28), lambda = 64 -> 118-bit mask, carried at
-#: level 2 (57+36+36 = 129 bits >= 120). Statistical distance of one masked polynomial
-#: <= N * 2^-(lambda+1) = 2^-51.
-#: Flooding: sigma = 2^18 coefficient units on every download: ~2^(18+6.5-36) = 2^-11.5 absolute
-#: error per slot (see the benchmark for the measured computation noise it covers).
-PROTECTED_PARAMS = CkksParams(
+#: The protected path's first parameter set (kept so that the id keeps its meaning): N=16384,
+#: chain [57, 36 x 7, 57] = 366 bits, scale 2^36, eight data levels (0..7). Its level-1 prime
+#: is 36 bits, so the 0/1 mask that cleans the MLP download on its way from level 1 to 0 could
+#: only be encoded at ~2^36: its encoding error times the folded partial sums it cleaned sat
+#: ~3.5 bits under the flooding noise. ``PROTECTED_PARAMS`` replaces it.
+PROTECTED_PARAMS_V1 = CkksParams(
     id="ckks-n16384-l7-v1",
     poly_modulus_degree=16384,
     coeff_modulus_bits=(57,) + (36,) * 7 + (57,),
@@ -318,7 +307,42 @@ PROTECTED_PARAMS = CkksParams(
             68718428161, 144115188075593729),
 )
 
-_PRODUCTION: dict[str, CkksParams] = {DEFAULT_PARAMS.id: DEFAULT_PARAMS, PROTECTED_PARAMS.id: PROTECTED_PARAMS}
+#: The protected path's parameter set. N=16384, chain [57, 55, 36 x 6, 57] = 385 bits (the HE
+#: Standard 128-bit bound for N=16384 is 438), scale 2^36, eight data levels (0..7).
+#: Why not the default [60, 50 x 6, 60]: the layer circuit of ``veil.protected.circuits`` needs
+#: five levels from the layer start (7) to the masked refresh of h'' (level 2) plus two below
+#: it for the downloads; with 50-bit primes only four levels lie between the top and the
+#: lowest level that can carry a refresh mask. 36-bit primes keep ~2^-28 absolute precision per
+#: level on these activations (|h| < 2^15), far below the flooding noise.
+#: Why q1 has 55 bits: the MLP download is cleaned by a 0/1 mask from level 1 to 0, and a
+#: product with a plaintext rescaled by q1 keeps the ciphertext's scale only if the plaintext is
+#: encoded at q1: a 55-bit q1 puts the mask's encoding error (~2^5.2 / 2^55) times the cleaned
+#: partial sums ~20 bits under the flooding noise (``benchmarks/flooding_margin.py``), where the
+#: 36-bit q1 of ``ckks-n16384-l7-v1`` left 3.5 bits. Nothing else rescales by q1.
+#: Why eight data levels and not more: the circuit starts every layer at level 7 (fresh
+#: uploads), while every data prime adds key-switching components to every Galois key: in the
+#: server's memory the 57 keys take 57 x (10 x 2 x 11) polynomials of 128 KiB = 1.64 GB with ten
+#: data levels and 57 x (8 x 2 x 9) = 1.07 GB with eight (arithmetic).
+#: Refresh mask: b = 36 + 16 + 2 = 54 coefficient bits (mask_value_bits=16: SmolLM2's residual
+#: stream reaches |h| = 22552 < 2^15 at layers 12..28), lambda = 64 -> 118-bit mask, carried at
+#: level 2 (57+55+36 = 148 bits >= 120). Statistical distance of one masked polynomial
+#: <= N * 2^-(lambda+1) = 2^-51.
+#: Flooding: sigma = 2^18 coefficient units on every download: ~2^(18+6.5-36) = 2^-11.5 absolute
+#: error per slot.
+PROTECTED_PARAMS = CkksParams(
+    id="ckks-n16384-l7-v2",
+    poly_modulus_degree=16384,
+    coeff_modulus_bits=(57, 55) + (36,) * 6 + (57,),
+    scale_bits=36,
+    security_level=128,
+    mask_lambda=64,
+    mask_value_bits=16,
+    flood_log2_sigma=18.0,
+    primes=(144115188075134977, 36028797017456641, 68713873409, 68714201089, 68714954753, 68716036097,
+            68717740033, 68718428161, 144115188075593729),
+)
+
+_PRODUCTION: dict[str, CkksParams] = {p.id: p for p in (DEFAULT_PARAMS, PROTECTED_PARAMS_V1, PROTECTED_PARAMS)}
 
 # --------------------------------------------------------------------------------------
 # Test-only sets (never returned by a production lookup)

@@ -5,7 +5,7 @@ evaluation keys, timed) plus the executor-wide encoded constants. Its methods ar
 of a layer in protocol order — ``qkv`` and ``kv_blocks``, ``scores`` and ``sigma`` (for
 SCORES), ``attend`` (for MLP), ``down``, ``residual`` and ``final`` (for REFRESH / FINAL) — and
 ``download`` prepares anything that leaves. Each comment's trailing number is the level the
-value lands at on ``ckks-n16384-l7-v1``.
+value lands at on ``ckks-n16384-l7-v2``.
 
 0/1 masks ("select"): a product with a plaintext of zeros and ones keeps some slots and cleans
 the rest, at the price of one level. Its encoding error ε (~2^5.2 / plaintext scale) multiplies

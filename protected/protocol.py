@@ -90,7 +90,7 @@ ALLOWED_KINDS = frozenset(k for kinds in DECRYPTED.values() for k in kinds)
 
 @dataclass(frozen=True)
 class Levels:
-    """Where each value lives in the modulus chain of ``ckks-n16384-l7-v1`` (docs/PROTOCOL.md,
+    """Where each value lives in the modulus chain of ``ckks-n16384-l7-v2`` (docs/PROTOCOL.md,
     "Levels"): the uploads at ``h``, ``w`` and ``m``, the downloads at the ``*_download``
     levels, and the masked refresh of h'' at ``h_prime``."""
 

@@ -1,5 +1,5 @@
 """The protected path end to end over a real loopback server: real SEAL, the real parameter set
-(ckks-n16384-l7-v1), the real model, split at k=28 so the server runs 2 protected layers
+(ckks-n16384-l7-v2), the real model, split at k=28 so the server runs 2 protected layers
 (the full k=2 split is covered by the benchmark). Keys are generated once (~25 s); each
 position costs ~2 x 3.5 s of server HE time on the 2-core CI machine.
 """

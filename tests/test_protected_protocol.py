@@ -1,7 +1,7 @@
 """The protected protocol, server and client halves driven directly (no HTTP), on every backend.
 
 Two protected layers [11, 13) of SmolLM2 (layer 12 creates the model's massive activations,
-|h| ~ 22552, the headroom case) on the real parameter set (N=16384, ckks-n16384-l7-v1): 9 decode
+|h| ~ 22552, the headroom case) on the real parameter set (N=16384, ckks-n16384-l7-v2): 9 decode
 positions with the encrypted KV cache (crossing the 8-position chunk boundary), the same
 positions in prefill spans, and every refusal, checked against the plaintext ``LlamaModel``.
 On ``plain`` (layouts, masks, level plan, message flow) the module takes seconds; on ``seal``
@@ -367,3 +367,22 @@ def test_first_layer_ffn_coordinates_are_shuffled_per_position(ckpt, keys, execu
     pair = [float(v[:f] @ v[f:]) for v in (a[FIRST], b[FIRST])]
     assert abs(pair[0] - pair[1]) < 1e-3 * abs(pair[0])
     np.testing.assert_allclose(a[FIRST + 1], b[FIRST + 1], atol=1e-3 * np.abs(a[FIRST + 1]).max())
+
+
+def test_flooding_sits_20_bits_above_the_mlp_mask_residue(ckpt, keys, executor, plain, he_backend):
+    """What the MLP download carries in its masked-out slots before it is flooded (the 0/1
+    mask's encoding error times the folded partial sums of W_gate|up, plus CKKS noise) stays at
+    least 2^20 times under the flooding noise, at the massive-activation layer too. Real CKKS
+    only: plain's masks are exact, there is no residue to measure."""
+    if he_backend == "plain":
+        pytest.skip("the plain backend's masks are exact")
+    from veil.benchmarks.flooding_margin import flood_std, residues
+
+    h_in, _ = plain
+    s = executor.new_session()
+    found = residues(executor, ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id), keys[0], h_in[:3], {})
+    executor.drop_session(s.id)
+    mlp = {k: v["max_residue"] for k, v in found.items() if k.startswith(MsgKind.MLP)}
+    assert sorted(mlp) == [f"mlp.l{layer}" for layer in range(FIRST, LAST)]
+    for key, residue in mlp.items():
+        assert flood_std(executor.dims) / residue >= 2.0**20, (key, residue)
