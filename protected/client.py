@@ -89,6 +89,8 @@ class ProtectedClientState:
         self.r: dict[int, list[float]] = {i: [] for i in range(first, last)}
         self.position = 0  # first position of the span in flight
         self.count = 1  # positions in the span
+        self.verify = False  # the span in flight is a verify step
+        self.last_span = 0  # first position of the last finished span (how far rollback may go)
         self.step = 0
         self.transcript: list[Decryption] = []
         self.record_values = record_values  # False: the audit keeps kinds only (long sessions)
@@ -96,13 +98,14 @@ class ProtectedClientState:
         self._pending_r: dict[int, list[float]] = {}
 
     # ---- the steps -----------------------------------------------------------------------------
-    def token_message(self, h: np.ndarray) -> ProtectedMessage:
+    def token_message(self, h: np.ndarray, verify: bool = False) -> ProtectedMessage:
         """The inputs of layer ``first`` for the next ``len(h)`` positions (one row each, at most
-        ``MAX_SPAN``; a 1-D ``h`` is one position)."""
+        ``MAX_SPAN``; a 1-D ``h`` is one position). ``verify``: every position's h_L comes back
+        (a speculative step; ``rollback`` then takes rejected positions back)."""
         rows = np.atleast_2d(h)
         if not 1 <= len(rows) <= MAX_SPAN:
             raise ValueError(f"a step carries 1..{MAX_SPAN} positions, not {len(rows)}")
-        self.count = len(rows)
+        self.count, self.verify = len(rows), verify
         lv = self.levels.h
         cts = tuple(CtPayload(Tag.H_IN, lv, self.be.encrypt_to_bytes(hidden_layout(row, self.dims.slots), lv), i)
                     for i, row in enumerate(rows))
@@ -122,7 +125,7 @@ class ProtectedClientState:
     def on_scores(self, msg: ProtectedMessage) -> ProtectedMessage:
         """SCORES -> WEIGHTS: σ and the scores of each active position give its softmax weights;
         the positions that end at the last layer's KV append send σ alone (for their r)."""
-        layer, active = msg.layer, active_positions(msg.layer, self.last, self.count)
+        layer, active = msg.layer, active_positions(msg.layer, self.last, self.count, self.verify)
         tags = {i: Tag.SCORES_SIGMA if i in active else Tag.SIGMA for i in range(self.count)}
         r_span, cts = [], []
         for p in self._downloads(msg, tags, self.levels.scores_download):
@@ -143,7 +146,7 @@ class ProtectedClientState:
     def on_mlp(self, msg: ProtectedMessage) -> ProtectedMessage:
         """MLP -> MLP_IN: σ' and û give m = SiLU(û_g/r') ⊙ (û_u/r')."""
         layer, cts = msg.layer, []
-        tags = dict.fromkeys(active_positions(layer, self.last, self.count), Tag.U_SIGMA2)
+        tags = dict.fromkeys(active_positions(layer, self.last, self.count, self.verify), Tag.U_SIGMA2)
         for p in self._downloads(msg, tags, self.levels.mlp_download):
             sigma2, ug, uu = unpack_mlp(self.dims, self._decrypt(p, layer))
             m = swiglu_from_u(sigma2, ug, uu, self.eps)
@@ -166,17 +169,29 @@ class ProtectedClientState:
         return self._upload(MsgKind.REFRESHED, msg.layer, tuple(cts))
 
     def on_final(self, msg: ProtectedMessage) -> np.ndarray:
-        """FINAL: h_L of the span's last position; the span is done."""
-        (p,) = self._downloads(msg, {self.count - 1: Tag.H_FINAL}, self.levels.final_download)
-        h = self._decrypt(p, msg.layer)[: self.dims.d]
-        self.position += self.count
-        return h
+        """FINAL: h_L of the span's last position, or of every position of a verify step (one row
+        each); the span is done."""
+        active = active_positions(msg.layer - 1, self.last, self.count, self.verify)
+        payloads = self._downloads(msg, dict.fromkeys(active, Tag.H_FINAL), self.levels.final_download)
+        rows = np.array([self._decrypt(p, msg.layer)[: self.dims.d] for p in payloads])
+        self.last_span, self.position = self.position, self.position + self.count
+        return rows if self.verify else rows[-1]
+
+    def rollback(self, position: int) -> None:
+        """Take back the positions from ``position`` on, inside the last verify step's span (the
+        drafts the client rejected): the server undoes them on the next TOKEN, which starts at
+        ``position``; the client forgets their r_j."""
+        if not (self.verify and self.last_span <= position <= self.position):
+            raise ValueError(f"position {position} is not inside the last verify step's span")
+        self.position = position
+        for r in self.r.values():
+            del r[position:]
 
     # ---- helpers -------------------------------------------------------------------------------
     def _upload(self, kind: str, layer: int, cts: tuple[CtPayload, ...]) -> ProtectedMessage:
         self.step += 1
         msg = ProtectedMessage(kind, self.session_id, self.step, layer, self.position, cts, self.be.params.id,
-                               count=self.count)
+                               count=self.count, verify=self.verify and kind == MsgKind.TOKEN)
         self.bytes_up += msg.nbytes
         return msg
 

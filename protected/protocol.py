@@ -118,12 +118,12 @@ class Levels:
 LEVELS = Levels()
 
 
-def active_positions(layer: int, last: int, count: int) -> list[int]:
+def active_positions(layer: int, last: int, count: int, verify: bool = False) -> list[int]:
     """The span positions (0..count-1) that go past their KV append at ``layer`` of a protected
-    range ending at ``last``: all of them, except at the last layer, where only the span's last
-    position does (the others' outputs feed no later layer and no logits; their keys, values and
-    σ are all the future needs)."""
-    return list(range(count)) if layer + 1 < last else [count - 1]
+    range ending at ``last``: all of them, except at the last layer of a prefill span, where only
+    the span's last position does (the others' outputs feed no later layer and no logits; their
+    keys, values and σ are all the future needs). A verify step needs every position's h_L."""
+    return list(range(count)) if layer + 1 < last or verify else [count - 1]
 
 
 class ProtocolError(ValueError):
@@ -183,6 +183,7 @@ class ProtectedMessage:
     params_id: str = ""
     version: int = PROTOCOL_VERSION
     count: int = 1  # positions [position, position + count): a prefill span, or one decode step
+    verify: bool = False  # TOKEN only: every position's h_L comes back (a speculative step)
 
     @property
     def nbytes(self) -> int:
@@ -198,9 +199,12 @@ class ProtectedMessage:
         return cts
 
     def to_bytes(self) -> bytes:
-        return pack({"v": self.version, "session": self.session_id, "step": self.step, "kind": self.kind,
-                     "layer": self.layer, "position": self.position, "count": self.count, "params": self.params_id,
-                     "cts": [{"tag": c.tag, "level": c.level, "token": c.token, "data": c.data} for c in self.cts]})
+        msg = {"v": self.version, "session": self.session_id, "step": self.step, "kind": self.kind,
+               "layer": self.layer, "position": self.position, "count": self.count, "params": self.params_id,
+               "cts": [{"tag": c.tag, "level": c.level, "token": c.token, "data": c.data} for c in self.cts]}
+        if self.verify:
+            msg["verify"] = True
+        return pack(msg)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, max_bytes: int, kinds: tuple[str, ...] = KINDS) -> ProtectedMessage:
@@ -234,7 +238,10 @@ class ProtectedMessage:
             cts.append(CtPayload(tag, level, bytes(blob), token))
         if len({(c.tag, c.token) for c in cts}) != len(cts):
             raise WireError("duplicate ciphertext tags")
-        return cls(kind, session, step, layer, position, tuple(cts), params, msg["v"], count)
+        verify = msg.get("verify", False)
+        if not isinstance(verify, bool) or (verify and kind != MsgKind.TOKEN):
+            raise WireError("'verify' must be a boolean, and only a token message carries it")
+        return cls(kind, session, step, layer, position, tuple(cts), params, msg["v"], count, verify)
 
 
 def public_material_to_bytes(material: PublicMaterial) -> bytes:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from veil.crypto.backend import Ciphertext, HEBackend, RefreshMask
 from veil.crypto.linear import EncodedMatrix
 from veil.protected.circuits import Circuit, Constants
+from veil.protected.kv import LayerKV, SpanUndo, append_span, truncate_span
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import (
     EXPECT,
@@ -48,7 +49,7 @@ from veil.protected.weights import (
     layer_weights_from_tensors,
 )
 
-__all__ = ["Limits", "LayerKV", "SpanState", "ProtectedSession", "ProtectedExecutor"]
+__all__ = ["Limits", "SpanState", "ProtectedSession", "ProtectedExecutor"]
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,6 @@ class Limits:
     max_positions: int  # context of one session (the layouts cap it too: 512 at N=16384)
     max_kv_bytes: int  # encrypted KV cache of one session (413 above)
     max_kv_bytes_total: int  # encrypted KV cache of all sessions (429 above)
-
-
-@dataclass
-class LayerKV:
-    keys: list = field(default_factory=list)  # chunk ciphertexts at Levels.keys
-    values: list = field(default_factory=list)  # at Levels.kv
 
 
 @dataclass(frozen=True)
@@ -80,6 +75,10 @@ class SpanState:
     refresh_mask: Mapping[int, RefreshMask] = field(default_factory=dict)  # ρ of h'' awaiting REFRESHED
     # the first layer's W_down under each position's secret FFN permutation, awaiting MLP_IN
     shuffled_down: Mapping[int, EncodedMatrix] = field(default_factory=dict)
+    # a verify step (speculation): every position runs to the end and may be taken back off
+    # the KV cache by the next TOKEN, with what each layer's SpanUndo keeps
+    verify: bool = False
+    undo: Mapping[int, SpanUndo] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,11 +93,13 @@ class ProtectedSession:
 
 @dataclass
 class _Advance:
-    """What an accepted step changes: its reply, the next state, one layer's new KV cache."""
+    """What an accepted step changes: its reply, the next state, new KV caches of some layers
+    and the change in the session's KV bytes (the cache and the undo data it holds)."""
 
     reply: ProtectedMessage
     state: SpanState
-    kv: tuple[int, LayerKV, int] | None = None  # (layer, cache, bytes added)
+    kv: dict[int, LayerKV] = field(default_factory=dict)
+    kv_delta: int = 0
 
 
 class ProtectedExecutor:
@@ -177,11 +178,13 @@ class ProtectedExecutor:
         if msg.kind != st.expect:
             raise ProtocolError(f"expected a {st.expect!r} message, got {msg.kind!r}")
         if msg.kind == MsgKind.TOKEN:
-            if msg.position != st.length or msg.layer != self.first:
+            # the next position, or one inside the last verify step's span (the rest is undone)
+            back = bool(st.undo) and st.position <= msg.position < st.length
+            if (msg.position != st.length and not back) or msg.layer != self.first:
                 raise ProtocolError("token message for the wrong position or layer")
             if not 1 <= msg.count <= MAX_SPAN:
                 raise MessageError(f"a step carries 1..{MAX_SPAN} positions, not {msg.count}")
-            if st.length + msg.count > self.limits.max_positions:
+            if msg.position + msg.count > self.limits.max_positions:
                 raise LimitExceeded(f"context would exceed max_protected_context={self.limits.max_positions} positions")
         elif (msg.layer, msg.position, msg.count) != (st.layer, st.position, st.count):
             raise ProtocolError("message for the wrong layer or positions")
@@ -190,16 +193,24 @@ class ProtectedExecutor:
         out = on(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
         # commit: the one place a session changes
         s.state, s.step = out.state, msg.step
-        if out.kv is not None:
-            layer, kv, added = out.kv
-            s.kv[layer], s.kv_bytes = kv, s.kv_bytes + added
+        s.kv.update(out.kv)
+        s.kv_bytes += out.kv_delta
         return out.reply
 
     # ---- the four steps ------------------------------------------------------------------------
     def on_token(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
-        """TOKEN -> SCORES: the span's inputs of layer ``first`` (clean, replicated, at 7)."""
+        """TOKEN -> SCORES: the span's inputs of layer ``first`` (clean, replicated, at 7). A
+        TOKEN for a position inside the last verify step's span first takes that span's later
+        positions (the drafts the client rejected) back off every layer's cache."""
+        st = s.state
         hs = self._load(c, msg, dict.fromkeys(range(msg.count), Tag.H_IN), self.levels.h)
-        return self._start_layer(s, c, self.first, msg, hs, length=s.state.length)
+        caches, delta = {}, -sum(u.nbytes for u in st.undo.values())  # undo data is dropped either way
+        if msg.position < st.length:
+            for layer, undo in st.undo.items():
+                caches[layer], freed = truncate_span(c.be, s.kv[layer], undo, msg.position - st.position,
+                                                     self.dims.per_chunk)
+                delta -= freed
+        return self._start_layer(s, c, self.first, msg, hs, msg.position, caches, delta)
 
     def on_weights(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
         """WEIGHTS -> MLP: attention output, W_o and the residual h'; then σ' and û. At the first
@@ -237,42 +248,44 @@ class ProtectedExecutor:
         payloads = [CtPayload(Tag.H_FINAL, self.levels.final_download,
                               c.download(c.final(st.h[i], down), self.levels.final_download), i)
                     for i, down in downs.items()]
+        # a verify step keeps its span and undo data: the next TOKEN may take positions back
         return _Advance(self._reply(MsgKind.FINAL, msg, self.last, payloads),
-                        SpanState(layer=self.first, length=st.position + st.count))
+                        SpanState(layer=self.first, position=st.position, count=st.count,
+                                  length=st.position + st.count, undo=st.undo))
 
     def on_refreshed(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
         """REFRESHED -> SCORES: h'' unmasked at 7 starts the next layer."""
         st = s.state
         hs = self._load(c, msg, dict.fromkeys(sorted(st.refresh_mask), Tag.H_REFRESHED), self.levels.h)
         hs = {i: c.be.unmask_refresh(h, st.refresh_mask[i]) for i, h in hs.items()}
-        return self._start_layer(s, c, st.layer + 1, msg, hs, length=st.length)
+        return self._start_layer(s, c, st.layer + 1, msg, hs, st.length, {}, 0, st.undo, st.verify)
 
     def _start_layer(self, s: ProtectedSession, c: Circuit, index: int, msg: ProtectedMessage,
-                     hs: dict[int, Ciphertext], length: int) -> _Advance:
+                     hs: dict[int, Ciphertext], length: int, caches: dict[int, LayerKV], delta: int,
+                     undo: Mapping[int, SpanUndo] | None = None, verify: bool | None = None) -> _Advance:
         """Every span position's key and value go into the cache first, then each active
         position's scores: position ``t0 + i`` sees its span predecessors, and the class masks
-        of the score sums drop the positions after it (the causal mask)."""
+        of the score sums drop the positions after it (the causal mask). ``caches``/``delta``:
+        what this step already changed (a TOKEN's undo of the last span)."""
         layer, t0, count = self._layer(index), msg.position, len(hs)
-        old = s.kv[index]
-        kv, added = LayerKV(list(old.keys), list(old.values)), 0
-        active = active_positions(index, self.last, count)
-        q_hats = {}
+        verify = msg.verify if verify is None else verify
+        active = active_positions(index, self.last, count, verify)
+        q_hats, blocks = {}, []
         for i, h in hs.items():
             q_hat, k_hat, v_hat = c.qkv(layer, h, t0 + i, want_q=i in active)
             if q_hat is not None:
                 q_hats[i] = q_hat
-            k_hat, v_hat = c.kv_blocks(k_hat, v_hat, t0 + i)
-            chunk = (t0 + i) // self.dims.per_chunk
-            if chunk < len(kv.keys):
-                kv.keys[chunk], kv.values[chunk] = c.be.add(kv.keys[chunk], k_hat), c.be.add(kv.values[chunk], v_hat)
-            else:
-                kv.keys.append(k_hat)
-                kv.values.append(v_hat)
-                added += c.be.nbytes(k_hat) + c.be.nbytes(v_hat)
-        if s.kv_bytes + added > self.limits.max_kv_bytes:
+            blocks.append(c.kv_blocks(k_hat, v_hat, t0 + i))
+        kv, added, layer_undo = append_span(c.be, caches.get(index, s.kv[index]), t0, blocks, self.dims.per_chunk,
+                                            undo=verify)
+        undo = dict(undo or {})
+        if layer_undo is not None:
+            undo[index] = layer_undo
+            added += layer_undo.nbytes
+        if s.kv_bytes + delta + added > self.limits.max_kv_bytes:
             raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
                                 f"{self.limits.max_kv_bytes}")
-        if added and self.kv_bytes_total + added > self.limits.max_kv_bytes_total:
+        if added and self.kv_bytes_total + delta + added > self.limits.max_kv_bytes_total:
             raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed "
                                    f"max_protected_kv_bytes_total={self.limits.max_kv_bytes_total}")
         payloads = []
@@ -281,8 +294,10 @@ class ProtectedExecutor:
             tag = Tag.SCORES_SIGMA if scores is not None else Tag.SIGMA
             out = c.sigma(h, scores)
             payloads.append(CtPayload(tag, self.levels.scores_download, c.download(out, self.levels.scores_download), i))
-        state = SpanState(EXPECT[MsgKind.SCORES], index, t0, count, length, {i: hs[i] for i in active})
-        return _Advance(self._reply(MsgKind.SCORES, msg, index, payloads), state, (index, kv, added))
+        state = SpanState(EXPECT[MsgKind.SCORES], index, t0, count, length, {i: hs[i] for i in active},
+                          verify=verify, undo=undo)
+        return _Advance(self._reply(MsgKind.SCORES, msg, index, payloads), state, {**caches, index: kv},
+                        delta + added)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _layer(self, index: int) -> EncodedLayer:

@@ -386,3 +386,64 @@ def test_flooding_sits_20_bits_above_the_mlp_mask_residue(ckpt, keys, executor, 
     assert sorted(mlp) == [f"mlp.l{layer}" for layer in range(FIRST, LAST)]
     for key, residue in mlp.items():
         assert flood_std(executor.dims) / residue >= 2.0**20, (key, residue)
+
+
+def _decrypted_cache(keys, executor, session):
+    client_be, server_be = keys
+    out = {}
+    for layer, kv in session.kv.items():
+        for which, level in (("keys", executor.levels.keys), ("values", executor.levels.kv)):
+            out[layer, which] = [client_be.decrypt(client_be.deserialize(server_be.serialize(ct), level=level))
+                                 for ct in getattr(kv, which)]
+    return out
+
+
+def test_verify_step_returns_every_position_and_rollback_leaves_no_trace(ckpt, keys, executor, plain, decoded):
+    """A speculative step: positions 5..8 go up as one verify span (crossing the chunk boundary)
+    and every position's h_L comes back, equal to one-position steps; the client then keeps 2 of
+    them and the next TOKEN at position 7 takes 7 and 8 back off every layer's cache, so the
+    cache is what a session that never saw them holds (decrypted, compared), and position 7
+    then decodes as in ``decoded``."""
+    h_in, ref = plain
+    _, _, outs1, _ = decoded
+    s = executor.new_session()
+    c = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id)
+    run_token(executor, c, h_in[:5])  # prefill
+    rows, msgs = _run_verify(executor, c, h_in[5:9])
+    assert rows.shape == (4, executor.dims.d) and msgs[-1][1].kind == MsgKind.FINAL
+    assert np.abs(rows - outs1[5:9]).max() < REL_ERR_BOUND * np.abs(outs1[5:9]).max()
+    undo_bytes = sum(u.nbytes for u in s.state.undo.values())
+    assert undo_bytes > 0 and s.state.length == 9
+    # a session that only ever saw positions 0..6
+    ref_s = executor.new_session()
+    ref_c = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, ref_s.id)
+    run_token(executor, ref_c, h_in[:7])
+    # a TOKEN outside the last span is refused and changes nothing
+    c.rollback(7)
+    before = (s.step, s.state, s.kv_bytes)
+    with pytest.raises(ProtocolError):
+        executor.handle(dataclasses.replace(c.token_message(h_in[7]), position=4))
+    assert (s.step, s.state, s.kv_bytes) == before
+    out7, _ = run_token(executor, c, h_in[7])
+    assert np.abs(out7 - outs1[7]).max() < REL_ERR_BOUND * np.abs(outs1[7]).max()
+    run_token(executor, ref_c, h_in[7])
+    assert s.kv_bytes == ref_s.kv_bytes and not s.state.undo  # the undo data is gone as well
+    mine, theirs = _decrypted_cache(keys, executor, s), _decrypted_cache(keys, executor, ref_s)
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        assert len(mine[k]) == len(theirs[k])
+        for x, y in zip(mine[k], theirs[k], strict=True):
+            assert np.abs(x - y).max() < 1e-3 * np.abs(y).max(), k
+    for sid in (s.id, ref_s.id):
+        executor.drop_session(sid)
+
+
+def _run_verify(executor, client, rows):
+    msgs, msg = [], client.token_message(rows, verify=True)
+    while True:
+        reply = executor.handle(msg)
+        msgs.append((msg, reply))
+        nxt = client.handle(reply)
+        if isinstance(nxt, np.ndarray):
+            return nxt, msgs
+        msg = nxt

@@ -1,5 +1,7 @@
 """Wire format units: tensor records and step messages round-trip and reject bad input."""
 
+import dataclasses
+
 import msgpack
 import pytest
 import torch
@@ -83,3 +85,14 @@ def test_protected_span_limits():
     del old["count"]
     one = ProtectedMessage.from_bytes(msgpack.packb(old), max_bytes=1 << 20)
     assert one.count == 1 and [c.token for c in one.payloads({0: "h_in"})] == [0]
+
+
+def test_protected_verify_flag():
+    msg = dataclasses.replace(_span_message(), verify=True)
+    back = ProtectedMessage.from_bytes(msg.to_bytes(), max_bytes=1 << 20)
+    assert back.verify and back == msg
+    assert not ProtectedMessage.from_bytes(_span_message().to_bytes(), max_bytes=1 << 20).verify
+    raw = msgpack.unpackb(msg.to_bytes())
+    for bad in ({"verify": 1}, {"verify": "yes"}, {"kind": "weights"}):
+        with pytest.raises(WireError):
+            ProtectedMessage.from_bytes(msgpack.packb({**raw, **bad}), max_bytes=1 << 20)
