@@ -10,8 +10,13 @@ protocol on SEAL for two-layer ranges starting at each ``--layers`` entry (one s
 ``--positions`` decode positions), decrypts every download *before* it is flooded (a hook on
 ``Circuit.download``, benchmark only: it needs the client's secret key), and prints per download
 kind and layer the largest magnitude in the masked-out slots and the margin
-``log2(flood std / that magnitude)`` in bits. The MLP download carries σ'/(8d) in every slot by
-design, so its residue is measured against its slot 2F.
+``log2(flood std / that magnitude)`` in bits (mask residues and CKKS noise together: the
+rescale that lands a download at scale 2^36 leaves ~2^-21 of rounding noise in every slot, which
+depends on the ciphertexts' fresh randomness, not on the weights). The MLP download carries
+σ'/(8d) in every slot by design, so its residue is measured against its slot 2F. Separately,
+for every 0/1 mask (by its key: ``first_2f`` cleans the MLP download), the mask's own residue
+|ε_k · x_k| over the slots it zeroes, from its decoded encoding error ε (SEAL decodes the
+plaintext) and the decrypted input x, and its margin under the flooding noise.
 """
 
 from __future__ import annotations
@@ -53,14 +58,31 @@ def flood_std(dims) -> float:
 
 
 @contextlib.contextmanager
-def recording_downloads(client_be, seen: list):
+def recording_downloads(client_be, seen: list, masks: dict | None = None):
     """Benchmark and test hook: every ciphertext the executor prepares for download is also
-    decrypted, before it is flooded, into ``seen`` (needs the client's secret key)."""
+    decrypted, before it is flooded, into ``seen`` (needs the client's secret key). With
+    ``masks`` (SEAL only: it decodes plaintexts), every 0/1 mask's residue is recorded per mask
+    key: the largest |ε_k · x_k| over the slots k the mask zeroes, with ε the mask plaintext's
+    encoding error (decoded minus intended) and x the decrypted input it multiplies: what the
+    mask leaves of the values it was meant to clean, apart from CKKS noise."""
 
     class Recording(circuits.Circuit):
         def download(self, ct, level):
             seen.append(client_be.decrypt(ct))
             return super().download(ct, level)
+
+        def select(self, ct, key, make, target=None):
+            out = super().select(ct, key, make, target)
+            if masks is not None:
+                be, level = self.be, self.be.level(ct)
+                scale = (be.params.scale if target is None else target) * be.prime(level) / be.scale(ct)
+                values = make()
+                eps = be.inner.decode_plaintext(self.consts.get(be, key, level, scale, make)) - values
+                zeroed = values == 0
+                r = float(np.abs(eps[zeroed] * client_be.decrypt(ct)[zeroed]).max()) if zeroed.any() else 0.0
+                name = key if isinstance(key, str) else key[0]
+                masks[name] = max(masks.get(name, 0.0), r)
+            return out
 
     saved, server.Circuit = server.Circuit, Recording
     try:
@@ -69,12 +91,14 @@ def recording_downloads(client_be, seen: list):
         server.Circuit = saved
 
 
-def residues(ex, client: ProtectedClientState, client_be, h_rows: np.ndarray, results: dict) -> dict:
+def residues(ex, client: ProtectedClientState, client_be, h_rows: np.ndarray, results: dict,
+             masks: dict | None = None) -> dict:
     """Decode ``h_rows`` one position at a time through ``ex``; per download kind and layer, the
     largest magnitude in the masked-out slots before flooding (the MLP download against its
-    slot 2F, which carries σ' in every slot by design)."""
+    slot 2F, which carries σ' in every slot by design): mask residues and CKKS noise together.
+    ``masks``: see ``recording_downloads``."""
     dims, seen = ex.dims, []
-    with recording_downloads(client_be, seen):
+    with recording_downloads(client_be, seen, masks):
         for row in h_rows:
             t = client.position
             msg = client.token_message(row)
@@ -112,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     std = flood_std(dims)
     ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.positions]
     results: dict[str, dict] = {}
+    masks: dict[str, float] = {}
     for first in (int(x) for x in args.layers.split(",")):
         ex = server.ProtectedExecutor.from_checkpoint(server_be, ckpt, first, first + 2,
                                                       ServerConfig().protected_limits())
         with torch.no_grad():
             h_in = model.run_layers(model.embed(ids), 0, first).double().numpy()
         s = ex.new_session()
-        residues(ex, ProtectedClientState(client_be, cfg, first, first + 2, s.id), client_be, h_in, results)
+        residues(ex, ProtectedClientState(client_be, cfg, first, first + 2, s.id), client_be, h_in, results, masks)
         ex.drop_session(s.id)
         del ex
     print(f"figure flooding.flood_std {std:.6g}")
@@ -126,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         r["margin_bits"] = math.log2(std / max(r["max_residue"], 1e-300))
         print(f"figure flooding.{key}.max_residue {r['max_residue']:.6g}")
         print(f"figure flooding.{key}.margin_bits {r['margin_bits']:.6g}")
+    mask_margins = {k: math.log2(std / max(v, 1e-300)) for k, v in masks.items()}
+    for key in sorted(masks):
+        print(f"figure flooding.mask.{key}.residue {masks[key]:.6g}")
+        print(f"figure flooding.mask.{key}.margin_bits {mask_margins[key]:.6g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"params": params.id, "flood_std": std, "downloads": results}, indent=2))
+    args.out.write_text(json.dumps({"params": params.id, "flood_std": std, "downloads": results,
+                                    "mask_residues": masks, "mask_margin_bits": mask_margins}, indent=2))
     return 0
 
 

@@ -213,6 +213,13 @@ class SealBackend(HEBackend):
     def scale(self, ct: Ciphertext) -> float:
         return float(self._unwrap(ct).scale)
 
+    def decode_plaintext(self, pt: Plaintext) -> np.ndarray:
+        """The slots an encoded plaintext holds, decoded (its values plus their encoding error):
+        SEAL-specific, for measurements of encoding error (``benchmarks/flooding_margin.py``)."""
+        if not isinstance(pt, Plaintext) or pt.params_id != self.params.id:
+            raise HEError("expected a Plaintext of this parameter set")
+        return np.asarray(self._c.encoder.decode_double(pt._obj), dtype=np.float64)
+
     def size(self, ct: Ciphertext) -> int:
         return int(self._unwrap(ct).size())
 
