@@ -278,6 +278,8 @@ def run(args) -> tuple[dict, dict]:
     def on_step(i):
         hybrid.set_fhe_mode("execute" if (i > 0 or args.prefill_fhe) else "disable")
         marks.append((len(meter.calls), time.perf_counter(), time.process_time()))
+        if i > 1:
+            say(f"  step {i - 1}: {marks[-1][1] - marks[-2][1]:.1f} s, {marks[-1][0] - marks[-2][0]} FHE calls")
 
     say(f"generating {n_new} tokens (prompt {ctx}; decode steps in FHE)…")
     t0 = time.perf_counter()
