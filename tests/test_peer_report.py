@@ -14,6 +14,7 @@ import pytest
 from veil.benchmarks import overhead
 from veil.benchmarks.extraction_attack import attack_peer, load_peer_transcript
 from veil.benchmarks.peer_results import load_peer
+from veil.cli.main import main as veil_main
 
 DIST = {"mean": 2.0, "p50": 2.0, "p95": 2.1, "p99": 2.1}
 
@@ -58,8 +59,8 @@ def test_peer_rows_in_report_and_plots(tmp_path, capsys):
     peer = tmp_path / "peer.json"
     peer.write_text(json.dumps(_peer()))
     out = tmp_path / "out"
-    rc = overhead.main(["--from", str(_earlier_veil(tmp_path)), "--peer", str(peer),
-                        "--extraction", str(_extraction(tmp_path)), "--out", str(out)])
+    rc = veil_main(["bench", "--from", str(_earlier_veil(tmp_path)), "--peer", str(peer),
+                    "--extraction", str(_extraction(tmp_path)), "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["paths"]["concrete-ml"]["ctx64"]["round_trips_per_token"] == 10.0
