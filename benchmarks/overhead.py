@@ -282,6 +282,11 @@ def all_figure_lines(results: dict) -> list[str]:
                 lines += figure_lines(path, r, f".{tag}", skip=NOT_FIGURES)
             else:
                 lines.append(f"figure {path}.{tag} {r:.6g}")
+    for name, facts in results.get("peers", {}).items():  # setup, per FHE layer and per remote call
+        for block in ("setup", "per_layer"):
+            lines += figure_lines(f"{name}.{block}", facts.get(block) or {})
+        for kind, c in (facts.get("calls") or {}).items():
+            lines += figure_lines(f"{name}.call.{kind}", c)
     for name, v in results.get("ratios", {}).items():
         lines.append(f"figure ratio.{name} {v:.6g}")
     return lines

@@ -195,6 +195,13 @@ def _peer_sections(results: dict) -> list[str]:
             if isinstance(block, dict):
                 out += [f"| {name}: {title} | value |", "| --- | --- |",
                         *[f"| {k} | {_fmt(v)} |" for k, v in block.items() if isinstance(v, int | float)], ""]
+        calls = f.get("calls") or {}
+        if calls:
+            out += [f"| {name}: remote call (module.rows) | calls | server s / call | bytes up / call | "
+                    "bytes down / call |", "| --- | --- | --- | --- | --- |"]
+            out += [f"| {kind} | {c.get('calls')} | {_fmt(c.get('server_s_mean'))} | {_fmt(c.get('bytes_up_mean'))} | "
+                    f"{_fmt(c.get('bytes_down_mean'))} |" for kind, c in calls.items()]
+            out.append("")
     return out
 
 

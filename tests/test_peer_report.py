@@ -28,6 +28,8 @@ def _peer(**over) -> dict:
          "fhe_layer_ids": [2, 29], "kv": "fused", "quantization": "dynamic", "prefill": "clear",
          "setup": {"compile_s": 3.0, "keygen_s": 4.0, "compression_key_bytes": 1e8},
          "per_layer": {"bytes_per_token": 950.0, "round_trips_per_token": 5.0}, "ctx64": ctx,
+         "calls": {"o_proj.rows1": {"calls": 14, "server_s_mean": 3.5, "bytes_up_mean": 10112.0,
+                                    "bytes_down_mean": 8616.0}},
          "extrapolated": {"k": 2, "method": "28 x per layer", "ctx64": {"tpot_s": {"mean": 28.0},
                                                                        "bytes_per_token": 26600.0,
                                                                        "round_trips_per_token": 140.0}}}
@@ -78,6 +80,9 @@ def test_peer_rows_in_report_and_plots(tmp_path, capsys):
     lines = capsys.readouterr().out
     assert "figure concrete-ml.tpot_s.mean.ctx64 2" in lines
     assert "figure concrete-ml-k2-extrapolated.round_trips_per_token.ctx64 140" in lines
+    assert "figure concrete-ml.call.o_proj.rows1.server_s_mean 3.5" in lines
+    assert "figure concrete-ml.setup.keygen_s 4" in lines
+    assert "| o_proj.rows1 | 14 | 3.5 |" in report
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -411,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = figure_lines("concrete-ml", {k: v for k, v in res[f"ctx{ctx}"].items()}, f".ctx{ctx}")
     lines += figure_lines("concrete-ml.per_layer", res["per_layer"], f".ctx{ctx}")
     lines += figure_lines("concrete-ml.setup", res["setup"], "")
+    for kind, c in res["calls"].items():
+        lines += figure_lines(f"concrete-ml.call.{kind}", c, "")
     lines += figure_lines(f"concrete-ml.k{args.k}_extrapolated", res["extrapolated"][f"ctx{ctx}"], f".ctx{ctx}")
     for line in lines:
         print(line, flush=True)
