@@ -224,17 +224,24 @@ def _extraction_section(results: dict) -> list[str]:
     if not ex:
         return []
     protos = [p for p in ("linear_only", "veil", *ex.get("peers", {})) if p in ex]
-    names = sorted({n for p in protos for n in ex[p]})
+    # Veil's and the linear-only fits are of layer k (and L-1 = k for down, o·v): name them by
+    # layer like a peer's, with the transcript's token count as their rows
+    table = {p: {f"L{ex.get('k')}.{n}": {"rows": ex.get("tokens"), **e} for n, e in ex[p].items()}
+             if p in ("linear_only", "veil") else ex[p] for p in protos}
+    names = sorted({n for p in protos for n in table[p]}, key=lambda n: (int(n[1:n.index(".")]), n)
+                   if re.match(r"L\d+\.", n) else (-1, n))
     out = ["## Weight extraction from the client's transcript", "",
            f"`veil.benchmarks.extraction_attack` at k={ex.get('k')} over {ex.get('tokens')} tokens: relative error "
-           "‖Ŵ − W‖/‖W‖ on the input span the transcript probed (`span_err`; rows = tokens seen). `linear_only` "
-           "is what a linear-only protocol reveals, computed with the plaintext model; `veil` is the real "
-           "protected protocol's transcript; a peer's column is its real client transcript (only its rows in FHE).", "",
+           "‖Ŵ − W‖/‖W‖ on the input span the transcript probed (`span_err`, or `rel_err` where the fit has no "
+           "span; rows = tokens seen; a fit is only as wide as its rows, so compare each column's errors, not "
+           "its spans). `linear_only` is what a linear-only protocol reveals, computed with the plaintext "
+           "model; `veil` is the real protected protocol's transcript (gate, up, qk_bilinear of layer k; down "
+           "and o_v of layer L-1); a peer's column is its real client transcript (its rows in FHE only).", "",
            "| matrix | " + " | ".join(protos) + " |", "| --- |" + " --- |" * len(protos)]
     for n in names:
         cells = []
         for p in protos:
-            e = ex[p].get(n)
+            e = table[p].get(n)
             v = None if e is None else e.get("span_err", e.get("rel_err"))
             cells.append("—" if v is None else _fmt(v) + (f" ({e['rows']} rows)" if "rows" in e else ""))
         out.append(f"| {n} | " + " | ".join(cells) + " |")

@@ -73,7 +73,8 @@ def test_peer_rows_in_report_and_plots(tmp_path, capsys):
     assert "concrete-ml-k2-extrapolated (all 28 server layers, extrapolated) | 140 |" in report
     assert "## What each protocol lets the client learn" in report
     assert "| concrete-ml | every FHE linear module's input" in report and "| protected |" in report
-    assert "## Weight extraction from the client's transcript" in report and "0.02 (7 rows)" in report
+    assert "## Weight extraction from the client's transcript" in report
+    assert "| L29.q | 1e-06 (71 rows) | — | 0.02 (7 rows) |" in report  # fits of one layer side by side
     assert "po.json" in report  # where Veil's rows came from
     for name in ("tpot_vs_context.png", "bytes_per_token.png", "round_trips_per_token.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
