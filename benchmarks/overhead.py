@@ -344,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="tiny settings: context 16, 4 new tokens, concurrency 1,2, one protected layer")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--peer", type=Path, action="append", default=[],
-                   help="a peer's result (schema veil.peer/1) on the same workload: rows in every table and plot")
+    p.add_argument("--peer", action="append", default=[], metavar="[NAME=]FILE",
+                   help="a peer's result (schema veil.peer/1) on the same workload: rows in every table and "
+                        "plot, under the peer's own name or NAME (two runs of one peer)")
     p.add_argument("--from", dest="from_", type=Path,
                    help="Veil's rows from an earlier run (results.json or a protected_overhead JSON): no measuring")
     p.add_argument("--extraction", type=Path, help="an extraction_attack JSON to add to the report")
@@ -353,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from veil.benchmarks.peer_results import load_peer
 
-        peers = [(f, load_peer(f)) for f in args.peer]
+        peers = [(Path(f), load_peer(Path(f), name or None)) for name, _, f in
+                 (spec.rpartition("=") for spec in args.peer)]
         extraction = json.loads(args.extraction.read_text()) if args.extraction else None
     except (ValueError, OSError, json.JSONDecodeError) as e:
         p.error(str(e))

@@ -35,11 +35,14 @@ def _read_json(path: Path) -> dict:
     return d
 
 
-def load_peer(path: Path) -> dict:
-    """A peer result, checked: the schema, a path name, and at least one context with a TPOT."""
+def load_peer(path: Path, name: str | None = None) -> dict:
+    """A peer result, checked: the schema, a path name (``name`` replaces the file's), and at
+    least one context with a TPOT."""
     d = _read_json(path)
     if d.get("schema") != PEER_SCHEMA:
         raise ValueError(f"{path}: schema {d.get('schema')!r}, expected {PEER_SCHEMA!r} (a peer's result)")
+    if name is not None:
+        d["path"] = name
     name = d.get("path")
     if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
         raise ValueError(f"{path}: peer path name {name!r} must be lower-case letters, digits, - or _")

@@ -35,7 +35,9 @@ def _label(results: dict, p: str) -> str:
     """A row's name in the tables: peers' rows say what was measured and what extrapolated."""
     for name, f in results.get("peers", {}).items():
         if p == name and f.get("fhe_layer_ids") is not None:
-            return f"{p} (measured: {len(f['fhe_layer_ids'])} of {f.get('server_layers', '?')} server layers in FHE)"
+            steps = {r.get("new_tokens", 1) - 1 for t, r in results["paths"][p].items() if isinstance(r, dict)}
+            return (f"{p} (measured: {len(f['fhe_layer_ids'])} of {f.get('server_layers', '?')} server layers in FHE, "
+                    f"{'/'.join(map(str, sorted(steps)))} decode steps)")
         if p == f.get("extrapolated_path"):
             return f"{p} (all {f.get('server_layers', '?')} server layers, extrapolated)"
     return p
@@ -208,7 +210,7 @@ def _peer_sections(results: dict) -> list[str]:
 def _learns_section(results: dict, paths: list[str]) -> list[str]:
     rows = [(p, CLIENT_LEARNS[p]) for p in paths if p in CLIENT_LEARNS]
     for name, f in results.get("peers", {}).items():
-        what = PEER_LEARNS.get(name, "see the peer's documentation")
+        what = next((w for peer, w in PEER_LEARNS.items() if name.startswith(peer)), "see the peer's documentation")
         if f.get("kv") in KV_LEARNS:
             what += f"; here {KV_LEARNS[f['kv']]}"
         rows.append((name, what))

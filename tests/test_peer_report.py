@@ -62,14 +62,16 @@ def test_peer_rows_in_report_and_plots(tmp_path, capsys):
     peer.write_text(json.dumps(_peer()))
     out = tmp_path / "out"
     rc = veil_main(["bench", "--from", str(_earlier_veil(tmp_path)), "--peer", str(peer),
+                    "--peer", f"concrete-ml-loaded={peer}",  # a second run of the same peer, renamed
                     "--extraction", str(_extraction(tmp_path)), "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
+    assert {"concrete-ml-loaded", "concrete-ml-loaded-k2-extrapolated"} <= set(res["paths"])
     assert res["paths"]["concrete-ml"]["ctx64"]["round_trips_per_token"] == 10.0
     assert res["paths"]["concrete-ml-k2-extrapolated"]["ctx64"]["round_trips_per_token"] == 140.0
     assert res["ratios"]["concrete-ml-k2-extrapolated_over_protected.tpot_s.ctx64"] == pytest.approx(28.0 / 70.0)
     report = (out / "report.md").read_text()
-    assert "| concrete-ml (measured: 2 of 28 server layers in FHE) | 2 |" in report  # TPOT mean row
+    assert "| concrete-ml (measured: 2 of 28 server layers in FHE, 7 decode steps) | 2 |" in report  # TPOT mean
     assert "concrete-ml-k2-extrapolated (all 28 server layers, extrapolated) | 140 |" in report
     assert "## What each protocol lets the client learn" in report
     assert "| concrete-ml | every FHE linear module's input" in report and "| protected |" in report
