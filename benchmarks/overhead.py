@@ -249,11 +249,13 @@ def measure(args, results: dict) -> None:
             proc.wait(60)
 
 
-def ratios(paths: dict) -> dict:
+def ratios(paths: dict, partial: tuple[str, ...] = ()) -> dict:
+    """Ratios of one path's figures over another's at the same context; ``partial`` names peer
+    rows that ran only some of the server's layers (no ratio to Veil's full split for them)."""
     out = {}
     pairs = [("protected", "split-plain", "protected_over_split_plain"), ("split-plain", "fast", "split_plain_over_fast"),
              ("fast", "reference", "fast_over_reference")]
-    pairs += [(p, "protected", f"{p}_over_protected") for p in paths if p not in ALL_PATHS]  # peers
+    pairs += [(p, "protected", f"{p}_over_protected") for p in paths if p not in ALL_PATHS and p not in partial]
     for a, b, name in pairs:
         if a not in paths or b not in paths:
             continue
@@ -296,7 +298,9 @@ def write_outputs(out: Path, results: dict) -> None:
     from veil.benchmarks.report import write_plots, write_report
 
     out.mkdir(parents=True, exist_ok=True)
-    results["ratios"] = ratios(results["paths"])
+    partial = tuple(name for name, f in results.get("peers", {}).items()
+                    if len(f.get("fhe_layer_ids") or ()) < (f.get("server_layers") or 0))
+    results["ratios"] = ratios(results["paths"], partial)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
     write_report(out / "report.md", results)
     write_plots(out, results)

@@ -261,7 +261,7 @@ def write_plots(out: Path, results: dict) -> None:
     ctxs = [int(t[3:]) for t in ctx_tags]
 
     # TPOT vs context, log scale
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     for p in paths:
         pts = [(c, _get(results["paths"][p].get(t), "tpot_s", "mean")) for c, t in zip(ctxs, ctx_tags, strict=True)]
         pts = [(c, v) for c, v in pts if v]
@@ -273,7 +273,7 @@ def write_plots(out: Path, results: dict) -> None:
     ax.set_ylabel("TPOT, mean (s, log scale)")
     ax.set_title("Time per output token vs context")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(out / "tpot_vs_context.png", dpi=110)
     plt.close(fig)

@@ -70,6 +70,7 @@ def test_peer_rows_in_report_and_plots(tmp_path, capsys):
     assert res["paths"]["concrete-ml"]["ctx64"]["round_trips_per_token"] == 10.0
     assert res["paths"]["concrete-ml-k2-extrapolated"]["ctx64"]["round_trips_per_token"] == 140.0
     assert res["ratios"]["concrete-ml-k2-extrapolated_over_protected.tpot_s.ctx64"] == pytest.approx(28.0 / 70.0)
+    assert not any(r.startswith("concrete-ml_over") for r in res["ratios"])  # 2 of 28 layers: no ratio
     report = (out / "report.md").read_text()
     assert "| concrete-ml (measured: 2 of 28 server layers in FHE, 7 decode steps) | 2 |" in report  # TPOT mean
     assert "concrete-ml-k2-extrapolated (all 28 server layers, extrapolated) | 140 |" in report
