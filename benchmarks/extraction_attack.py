@@ -1,6 +1,7 @@
 """Weight extraction from what a client sees: Veil's protected transcript against a linear-only one.
 
     python -m veil.benchmarks.extraction_attack [--tokens N] [--k K] [--chunk C] [--out F.json]
+    python -m veil.benchmarks.extraction_attack --peer-transcript T.npz [--out F.json]
 
 A curious client runs the real protected protocol (real SEAL, the real parameter set, the
 shipped SmolLM2 weights; server executor and client state in one process, no HTTP, since the
@@ -34,6 +35,13 @@ range comes right after layer k). What the Veil attacker fits, per matrix of lay
   identifiable from ŝ (any A: W_q → A W_q, W_k → A⁻ᵀ W_k gives the same scores). The
   minimum-norm least-squares estimate of sym(M_h) comes from the kernel (h_a·h_b)².
 
+With ``--peer-transcript`` (written by ``benchmarks/peers/concrete_ml_hybrid.py``) the
+linear-only attack also runs on a real peer transcript: what Concrete ML's client held in
+FHE, each remote linear module's input and decrypted output (q, k and v as one fused module
+are split back into their rows). The protected run then goes over the same token ids in one
+session, with k = the last layer the transcript covers, so that both transcripts come from the
+same text at the same positions.
+
 Errors are ‖Ŵ - W‖/‖W‖ (``rel_err``) and, because N tokens only probe an N-dimensional input
 subspace, also on that subspace: ‖(Ŵ - W)P‖/‖WP‖ with P the projector on the span of the
 inputs seen (``span_err``; equal to ``rel_err`` once the inputs span the whole space). An
@@ -44,6 +52,7 @@ learnt nothing useful.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -92,6 +101,11 @@ def quadratic_form_fit(h: np.ndarray, s: np.ndarray) -> np.ndarray:
     k = (h @ h.T) ** 2
     alpha = np.linalg.lstsq(k, s, rcond=None)[0]
     return (h * alpha[:, None]).T @ h
+
+
+#: the linear maps of a decoder layer, by this attack's names
+LINEAR_PATHS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 
 
 # ----------------------------------------------------------------------------- transcripts
@@ -190,11 +204,8 @@ def linear_only(model, k: int, chunks: list[list[int]]) -> dict[str, tuple[np.nd
     linear map of layer k (and W_down of layer L-1), the (inputs, outputs) the client sees."""
     seen: dict[str, tuple[list, list]] = {}
     hooks = []
-    layers = {"q": (k, "self_attn.q_proj"), "k": (k, "self_attn.k_proj"), "v": (k, "self_attn.v_proj"),
-              "o": (k, "self_attn.o_proj"), "gate": (k, "mlp.gate_proj"), "up": (k, "mlp.up_proj"),
-              "down": (k, "mlp.down_proj")}
-    for name, (i, path) in layers.items():
-        mod = model.layers[str(i)].get_submodule(path)
+    for name, path in LINEAR_PATHS.items():
+        mod = model.layers[str(k)].get_submodule(path)
         seen[name] = ([], [])
 
         def hook(_m, args, out, name=name):
@@ -212,6 +223,64 @@ def linear_only(model, k: int, chunks: list[list[int]]) -> dict[str, tuple[np.nd
     return {n: (np.concatenate(x), np.concatenate(y)) for n, (x, y) in seen.items()}
 
 
+# ----------------------------------------------------------------------- a peer's transcript
+#: module names of a peer transcript -> this attack's matrix names
+PEER_MODULES = {path: name for name, path in LINEAR_PATHS.items()}
+
+
+@dataclass
+class PeerTranscript:
+    """A peer's client-side transcript: per layer and matrix, the inputs it encrypted and the
+    outputs it decrypted (rows are calls' rows, in order), and the token ids of the run."""
+
+    ids: list[int]
+    positions: np.ndarray  # the position of each row
+    pairs: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]
+
+
+def load_peer_transcript(path: Path, q_size: int, kv_size: int) -> PeerTranscript:
+    """Read a ``.npz`` transcript (keys ``ids``, ``positions``, ``model.layers.<i>.<module>.x|y``);
+    a fused ``self_attn.qkv_proj`` is split into q, k and v by rows [q | k | v]."""
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a transcript (.npz): {e}") from e
+    missing = {"ids", "positions"} - set(z.files)
+    if missing:
+        raise ValueError(f"{path}: transcript lacks {sorted(missing)}")
+    pat = re.compile(r"model\.layers\.(\d+)\.(self_attn\.\w+|mlp\.\w+)\.x")
+    pairs: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for key in z.files:
+        m = pat.fullmatch(key)
+        if not m:
+            continue
+        x, y = z[key].astype(np.float64), z[key[:-1] + "y"].astype(np.float64)
+        if x.ndim != 2 or y.ndim != 2 or len(x) != len(y):
+            raise ValueError(f"{path}: {key[:-2]} has inputs {x.shape} and outputs {y.shape}")
+        layer, module = int(m[1]), m[2]
+        if module == "self_attn.qkv_proj":
+            if y.shape[1] != q_size + 2 * kv_size:
+                raise ValueError(f"{path}: fused qkv output has {y.shape[1]} columns, not {q_size + 2 * kv_size}")
+            split = {"q": y[:, :q_size], "k": y[:, q_size:q_size + kv_size], "v": y[:, q_size + kv_size:]}
+            pairs.setdefault(layer, {}).update({n: (x, v) for n, v in split.items()})
+        elif module in PEER_MODULES:
+            pairs.setdefault(layer, {})[PEER_MODULES[module]] = (x, y)
+    if not pairs:
+        raise ValueError(f"{path}: no linear module's inputs and outputs in the transcript")
+    return PeerTranscript([int(t) for t in z["ids"]], np.asarray(z["positions"]), pairs)
+
+
+def attack_peer(tr: PeerTranscript, weight_of) -> dict:
+    """The linear-only attack on a real peer transcript: each matrix regressed on its own
+    inputs. ``weight_of(layer, name)`` gives the true matrix [out, in] to score against."""
+    out: dict = {}
+    for layer, mats in sorted(tr.pairs.items()):
+        for name, (x, y) in mats.items():
+            e = errors(lstsq(x, y), weight_of(layer, name), x)
+            out[f"L{layer}.{name}"] = {**e, "rows": len(x)}
+    return out
+
+
 # ------------------------------------------------------------------------------------ attack
 def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict, last: int | None = None) -> dict:
     from veil.crypto.params import PROTECTED_PARAMS
@@ -226,9 +295,7 @@ def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict, last: int | None 
 
     # Linear-only: every matrix of layer k from its own inputs and outputs.
     for name, (x, y) in lin.items():
-        w = model.layers[str(k)].get_submodule(
-            {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-             "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}[name]).weight.double().numpy()
+        w = model.layers[str(k)].get_submodule(LINEAR_PATHS[name]).weight.double().numpy()
         out["linear_only"][name] = errors(lstsq(x, y), w, x)
 
     a = tr.arrays()
@@ -281,7 +348,7 @@ def attack(ckpt, model, k: int, tr: VeilTranscript, lin: dict, last: int | None 
 
 def figures(res: dict) -> list[str]:
     lines = []
-    for proto in ("linear_only", "veil"):
+    for proto in [p for p in ("linear_only", "veil", *res.get("peers", ())) if p in res]:
         for name, e in res[proto].items():
             for key in ("rel_err", "span_err", "ridge_rel_err", "ridge_span_err"):
                 if key in e:
@@ -290,15 +357,25 @@ def figures(res: dict) -> list[str]:
 
 
 def run(n_tokens: int | None = None, k: int | None = None, chunk: int = 32, progress: bool = True,
-        layers: int | None = None) -> dict:
+        layers: int | None = None, peer_transcript: Path | None = None, peer_name: str = "concrete-ml") -> dict:
     from veil.engine.loader import build_model, load_checkpoint
 
     ckpt = load_checkpoint()
     model, cfg = build_model(ckpt), ckpt.config
-    k = cfg.num_layers - 1 if k is None else k
+    peer = None
+    if peer_transcript:
+        peer = load_peer_transcript(peer_transcript, cfg.q_size, cfg.kv_size)
+        if max(peer.pairs) >= cfg.num_layers or max(peer.ids) >= cfg.vocab_size:
+            raise SystemExit(f"{peer_transcript} does not fit this model (layers {sorted(peer.pairs)})")
+        # the protected run: the peer's last layer, the peer's tokens, one session (same positions)
+        k = max(peer.pairs) if k is None else k
+        chunks = [peer.ids]
+        n_tokens, chunk = len(peer.ids), len(peer.ids)
+    else:
+        k = cfg.num_layers - 1 if k is None else k
+        n_tokens = n_tokens or 2 * cfg.hidden_size
+        chunks = text_chunks(ckpt.tokenizer, n_tokens, chunk)
     last = cfg.num_layers if layers is None else k + layers
-    n_tokens = n_tokens or 2 * cfg.hidden_size
-    chunks = text_chunks(ckpt.tokenizer, n_tokens, chunk)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -310,7 +387,29 @@ def run(n_tokens: int | None = None, k: int | None = None, chunk: int = 32, prog
     res.update({"schema": "veil.extraction_attack/2", "tokens": n_tokens, "k": k, "last": last, "chunk": chunk,
                 "hidden_size": cfg.hidden_size, "kinds_seen": sorted(tr.kinds),
                 "protected_seconds": tr.seconds})
+    if peer:
+        res[peer_name] = attack_peer(peer, lambda i, name: model.layers[str(i)].get_submodule(
+            LINEAR_PATHS[name]).weight.double().numpy())
+        res["peers"] = {peer_name: {"transcript": str(peer_transcript), "layers": sorted(peer.pairs),
+                                    "positions": peer.positions.tolist(),
+                                    "input_rel_diff": _input_rel_diff(model, peer)}}
     return res
+
+
+
+def _input_rel_diff(model, peer: PeerTranscript) -> dict[str, float]:
+    """How far the peer's q/k/v inputs are from this model's own at the same positions (the
+    transcript is of the same tokens through the same weights, up to the peer's quantization)."""
+    out = {}
+    for layer, mats in sorted(peer.pairs.items()):
+        if "q" not in mats:
+            continue
+        with torch.no_grad():
+            h = model.run_layers(model.embed(torch.tensor(peer.ids)), 0, layer)
+            x = model.layers[str(layer)].input_layernorm(h).double().numpy()[peer.positions]
+        px = mats["q"][0]
+        out[f"L{layer}"] = float(np.linalg.norm(px - x) / np.linalg.norm(x))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,9 +420,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int,
                    help="protected layers from k (default: all to L). Fewer is a cheaper proxy that shows the "
                         "client more: the output of the range comes right after layer k")
+    p.add_argument("--peer-transcript", type=Path,
+                   help="a peer's client transcript (.npz from benchmarks/peers/concrete_ml_hybrid.py): "
+                        "attacked too, and the protected run goes over its tokens")
+    p.add_argument("--peer-name", default="concrete-ml")
     p.add_argument("--out", type=Path, default=Path("bench_out/extraction_attack.json"))
     args = p.parse_args(argv)
-    res = run(args.tokens, args.k, args.chunk, layers=args.layers)
+    if args.peer_transcript and args.tokens:
+        p.error("--tokens and --peer-transcript exclude each other (the transcript fixes the tokens)")
+    try:
+        res = run(args.tokens, args.k, args.chunk, layers=args.layers, peer_transcript=args.peer_transcript,
+                  peer_name=args.peer_name)
+    except ValueError as e:
+        p.error(str(e))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     emit(figures(res), res, args.out)
     return 0

@@ -3,6 +3,7 @@
     veil bench --paths reference,fast,split-plain,protected --out DIR [--contexts 16,64,128]
                [--concurrency 1,4,16,64] [--max-new-tokens N] [--k K]
                [--slo-ttft-ms X --slo-tpot-ms Y] [--quick]
+               [--peer PEER.json ...] [--from EARLIER.json] [--extraction ATTACK.json]
 
 Paths:
 * ``reference``: `transformers` ``LlamaForCausalLM.generate`` on the full model, local, greedy;
@@ -35,6 +36,12 @@ Outputs in DIR (``--out``):
 
 Every figure is also printed as a ``figure <path>.<metric>[.<stat>][.ctxC|.cC] <value>`` line.
 Ctrl-C stops the run and writes what was measured so far (``"interrupted": true``).
+
+``--peer`` adds a peer's result measured on the same workload in its own venv (e.g.
+``benchmarks/peers/concrete_ml_hybrid.py``; ``veil.benchmarks.peer_results``) as rows of every
+table and plot, with ``ratio.<peer>_over_protected.*``; ``--from`` takes Veil's rows from an
+earlier run instead of measuring them; ``--extraction`` adds the weight-extraction attack's
+result (``veil.benchmarks.extraction_attack``) to the report.
 """
 
 from __future__ import annotations
@@ -242,10 +249,13 @@ def measure(args, results: dict) -> None:
             proc.wait(60)
 
 
-def ratios(paths: dict) -> dict:
+def ratios(paths: dict, partial: tuple[str, ...] = ()) -> dict:
+    """Ratios of one path's figures over another's at the same context; ``partial`` names peer
+    rows that ran only some of the server's layers (no ratio to Veil's full split for them)."""
     out = {}
-    pairs = (("protected", "split-plain", "protected_over_split_plain"), ("split-plain", "fast", "split_plain_over_fast"),
-             ("fast", "reference", "fast_over_reference"))
+    pairs = [("protected", "split-plain", "protected_over_split_plain"), ("split-plain", "fast", "split_plain_over_fast"),
+             ("fast", "reference", "fast_over_reference")]
+    pairs += [(p, "protected", f"{p}_over_protected") for p in paths if p not in ALL_PATHS and p not in partial]
     for a, b, name in pairs:
         if a not in paths or b not in paths:
             continue
@@ -274,6 +284,11 @@ def all_figure_lines(results: dict) -> list[str]:
                 lines += figure_lines(path, r, f".{tag}", skip=NOT_FIGURES)
             else:
                 lines.append(f"figure {path}.{tag} {r:.6g}")
+    for name, facts in results.get("peers", {}).items():  # setup, per FHE layer and per remote call
+        for block in ("setup", "per_layer"):
+            lines += figure_lines(f"{name}.{block}", facts.get(block) or {})
+        for kind, c in (facts.get("calls") or {}).items():
+            lines += figure_lines(f"{name}.call.{kind}", c)
     for name, v in results.get("ratios", {}).items():
         lines.append(f"figure ratio.{name} {v:.6g}")
     return lines
@@ -283,10 +298,40 @@ def write_outputs(out: Path, results: dict) -> None:
     from veil.benchmarks.report import write_plots, write_report
 
     out.mkdir(parents=True, exist_ok=True)
-    results["ratios"] = ratios(results["paths"])
+    partial = tuple(name for name, f in results.get("peers", {}).items()
+                    if len(f.get("fhe_layer_ids") or ()) < (f.get("server_layers") or 0))
+    results["ratios"] = ratios(results["paths"], partial)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
     write_report(out / "report.md", results)
     write_plots(out, results)
+
+
+def _add_extras(results: dict, peers: list, extraction: dict | None, parser) -> None:
+    from veil.benchmarks.peer_results import add_peer
+
+    for path, peer in peers:
+        try:
+            add_peer(results, peer, path)
+        except ValueError as e:
+            parser.error(str(e))
+    if extraction is not None:
+        results["extraction"] = extraction
+
+
+def render_from(source: Path, peers: list, extraction: dict | None, out: Path, parser) -> int:
+    """The report of an earlier run of Veil's paths, with peers and the attack added."""
+    from veil.benchmarks.peer_results import results_from
+
+    try:
+        results = results_from(source)
+    except ValueError as e:
+        parser.error(str(e))
+    _add_extras(results, peers, extraction, parser)
+    write_outputs(out, results)
+    for line in all_figure_lines(results):
+        print(line, flush=True)
+    say(f"wrote {out}/results.json, report.md and plots (Veil's figures from {source})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +348,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="tiny settings: context 16, 4 new tokens, concurrency 1,2, one protected layer")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--peer", action="append", default=[], metavar="[NAME=]FILE",
+                   help="a peer's result (schema veil.peer/1) on the same workload: rows in every table and "
+                        "plot, under the peer's own name or NAME (two runs of one peer)")
+    p.add_argument("--from", dest="from_", type=Path,
+                   help="Veil's rows from an earlier run (results.json or a protected_overhead JSON): no measuring")
+    p.add_argument("--extraction", type=Path, help="an extraction_attack JSON to add to the report")
     args = p.parse_args(argv)
+    try:
+        from veil.benchmarks.peer_results import load_peer
+
+        peers = [(Path(f), load_peer(Path(f), name or None)) for name, _, f in
+                 (spec.rpartition("=") for spec in args.peer)]
+        extraction = json.loads(args.extraction.read_text()) if args.extraction else None
+    except (ValueError, OSError, json.JSONDecodeError) as e:
+        p.error(str(e))
+    if args.from_:
+        return render_from(args.from_, peers, extraction, args.out, p)
     if args.quick:
         args.contexts, args.concurrency, args.max_new_tokens, args.concurrency_prompt = "16", "1,2", 4, 16
         if "--k" not in (argv if argv is not None else sys.argv):
@@ -327,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         results["interrupted"] = True
         say("interrupted: writing what was measured so far…")
     results["wall_s"] = time.perf_counter() - t0
+    _add_extras(results, peers, extraction, p)
     write_outputs(args.out, results)
     for line in all_figure_lines(results):
         print(line, flush=True)

@@ -51,6 +51,18 @@ def context_prompt(tokenizer, ctx: int) -> list[int]:
     return ids
 
 
+def save_workload(path, context: int = 64, new_tokens: int = 8) -> None:
+    """This benchmark's workload (the prompt of ``context`` tokens, ``new_tokens`` greedy tokens)
+    as a workload JSON, for peers that run in another virtual environment."""
+    from veil.benchmarks.workload import BenchRequest, Workload
+    from veil.engine.loader import default_gguf_path, load_tokenizer
+
+    gguf = default_gguf_path()
+    prompt = context_prompt(load_tokenizer(gguf.parent, gguf.name), context)
+    Workload([BenchRequest(prompt, new_tokens)], 0,
+             f"protected_overhead: context {context}, {new_tokens} new tokens").to_json(path)
+
+
 def start_split_server(tmp: Path, k: int, extra: list[str] | None = None) -> tuple[subprocess.Popen, str, str]:
     """A `veil serve --k K` subprocess with one tenant holding both scopes."""
     from veil.benchmarks.engine_throughput import launch_server

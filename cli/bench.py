@@ -8,13 +8,16 @@
   `transformers` static batches).
 * ``veil bench --paths split-plain,protected --protected-overhead ...`` — the protected-path
   benchmark (``veil.benchmarks.protected_overhead``: k=2, context 64, 8 tokens by default).
+* ``veil bench --from EARLIER.json --peer PEER.json [--extraction ATTACK.json] --out DIR`` — the
+  overhead report of an earlier run with a peer's rows (e.g. Concrete ML, ``make bench-concrete``)
+  and the extraction attack added, nothing measured.
 """
 
 from __future__ import annotations
 
 import argparse
 
-OVERHEAD_FLAGS = {"--out", "--quick", "--contexts", "--max-new-tokens", "--k"}
+OVERHEAD_FLAGS = {"--out", "--quick", "--contexts", "--max-new-tokens", "--k", "--from", "--extraction"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

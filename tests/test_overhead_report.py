@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-PNGS = ("tpot_vs_context.png", "bytes_per_token.png", "throughput_vs_concurrency.png",
+PNGS = ("tpot_vs_context.png", "bytes_per_token.png", "throughput_vs_concurrency.png", "round_trips_per_token.png",
         "protected_server_breakdown.png")
 
 
