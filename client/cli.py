@@ -17,6 +17,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="protected: CKKS split inference (docs/PROTOCOL.md); the server runs its layers on ciphertexts")
     p.add_argument("--he-backend", default="seal", choices=backend_names(),
                    help="protected: the HE backend that holds this client's keys")
+    p.add_argument("--speculate", type=int, default=0, metavar="N",
+                   help="protected: draft N tokens per decode step by prompt lookup and verify them in one step")
     p.add_argument("--bundle", type=Path, help="client bundle directory (veil split); default: embedded model")
     p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
     p.add_argument("--prompt", help="one prompt; without it, an interactive loop reads stdin")
@@ -33,7 +35,7 @@ def cmd_chat(args) -> int:
     from veil.client.sdk import VeilClient, VeilError
 
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
-                        verify=args.cacert or True, he_backend=args.he_backend)
+                        verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate)
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:

@@ -22,20 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import numpy as np
 import torch
 
-from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep
-from veil.engine.model import LayerKV
+from veil.client.sessions import ProtectedSession, SplitSession, VeilError
+from veil.client.speculation import accept, prompt_lookup
+from veil.crypto.wire import CONTENT_TYPE
 from veil.engine.sampling import Sampler, SamplingParams
 from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
-from veil.protected.protocol import MAX_SPAN, ProtectedMessage, public_material_to_bytes
-
-
-class VeilError(RuntimeError):
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
+from veil.protected.protocol import MAX_SPAN, public_material_to_bytes
 
 
 @dataclass
@@ -50,6 +44,14 @@ class GenerationStats:
     setup_bytes: int = 0  # evaluation keys uploaded for this generation (0 when already cached)
     client_cpu_s: float = 0.0  # CPU time of the calling thread spent on local work
     reestablished: int = 0  # sessions re-opened (and re-prefilled) after the server lost one
+    verify_steps: int = 0  # speculative steps (a sampled token plus drafts, verified at once)
+    drafted: int = 0  # draft tokens sent in them
+    accepted: int = 0  # drafts the model agreed with
+
+    @property
+    def accepted_tokens_per_step(self) -> float:
+        """Tokens a speculative step yields on average: the accepted drafts plus one."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def tpot_s(self) -> float:
@@ -79,118 +81,22 @@ class IncrementalDetokenizer:
         return piece
 
 
-class SplitSession:
-    """One server session of the split path: local layers [0, k) with their own KV cache, and
-    the server's layers [k, L) behind one round trip per step."""
+def _distribution(sampler: Sampler):
+    """The sampler's distribution of a logits row; a degenerate row samples greedily, as the
+    sampler itself does."""
 
-    def __init__(self, client: VeilClient, sid: str, info: dict):
-        self.client, self.id, self.info = client, sid, info
-        self.step = 0
-        self.pos = 0  # tokens already in both halves' caches
-        self.local_kv: list[LayerKV | None] = [None] * client.half.k
+    def probs(logits: torch.Tensor) -> torch.Tensor:
+        p = sampler.distribution(logits)
+        return p if p is not None else torch.nn.functional.one_hot(torch.argmax(logits), logits.numel()).double()
 
-    def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
-        """Feed tokens at the next positions; returns the logits [vocab] after the last one."""
-        model = self.client.model
-        h, local_kv, positions = self._local_layers(ids, stats)
-        out = self._round_trip(HiddenStep(self.id, self.step + 1, h, positions.tolist()), stats)
-        # Commit local state only once the server accepted the step, so both halves stay in step.
-        self.local_kv, self.step, self.pos = local_kv, self.step + 1, self.pos + len(ids)
-        cpu = time.thread_time()
-        with torch.inference_mode():
-            logits = model.logits(out[-1:])[0]
-        if stats is not None:
-            stats.client_cpu_s += time.thread_time() - cpu
-        return logits
-
-    def _local_layers(self, ids: list[int], stats: GenerationStats | None):
-        """Embedding and layers [0, k) for tokens at the next positions (CPU time accounted)."""
-        model = self.client.model
-        cpu = time.thread_time()
-        with torch.inference_mode():
-            positions = torch.arange(self.pos, self.pos + len(ids))
-            h, local_kv = model.forward_layers(model.embed(torch.tensor(ids)), positions, self.local_kv)
-        if stats is not None:
-            stats.client_cpu_s += time.thread_time() - cpu
-        return h, local_kv, positions
-
-    def _round_trip(self, msg: HiddenStep, stats: GenerationStats | None) -> torch.Tensor:
-        body = msg.to_bytes()
-        c = self.client
-        r = c._post(f"/v1/sessions/{self.id}/steps", content=body, headers={"Content-Type": CONTENT_TYPE})
-        if stats is not None:
-            stats.bytes_up += len(body)
-            stats.bytes_down += len(r.content)
-            stats.round_trips += 1
-        reply = HiddenReply.from_bytes(r.content)
-        if reply.step != msg.step or tuple(reply.hidden.shape) != tuple(msg.hidden.shape):
-            raise VeilError(502, "bad_reply", "the server's reply does not match the step")
-        return reply.hidden
-
-    def close(self) -> None:
-        self.client._delete_session(self.id)
-
-
-class ProtectedSession(SplitSession):
-    """One server session of the protected path: local layers [0, k) in the clear, layers [k, L)
-    on the server on ciphertexts under this client's key, ``3(L-k)`` round trips per step: a
-    decode token, or a prompt span of up to ``prefill_span`` positions."""
-
-    def __init__(self, client: VeilClient, sid: str, info: dict):
-        from veil.protected.client import ProtectedClientState
-
-        super().__init__(client, sid, info)
-        cfg = client.cfg
-        self.state = ProtectedClientState(client.he, cfg, client.half.k, cfg.num_layers, sid, record_values=False)
-        self.span = min(client.prefill_span, int(info.get("max_span", 1)))
-        # the audit trail of what this client decrypted (kinds only), for tests and the curious
-        client.last_protected_transcript = self.state.transcript
-
-    def forward(self, ids: list[int], stats: GenerationStats | None = None) -> torch.Tensor:
-        model = self.client.model
-        h, local_kv, _ = self._local_layers(ids, stats)
-        rows = h.double().numpy()
-        for a in range(0, len(rows), self.span):  # a prompt goes up in spans of several positions
-            h_last = self._span(rows[a : a + self.span], stats)
-        self.local_kv, self.pos = local_kv, self.pos + len(ids)
-        cpu = time.thread_time()
-        with torch.inference_mode():
-            logits = model.logits(torch.from_numpy(h_last).to(torch.float32)[None])[0]
-        if stats is not None:
-            stats.client_cpu_s += time.thread_time() - cpu
-        return logits
-
-    def _span(self, rows: np.ndarray, stats: GenerationStats | None) -> np.ndarray:
-        """Run positions ``rows`` (one row each) through the server's layers together: every
-        round trip carries all of them. Returns h_L of the last one."""
-        c = self.client
-        cpu = time.thread_time()
-        msg = self.state.token_message(rows)
-        while True:
-            body = msg.to_bytes()
-            if stats is not None:
-                stats.client_cpu_s += time.thread_time() - cpu
-            r = c._post(f"/v1/sessions/{self.id}/steps", content=body, headers={"Content-Type": CONTENT_TYPE})
-            cpu = time.thread_time()
-            if stats is not None:
-                stats.bytes_up += len(body)
-                stats.bytes_down += len(r.content)
-                stats.round_trips += 1
-            reply = ProtectedMessage.from_bytes(r.content, max_bytes=1 << 30)
-            if reply.step != msg.step:
-                raise VeilError(502, "bad_reply", "the server's reply does not match the step")
-            nxt = self.state.handle(reply)
-            if isinstance(nxt, np.ndarray):
-                if stats is not None:
-                    stats.client_cpu_s += time.thread_time() - cpu
-                return nxt
-            msg = nxt
+    return probs
 
 
 class VeilClient:
     def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
-                 half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str = "seal"):
+                 half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str = "seal",
+                 speculate: int = 0):
         from veil.crypto.backend import backend_names
 
         if mode not in ("plaintext", "protected"):
@@ -198,6 +104,9 @@ class VeilClient:
         if he_backend not in backend_names():
             raise ValueError(f"he_backend must be one of {backend_names()}, not {he_backend!r}")
         self.he_backend = he_backend  # protected: which HE backend holds this client's keys
+        if not 0 <= speculate < MAX_SPAN or (speculate and mode != "protected"):
+            raise ValueError(f"speculate drafts 0..{MAX_SPAN - 1} tokens per step, on the protected path")
+        self.speculate = speculate  # protected: drafted tokens per decode step (prompt lookup)
         if not 1 <= prefill_span <= MAX_SPAN:
             raise ValueError(f"prefill_span must be 1..{MAX_SPAN}")
         self.prefill_span = prefill_span  # protected: prompt positions per round trip
@@ -343,27 +252,43 @@ class VeilClient:
         try:
             while stats.output_tokens < max_new_tokens:
                 try:
-                    logits = session.forward(ids, stats)
+                    new = self._step(session, ids, history, sampler, stats, max_new_tokens - stats.output_tokens)
                 except VeilError as e:
                     if e.code not in ("session_not_found", "server_unreachable"):
                         raise
                     # The server lost the session (restarted, or the session expired): open a
-                    # new one and prefill everything so far again, once per token at most.
+                    # new one and prefill everything so far again, once per step at most.
                     session = self._reestablish(session, stats)
-                    logits = session.forward(history, stats)
-                token = sampler(logits)
-                history.append(token)
+                    new = [sampler(session.forward(history, stats))]
                 now = time.perf_counter()
-                if stats.output_tokens == 0:
-                    stats.ttft_s = now - t0
-                stats.token_times.append(now)
-                stats.output_tokens += 1
-                yield token
-                if stop_at_eos and token in self.cfg.eos_token_ids:
-                    break
-                ids = [token]
+                for token in new:
+                    history.append(token)
+                    if stats.output_tokens == 0:
+                        stats.ttft_s = now - t0
+                    stats.token_times.append(now)
+                    stats.output_tokens += 1
+                    yield token
+                    if stop_at_eos and token in self.cfg.eos_token_ids:
+                        return
+                ids = [new[-1]]
         finally:
             session.close()
+
+    def _step(self, session: SplitSession, ids: list[int], history: list[int], sampler: Sampler,
+              stats: GenerationStats, room: int) -> list[int]:
+        """One step: feed ``ids`` and return the new tokens: one, or with speculation (a decode
+        step on the protected path) the drafts the model accepts plus one."""
+        drafts = []
+        if self.speculate and len(ids) == 1 and isinstance(session, ProtectedSession):
+            drafts = prompt_lookup(history, min(self.speculate, room - 1))
+        if not drafts:
+            return [sampler(session.forward(ids, stats))]
+        logits = session.verify(ids + drafts, stats)
+        kept, nxt = accept(drafts, logits, None if sampler.params.greedy else _distribution(sampler), sampler.uniform)
+        session.keep(1 + kept)
+        stats.verify_steps, stats.drafted, stats.accepted = (stats.verify_steps + 1, stats.drafted + len(drafts),
+                                                             stats.accepted + kept)
+        return drafts[:kept] + [nxt]
 
     def _reestablish(self, lost: SplitSession, stats: GenerationStats) -> SplitSession:
         try:

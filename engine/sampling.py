@@ -35,9 +35,21 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits: [vocab] → token id."""
-        p = self.params
-        if p.greedy:
+        if self.params.greedy:
             return int(torch.argmax(logits))
+        probs = self.distribution(logits)
+        if probs is None:  # degenerate logits: fall back to greedy
+            return int(torch.argmax(logits))
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+    def uniform(self) -> float:
+        """One draw from U[0, 1) of this generation's randomness (speculative acceptance)."""
+        return float(torch.rand((), generator=self.gen))
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The distribution a non-greedy draw samples from (temperature, top-k, top-p), or None
+        for degenerate logits."""
+        p = self.params
         logits = logits.float() / p.temperature
         if p.top_k:
             kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
@@ -51,6 +63,6 @@ class Sampler:
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
             probs = probs / probs.sum()
-        if not torch.isfinite(probs).all() or probs.sum() <= 0:  # degenerate logits: fall back to greedy
-            return int(torch.argmax(logits))
-        return int(torch.multinomial(probs, 1, generator=self.gen))
+        if not torch.isfinite(probs).all() or probs.sum() <= 0:
+            return None
+        return probs

@@ -239,3 +239,20 @@ def test_four_concurrent_protected_sessions(server, client, ckpt, full_model):
     for i, ids in enumerate(prompts):
         assert results[i] == generate_local(full_model, ids, 2), results[i]
     assert server.app.state.protected.executor().sessions == {}
+
+
+def test_speculative_decoding_keeps_greedy_output(server, ckpt, full_model):
+    """Drafts by prompt lookup, verified in one step each: on a repetitive prompt some drafts
+    are accepted (more than one token per step), and the tokens are exactly plain greedy
+    decoding's; the rejected drafts leave the server's cache (the next steps would diverge)."""
+    c = VeilClient(server.url, server.keys["carol"], mode="protected", half=client_half_from(ckpt, K), speculate=3)
+    try:
+        ids = c.tokenizer("one two three four five, one two three four five, one two three four")["input_ids"]
+        res = c.generate(ids, 10, stop_at_eos=False)
+    finally:
+        c.close()
+    s = res.stats
+    assert res.tokens == generate_local(full_model, ids, 10)
+    assert s.verify_steps >= 1 and s.accepted >= 1 and s.accepted_tokens_per_step > 1.0
+    steps = -(-len(ids) // c.prefill_span) + (s.output_tokens - 1 - s.accepted)  # prefill spans, then one per step
+    assert s.round_trips == steps * 3 * (30 - K)
