@@ -69,3 +69,21 @@ def load_paged_tile(cache_ptr, block_ids, offsets, kv_head, stride_block, stride
         mask=mask,
         other=0.0,
     ).to(DOT_DTYPE)
+
+
+@triton.jit
+def online_softmax_step(s, m_i, l_i, acc, v, DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """One K/V tile of flash attention's online softmax, shared by the decode and prefill kernels.
+
+    s: the tile's scores [rows, tokens] (masked entries -inf; every row must have seen a finite
+    score by now, so the running max is finite); m_i, l_i: running max and sum of exp(score -
+    max) per row; acc: running sum of p @ V; v: the tile's values [tokens, head_dim]. Returns
+    the updated (m_i, l_i, acc). P is rounded to the dot's input type, as in flash attention
+    (exact for fp32).
+    """
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
+    return m_new, l_i, acc

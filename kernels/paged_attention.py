@@ -30,6 +30,7 @@ from veil.kernels._utils import (
     check_triton_device,
     load_paged_tile,
     next_pow2,
+    online_softmax_step,
 )
 
 DEFAULT_PARTITION_SIZE = 256
@@ -110,16 +111,10 @@ def _paged_decode_partition_kernel(
                             stride_kc_head, d, kv_mask, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale  # [BLOCK_G, TILE_N]
         s = tl.where(tok_mask[None, :], s, float("-inf"))
-        # Every tile holds at least one valid token (tile_start < end), so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # Every tile holds at least one valid token (tile_start < end), so the max stays finite.
         v = load_paged_tile(v_cache_ptr, block_ids, offsets, kv_head, stride_vc_block, stride_vc_slot,
                             stride_vc_head, d, kv_mask, DOT_DTYPE)
-        # P is rounded to the dot's input type, as in flash attention (exact for fp32).
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc, v, DOT_DTYPE, INPUT_PRECISION)
 
     out = acc / l_i[:, None]
     lse = m_i + tl.log(l_i)
@@ -370,6 +365,11 @@ def paged_decode_attention_torch(
     return out
 
 
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, Hkv, D] rows `blocks` -> [len(blocks), block_size * Hkv * D]."""
+    return cache.reshape(cache.shape[0], -1).index_select(0, blocks)
+
+
 def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
@@ -380,9 +380,11 @@ def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale) -> tor
     # than advanced indexing on CPU), then torch's fused attention in fp32 (on CPU its bf16
     # path is ~8x slower than fp32 at these shapes): [B * max_blocks, block_size, Hkv, D] ->
     # [B, Hkv, N, D]
+    # The gather runs on 2-D views [num_blocks, block elements]: on this CPU torch's fp32
+    # index_select of the 4-D pool took a path several times slower than the row copy.
     flat = tables.flatten()
-    k = k_cache.index_select(0, flat).view(batch, max_tokens, num_kv_heads, head_dim).float().transpose(1, 2)
-    v = v_cache.index_select(0, flat).view(batch, max_tokens, num_kv_heads, head_dim).float().transpose(1, 2)
+    k = _gather_blocks(k_cache, flat).view(batch, max_tokens, num_kv_heads, head_dim).float().transpose(1, 2)
+    v = _gather_blocks(v_cache, flat).view(batch, max_tokens, num_kv_heads, head_dim).float().transpose(1, 2)
     valid = torch.arange(max_tokens, device=q.device)[None, :] < context_lens.long()[:, None]  # [B, N]
     out = F.scaled_dot_product_attention(
         q.float().view(batch, num_q_heads, 1, head_dim), k, v, attn_mask=valid[:, None, None, :], scale=scale,

@@ -27,7 +27,9 @@ from veil.kernels._utils import (
     check_triton_device,
     load_paged_tile,
     next_pow2,
+    online_softmax_step,
 )
+from veil.kernels.paged_attention import _gather_blocks
 
 
 @triton.jit
@@ -109,14 +111,9 @@ def _paged_prefill_kernel(
         # tile) is visible to it: the running max is finite from the first tile on.
         visible = kv_valid[None, :] & (kv_pos[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = load_paged_tile(v_cache_ptr, block_ids, offsets, kv_head, stride_vc_block, stride_vc_slot,
                             stride_vc_head, d, kv_mask, DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc, v, DOT_DTYPE, INPUT_PRECISION)
 
     out = acc / l_i[:, None]
     tl.store(
@@ -251,8 +248,8 @@ def paged_prefill_attention_torch(
             continue
         blocks = block_tables[b, : -(-ctx_len // block_size)].long()
         # fp32 attention: on CPU torch's bf16 attention is several times slower
-        k = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].float().transpose(0, 1)  # [Hkv, ctx, D]
-        v = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].float().transpose(0, 1)
+        k = _gather_blocks(k_cache, blocks).view(-1, num_kv_heads, k_cache.shape[3])[:ctx_len].float().transpose(0, 1)
+        v = _gather_blocks(v_cache, blocks).view(-1, num_kv_heads, v_cache.shape[3])[:ctx_len].float().transpose(0, 1)
         # New token i sits at position ctx_len - q_len + i and sees positions up to its own.
         q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
         visible = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]  # [t, n]
