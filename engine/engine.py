@@ -31,6 +31,9 @@ class EngineConfig:
     max_tokens_per_step: int = 512
     max_seqs_per_step: int = 64
     device: str = "cpu"
+    # CUDA only: capture the full-model decode step as CUDA graphs for batches up to
+    # max_seqs_per_step (at engine creation); False runs every step eagerly.
+    cuda_graphs: bool = True
 
 
 @dataclass
@@ -65,7 +68,8 @@ class Engine:
         self.cache = PagedKVCache(num_layers, num_blocks, cfg.block_size, mcfg.num_kv_heads, mcfg.head_dim,
                                   dtype, cfg.device, server_secret)
         self.scheduler = Scheduler(SchedulerConfig(cfg.max_tokens_per_step, cfg.max_seqs_per_step), self.cache)
-        self.runner = ModelRunner(model, k, self.cache, cfg.device)
+        self.runner = ModelRunner(model, k, self.cache, cfg.device,
+                                  cuda_graph_batch=cfg.max_seqs_per_step if cfg.cuda_graphs else 0)
         self.full_model = self.runner.has_ends
         self.on_step = on_step
         self._cv = threading.Condition()
@@ -145,6 +149,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason) -> None:
         seq.finished = True
         self.scheduler.remove(seq)
+        self.runner.release(seq.id)
         if seq.kind is SeqKind.TOKENS:
             if seq.on_finish:
                 seq.on_finish(reason)
@@ -161,17 +166,18 @@ class Engine:
                     if self._stop:
                         return
                     chunks = self.scheduler.schedule()
-                    # token chunks first (they also run layers [0, k)), stable otherwise
-                    chunks.sort(key=lambda c: c.seq.kind is not SeqKind.TOKENS)
+                    # token chunks first (they also run layers [0, k)), within each kind decode
+                    # chunks first (their rows form one run for the decode kernel); stable otherwise
+                    chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
                     batch = self.runner.prepare(chunks) if chunks else None
                 if batch is None:
                     time.sleep(0.001)
                     continue
                 t0 = time.perf_counter()
-                logits, hidden = self.runner.run(batch)
+                tokens, hidden = self.runner.run(batch)
                 seconds = time.perf_counter() - t0
                 with self._cv:
-                    self._postprocess(chunks, logits, hidden)
+                    self._postprocess(chunks, tokens, hidden)
                 self.steps += 1
                 if self.on_step:
                     self.on_step(StepStats(len(chunks), sum(c.length for c in chunks),
@@ -186,7 +192,7 @@ class Engine:
                     except Exception:
                         log.exception("callback failed while failing sequence %d", seq.id)
 
-    def _postprocess(self, chunks: list[Chunk], logits: dict, hidden: dict) -> None:
+    def _postprocess(self, chunks: list[Chunk], tokens: dict[int, int], hidden: dict) -> None:
         for c in chunks:
             seq = c.seq
             if seq.finished or seq.num_computed != c.start:
@@ -194,13 +200,8 @@ class Engine:
             seq.num_computed = c.end
             if seq.kind is SeqKind.TOKENS:
                 self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, seq.num_computed)
-                if seq.id in logits:
-                    try:
-                        token = seq.sampler(logits[seq.id])
-                    except Exception:  # one request's sampling must not take the engine down
-                        log.exception("sampling failed for sequence %d; aborting it", seq.id)
-                        self._finish(seq, "abort")
-                        continue
+                if seq.id in tokens:
+                    token = tokens[seq.id]
                     seq.token_ids.append(token)
                     if seq.first_token_time is None:
                         seq.first_token_time = time.monotonic()

@@ -50,6 +50,9 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)  # chained hashes of its leading full blocks
     num_cached_tokens: int = 0  # prefix tokens whose KV came from shared blocks
+    # Leading entries already mirrored in the engine's device block table (DeviceBlockTables):
+    # appends leave it, a copy-on-write replacement or a free lowers it.
+    synced: int = 0
 
 
 class PagedKVCache:
@@ -146,6 +149,7 @@ class PagedKVCache:
         table.blocks.clear()
         table.hashes.clear()
         table.num_cached_tokens = 0
+        table.synced = 0
 
     def ensure_writable(self, table: BlockTable, first_pos: int, last_pos: int) -> None:
         """Copy-on-write: before positions [first_pos, last_pos] are written, give the table
@@ -160,6 +164,7 @@ class PagedKVCache:
                     self.v[layer][new].copy_(self.v[layer][bid])
                 self._release(bid)
                 table.blocks[idx] = new
+                table.synced = min(table.synced, idx)
                 del table.hashes[idx:]
 
     def register_full_blocks(self, table: BlockTable, tenant: str, token_ids: list[int], num_computed: int) -> None:

@@ -2,11 +2,17 @@
 
 A batch mixes token chunks (full-model requests: embedding, then every layer) and hidden
 chunks (split sessions: the client already ran layers [0, k)). All rows are packed along one
-token axis. Token rows run layers [0, k) alone, then every row runs layers [k, L) together, so
-the server's protected-split layers are batched across both kinds of work and all tenants.
+token axis, token chunks first and, within each kind, single-token (decode) chunks first.
+Token rows run layers [0, k) alone, then every row runs layers [k, L) together, so the
+server's protected-split layers are batched across both kinds of work and all tenants.
 
-Kernels: the fused Triton kernels on CUDA tensors, their torch twins on CPU (veil.kernels.ops
-chooses per call from the tensors' device).
+Per layer, decode rows go through the split-KV paged decode kernel and prefill rows through
+the paged prefill kernel, one call each (the Triton kernels on CUDA tensors, their torch twins
+on CPU; veil.kernels.ops chooses per call). Step metadata is built on the device from one small
+per-sequence tensor (table row, first position, length) and the device block tables
+(`DeviceBlockTables`), not from per-token Python lists. Sampling is one call for the batch and
+its token ids reach the host in one copy. On CUDA, pure decode steps of full-model requests
+replay CUDA graphs (`veil.engine.cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -14,192 +20,284 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from veil.engine.block_tables import DeviceBlockTables
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
+from veil.engine.sampling import SamplingBatch, SamplingParams, sample
 from veil.engine.scheduler import Chunk
 from veil.engine.sequence import SeqKind
 from veil.kernels import ops
 
 
 @dataclass
-class BatchMeta:
-    positions: torch.Tensor  # [N]
-    slot_mapping: torch.Tensor  # [N]
-    block_tables: torch.Tensor  # [B, max_blocks] int32
-    cu_seqlens: torch.Tensor  # [B + 1] int32
-    context_lens: torch.Tensor  # [B] int32
-    decode_rows: torch.Tensor | None  # rows of length-1 chunks (CPU fast path)
-    decode_seqs: torch.Tensor | None
-    prefill_seqs: list[int]
+class AttnPart:
+    """The decode or the prefill sequences of a step: their q rows and their metadata."""
 
-    def prefix(self, num_seqs: int, num_rows: int) -> BatchMeta:
-        """Metadata of the first num_seqs sequences (the token chunks, for layers [0, k))."""
-        rows = self.decode_rows
-        keep = None if rows is None else rows < num_rows
-        return BatchMeta(
-            self.positions[:num_rows], self.slot_mapping[:num_rows], self.block_tables[:num_seqs],
-            self.cu_seqlens[:num_seqs + 1], self.context_lens[:num_seqs],
-            None if rows is None else rows[keep], None if rows is None else self.decode_seqs[keep],
-            [b for b in self.prefill_seqs if b < num_seqs],
-        )
+    rows: slice | torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    cu_seqlens: torch.Tensor | None  # prefill only, from 0
+    max_seqlen_q: int
+
+
+@dataclass
+class StepMeta:
+    positions: torch.Tensor  # [N] int64
+    slot_mapping: torch.Tensor  # [N] int64
+    decode: AttnPart | None
+    prefill: AttnPart | None
 
 
 @dataclass
 class PreparedBatch:
-    meta: BatchMeta
+    """What the forward pass reads from the sequences, snapshot under the engine's lock."""
+
+    seq_info: torch.Tensor  # [B, 3] int64 on the host: (table row, first position, length)
+    lengths: list[int]
+    width: int  # block-table columns the step needs
     num_token_seqs: int
-    token_ids: torch.Tensor  # [rows of token chunks]
-    hidden: torch.Tensor | None  # [rows of hidden chunks, d]
-    outputs: list[tuple[int, str, int, int]]
+    token_ids: torch.Tensor  # [rows of token chunks] int64, host
+    hidden: torch.Tensor | None  # [rows of hidden chunks, d], host
+    logit_rows: list[int]  # rows whose logits are sampled, one per finished-input token sequence
+    logit_seqs: list[int]  # their sequence ids
+    sampling: tuple[list[SamplingParams], list[int], list[int]]  # params, seeds, counters
+    hidden_out: list[tuple[int, int, int]]  # (seq id, first row among hidden rows, rows)
+
+    @property
+    def num_token_rows(self) -> int:
+        return self.token_ids.shape[0]
 
 
 @dataclass
 class LayerWeights:
+    """Matrices stored as [in, out] for `x @ w`: on CPU contiguous copies (this CPU's fp32
+    GEMM at 16 rows ran ~1.7x faster on a [K, N] operand than on a transposed [N, K] view), on
+    CUDA transposed views of the [out, in] weights (cuBLAS takes either)."""
+
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [q + 2 kv, d]: one matmul for the three projections
+    qkv: torch.Tensor  # [d, q + 2 kv]: one matmul for the three projections
     o: torch.Tensor
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 I, d]
+    gate_up: torch.Tensor  # [d, 2 I]
     down: torch.Tensor
+
+
+def _rows_index(idx: list[int], device: torch.device) -> slice | torch.Tensor:
+    """A slice when the indices are a contiguous run (the usual case), else an index tensor."""
+    if idx and idx[-1] - idx[0] + 1 == len(idx):
+        return slice(idx[0], idx[-1] + 1)
+    return torch.tensor(idx, dtype=torch.long, device=device)
 
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, k: int, cache: PagedKVCache, device: str | torch.device = "cpu",
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, cuda_graph_batch: int = 0):
         cfg = model.cfg
         self.cfg, self.model, self.k, self.cache = cfg, model, k, cache
-        self.device = torch.device(device)
+        self.device = dev = torch.device(device)
         self.first = model.first
         self.has_ends = model.with_ends and model.first == 0
         self.dtype = next(model.parameters()).dtype
+        cpu = dev.type == "cpu"
+
+        def mat(*ws: torch.Tensor) -> torch.Tensor:
+            w = torch.cat(ws) if len(ws) > 1 else ws[0].data
+            return w.t().contiguous() if cpu else w.to(dev).t()
+
         self.layers: dict[int, LayerWeights] = {}
         for i in range(model.first, model.last):
             b = model.layers[str(i)]
             a, m = b.self_attn, b.mlp
             self.layers[i] = LayerWeights(
-                b.input_layernorm.weight.data,
-                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
-                a.o_proj.weight.data, b.post_attention_layernorm.weight.data,
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), m.down_proj.weight.data,
+                b.input_layernorm.weight.data.to(dev), mat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                mat(a.o_proj.weight), b.post_attention_layernorm.weight.data.to(dev),
+                mat(m.gate_proj.weight, m.up_proj.weight), mat(m.down_proj.weight),
             )
-        self.cos, self.sin = ops.build_rope_cache(cfg.head_dim, max_positions or cfg.max_position_embeddings,
-                                                  cfg.rope_theta, device=self.device)
+        if self.has_ends:
+            self.embed_w = model.embed_tokens.weight.data.to(dev)
+            self.norm_w = model.norm.weight.data.to(dev)
+            self.head_w = model.head_weight().data.to(dev)  # [vocab, d]
+        max_positions = max_positions or cfg.max_position_embeddings
+        self.cos, self.sin = ops.build_rope_cache(cfg.head_dim, max_positions, cfg.rope_theta, device=dev)
         self.scale = cfg.head_dim ** -0.5
+        self.tables = DeviceBlockTables(cache.blocks_for(max_positions), dev)
+        self.graphs = None
+        if cuda_graph_batch and dev.type == "cuda" and self.has_ends:
+            from veil.engine.cuda_graphs import DecodeGraphs
 
-    # -- metadata ------------------------------------------------------------------------------
-    def _meta(self, chunks: list[Chunk]) -> BatchMeta:
-        bs = self.cache.block_size
-        positions, slots, cu, ctx = [], [], [0], []
-        width = max(len(c.seq.table.blocks) for c in chunks)
-        tables = torch.zeros(len(chunks), width, dtype=torch.int32)
-        decode_rows, decode_seqs, prefill = [], [], []
-        for b, c in enumerate(chunks):
-            blocks = c.seq.table.blocks
-            tables[b, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            for p in range(c.start, c.end):
-                positions.append(p)
-                slots.append(blocks[p // bs] * bs + p % bs)
-            if c.length == 1:
-                decode_rows.append(cu[-1])
-                decode_seqs.append(b)
+            self.graphs = DecodeGraphs(self, cuda_graph_batch)
+
+    # -- host side: the snapshot -------------------------------------------------------------------
+    def prepare(self, chunks: list[Chunk]) -> PreparedBatch:
+        """Snapshot what the forward pass reads from the sequences and bring the device block
+        tables up to date. Called under the engine's lock, so an abort on another thread cannot
+        change a block table mid-step. Chunks come ordered: token chunks first."""
+        info, lengths, ids, hid = [], [], [], []
+        logit_rows, logit_seqs, params, seeds, counters, hidden_out = [], [], [], [], [], []
+        width, row, n_tok_seqs, n_hid_rows = 1, 0, 0, 0
+        for c in chunks:
+            seq = c.seq
+            info.append((self.tables.sync(seq.id, seq.table), c.start, c.length))
+            lengths.append(c.length)
+            width = max(width, self.cache.blocks_for(c.end))
+            if seq.kind is SeqKind.TOKENS:
+                if hid:
+                    raise AssertionError("token chunks must come first")
+                n_tok_seqs += 1
+                ids.extend(seq.token_ids[c.start:c.end])
+                if c.end == seq.num_inputs:
+                    logit_rows.append(row + c.length - 1)
+                    logit_seqs.append(seq.id)
+                    params.append(seq.sampler.params)
+                    seeds.append(seq.sampler.seed)
+                    counters.append(seq.num_output_tokens)
             else:
-                prefill.append(b)
-            cu.append(cu[-1] + c.length)
-            ctx.append(c.end)
-        dev = self.device
-        return BatchMeta(
-            torch.tensor(positions, device=dev), torch.tensor(slots, device=dev, dtype=torch.long),
-            tables.to(dev), torch.tensor(cu, dtype=torch.int32, device=dev),
-            torch.tensor(ctx, dtype=torch.int32, device=dev),
-            torch.tensor(decode_rows, device=dev, dtype=torch.long) if decode_rows else None,
-            torch.tensor(decode_seqs, device=dev, dtype=torch.long) if decode_seqs else None, prefill,
-        )
+                hid.append(seq.hidden_slice(c.start, c.end))
+                hidden_out.append((seq.id, n_hid_rows, c.length))
+                n_hid_rows += c.length
+            row += c.length
+        if n_tok_seqs and not self.has_ends:
+            raise RuntimeError("this server holds only the server half: no full-model requests")
+        return PreparedBatch(torch.tensor(info, dtype=torch.long), lengths, width, n_tok_seqs,
+                             torch.tensor(ids, dtype=torch.long), torch.cat(hid) if hid else None,
+                             logit_rows, logit_seqs, (params, seeds, counters), hidden_out)
 
-    # -- layers --------------------------------------------------------------------------------
-    def _attention(self, q: torch.Tensor, layer: int, meta: BatchMeta) -> torch.Tensor:
+    def release(self, seq_id: int) -> None:
+        """A sequence has ended: give its block-table row back."""
+        self.tables.release(seq_id)
+
+    # -- device side: metadata ---------------------------------------------------------------------
+    def _meta(self, info: torch.Tensor, lengths: list[int], width: int) -> StepMeta:
+        """Positions, slots and the decode/prefill parts of sequences `info` [B, 3] (device)."""
+        dev, bs = self.device, self.cache.block_size
+        rows, starts, lens = info[:, 0], info[:, 1], info[:, 2]
+        tables = self.tables.buf.index_select(0, rows)[:, :width]
+        ctx = (starts + lens).to(torch.int32)
+        n = sum(lengths)
+        if n == len(lengths):  # decode only: one row per sequence
+            positions, seq_of = starts, torch.arange(n, device=dev)
+        else:
+            cu = torch.cumsum(lens, 0)
+            seq_of = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lens, output_size=n)
+            positions = starts[seq_of] + torch.arange(n, device=dev) - (cu - lens)[seq_of]
+        slots = tables[seq_of, positions // bs].long() * bs + positions % bs
+        dec = [i for i, length in enumerate(lengths) if length == 1]
+        pre = [i for i, length in enumerate(lengths) if length != 1]
+        cu_host = [0]
+        for length in lengths:
+            cu_host.append(cu_host[-1] + length)
+        return StepMeta(positions, slots, self._part(dec, cu_host, tables, ctx, decode=True),
+                        self._part(pre, cu_host, tables, ctx, decode=False))
+
+    def _part(self, seqs: list[int], cu: list[int], tables, ctx, decode: bool) -> AttnPart | None:
+        if not seqs:
+            return None
+        dev = self.device
+        sel = _rows_index(seqs, dev)
+        if decode:
+            return AttnPart(_rows_index([cu[b] for b in seqs], dev), tables[sel], ctx[sel], None, 1)
+        if isinstance(sel, slice):
+            rows = slice(cu[sel.start], cu[sel.stop])
+        else:
+            rows = torch.cat([torch.arange(cu[b], cu[b + 1], device=dev) for b in seqs])
+        q_lens = [cu[b + 1] - cu[b] for b in seqs]
+        cu_part = [0]
+        for q in q_lens:
+            cu_part.append(cu_part[-1] + q)
+        return AttnPart(rows, tables[sel], ctx[sel], torch.tensor(cu_part, dtype=torch.int32, device=dev),
+                        max(q_lens))
+
+    def decode_meta(self, positions, slots, tables, ctx) -> StepMeta:
+        """Metadata of a decode-only batch from its (static) tensors: the CUDA-graph inputs."""
+        return StepMeta(positions, slots, AttnPart(slice(None), tables, ctx, None, 1), None)
+
+    # -- layers ------------------------------------------------------------------------------------
+    def _attention(self, q: torch.Tensor, layer: int, meta: StepMeta) -> torch.Tensor:
         kc, vc = self.cache.k[layer - self.first], self.cache.v[layer - self.first]
-        if q.is_cuda or meta.decode_rows is None:
-            # One kernel for the whole ragged batch (a decode row is a chunk of length 1).
-            return ops.paged_prefill_attention(q, kc, vc, meta.block_tables, meta.cu_seqlens, meta.context_lens,
-                                               self.scale)
-        if not meta.prefill_seqs:
-            return ops.paged_decode_attention(q, kc, vc, meta.block_tables, meta.context_lens, self.scale)
-        # CPU, mixed batch: the vectorised decode twin for single-token chunks, the per-sequence
-        # prefill twin for the rest.
+        d, p = meta.decode, meta.prefill
+
+        def decode(qq):
+            return ops.paged_decode_attention(qq, kc, vc, d.block_tables, d.context_lens, self.scale)
+
+        def prefill(qq):
+            return ops.paged_prefill_attention(qq, kc, vc, p.block_tables, p.cu_seqlens, p.context_lens,
+                                               self.scale, max_seqlen_q=p.max_seqlen_q)
+
+        if p is None:
+            return decode(q)
+        if d is None:
+            return prefill(q)
         out = torch.empty_like(q)
-        d_seqs = meta.decode_seqs
-        out[meta.decode_rows] = ops.paged_decode_attention(
-            q[meta.decode_rows], kc, vc, meta.block_tables[d_seqs], meta.context_lens[d_seqs], self.scale)
-        p = torch.tensor(meta.prefill_seqs, device=q.device)
-        starts, ends = meta.cu_seqlens[p].long(), meta.cu_seqlens[p + 1].long()
-        rows = torch.cat([torch.arange(s, e, device=q.device) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
-        cu = torch.zeros(len(p) + 1, dtype=torch.int32, device=q.device)
-        cu[1:] = torch.cumsum(ends - starts, 0)
-        out[rows] = ops.paged_prefill_attention(q[rows], kc, vc, meta.block_tables[p], cu, meta.context_lens[p],
-                                                self.scale)
+        out[d.rows] = decode(q[d.rows])
+        out[p.rows] = prefill(q[p.rows])
         return out
 
-    def _layer(self, i: int, x: torch.Tensor, residual: torch.Tensor | None, meta: BatchMeta):
+    def _layer(self, i: int, x: torch.Tensor, residual: torch.Tensor | None, meta: StepMeta):
         cfg, w = self.cfg, self.layers[i]
         n = x.shape[0]
         h, residual = ops.add_rms_norm(x, residual, w.input_norm, cfg.rms_norm_eps)
-        qkv = h @ w.qkv.T
+        qkv = h @ w.qkv
         q = qkv[:, :cfg.q_size].view(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, cfg.q_size + cfg.kv_size:].view(n, cfg.num_kv_heads, cfg.head_dim)
         ops.apply_rope(q, k, meta.positions, self.cos, self.sin)
         ops.store_kv(k, v, self.cache.k[i - self.first], self.cache.v[i - self.first], meta.slot_mapping)
         a = self._attention(q, i, meta).reshape(n, cfg.q_size)
-        h, residual = ops.add_rms_norm(a @ w.o.T, residual, w.post_norm, cfg.rms_norm_eps)
-        return ops.silu_and_mul(h @ w.gate_up.T) @ w.down.T, residual
+        h, residual = ops.add_rms_norm(a @ w.o, residual, w.post_norm, cfg.rms_norm_eps)
+        return ops.silu_and_mul(h @ w.gate_up) @ w.down, residual
 
-    def _run_layers(self, x: torch.Tensor, first: int, last: int, meta: BatchMeta) -> torch.Tensor:
+    def _run_layers(self, x: torch.Tensor, first: int, last: int, meta: StepMeta) -> torch.Tensor:
         residual = None
         for i in range(first, last):
             x, residual = self._layer(i, x, residual, meta)
         return x if residual is None else x + residual
 
-    # -- the step ------------------------------------------------------------------------------
-    def prepare(self, chunks: list[Chunk]) -> PreparedBatch:
-        """Snapshot everything the forward pass reads from the sequences. Called under the
-        engine's lock, so an abort on another thread cannot change a block table mid-step."""
-        tok = [c for c in chunks if c.seq.kind is SeqKind.TOKENS]
-        hid = [c for c in chunks if c.seq.kind is SeqKind.HIDDEN]
-        assert chunks == tok + hid, "token chunks must come first"
-        if tok and not self.has_ends:
-            raise RuntimeError("this server holds only the server half: no full-model requests")
-        ids = torch.tensor([t for c in tok for t in c.seq.token_ids[c.start:c.end]], dtype=torch.long)
-        hidden = torch.cat([c.seq.hidden_slice(c.start, c.end) for c in hid]) if hid else None
-        outputs = []  # (seq id, kind, first row, rows)
-        offset = 0
-        for c in chunks:
-            if c.seq.kind is SeqKind.HIDDEN:
-                outputs.append((c.seq.id, "hidden", offset, c.length))
-            elif c.end == c.seq.num_inputs:
-                outputs.append((c.seq.id, "logits", offset + c.length - 1, 1))
-            offset += c.length
-        return PreparedBatch(self._meta(chunks), len(tok), ids, hidden, outputs)
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: [T, d] → [T, vocab] fp32."""
+        return (ops.rms_norm(h, self.norm_w, self.cfg.rms_norm_eps) @ self.head_w.T).float()
 
+    def forward_logits(self, ids: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+        """The whole model on token rows that all need logits (the CUDA-graph body)."""
+        return self.logits(self._run_layers(F.embedding(ids, self.embed_w), 0, self.cfg.num_layers, meta))
+
+    # -- the step ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: PreparedBatch) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Returns (logits [vocab] per token sequence whose inputs are now all computed,
-        output hidden rows per hidden chunk)."""
-        meta, parts = batch.meta, []
-        if batch.num_token_seqs:
-            x = self.model.embed(batch.token_ids.to(self.device))
-            n_tok = batch.token_ids.shape[0]
-            parts.append(self._run_layers(x, 0, self.k, meta.prefix(batch.num_token_seqs, n_tok)) if self.k else x)
-        if batch.hidden is not None:
-            parts.append(batch.hidden.to(self.device, self.dtype))
-        x = parts[0] if len(parts) == 1 else torch.cat(parts)
-        x = self._run_layers(x, max(self.k, self.first), self.cfg.num_layers, meta)
-        logits, hidden = {}, {}
-        last_rows = [(sid, row) for sid, kind, row, _ in batch.outputs if kind == "logits"]
-        for sid, kind, row, n in batch.outputs:
-            if kind == "hidden":
-                hidden[sid] = x[row:row + n]
-        if last_rows:
-            lg = self.model.logits(x[torch.tensor([r for _, r in last_rows], device=self.device)])
-            logits = {sid: lg[i] for i, (sid, _) in enumerate(last_rows)}
-        return logits, hidden
+    def run(self, batch: PreparedBatch) -> tuple[dict[int, int], dict[int, torch.Tensor]]:
+        """Returns (the sampled token of each token sequence whose inputs are now all computed,
+        the output hidden rows [T, d] fp32 on the host of each hidden chunk)."""
+        dev = self.device
+        info = batch.seq_info.to(dev, non_blocking=True)
+        n_tok = batch.num_token_rows
+        logits = None
+        if self.graphs is not None and batch.hidden is None and n_tok == len(batch.lengths):
+            logits = self.graphs.run(batch.token_ids.to(dev, non_blocking=True), info)
+        if logits is None:
+            meta = self._meta(info, batch.lengths, batch.width)
+            parts = []
+            if batch.num_token_seqs:
+                x = F.embedding(batch.token_ids.to(dev, non_blocking=True), self.embed_w)
+                if self.k:
+                    tok_meta = meta if batch.hidden is None else self._meta(
+                        info[:batch.num_token_seqs], batch.lengths[:batch.num_token_seqs], batch.width)
+                    x = self._run_layers(x, 0, self.k, tok_meta)
+                parts.append(x)
+            if batch.hidden is not None:
+                parts.append(batch.hidden.to(dev, self.dtype, non_blocking=True))
+            x = parts[0] if len(parts) == 1 else torch.cat(parts)
+            x = self._run_layers(x, max(self.k, self.first), self.cfg.num_layers, meta)
+            if batch.logit_rows:
+                logits = self.logits(x[_rows_index(batch.logit_rows, dev)])
+        tokens: dict[int, int] = {}
+        if batch.logit_rows:
+            if logits.shape[0] != len(batch.logit_rows):  # graph output: every row has logits
+                logits = logits[torch.tensor(batch.logit_rows, device=dev)]
+            sampling = SamplingBatch.build(*batch.sampling, device=dev)
+            ids = sample(logits, sampling).tolist()  # the step's one device-to-host copy
+            tokens = dict(zip(batch.logit_seqs, ids, strict=True))
+        hidden: dict[int, torch.Tensor] = {}
+        if batch.hidden_out:
+            out = x[n_tok:].float().cpu()
+            hidden = {sid: out[r:r + n] for sid, r, n in batch.hidden_out}
+        return tokens, hidden

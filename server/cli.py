@@ -21,7 +21,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bundle", type=Path, help="server bundle directory (veil split)")
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=C.session_ttl_s, help="idle session TTL in seconds")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and KV cache dtype")
+    p.add_argument("--device", default=C.device, choices=["cpu", "cuda"],
+                   help="the engine's device (fast path and split sessions; the protected path stays on CPU)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="weights dtype (default: bfloat16 on CUDA, float32 on CPU; the KV cache follows the "
+                        "weights on CUDA and is float32 on CPU)")
     p.add_argument("--threads", type=int,
                    help="torch intra-op threads of the engine (default: CPU count - 1, at least 1: the HTTP "
                         "event loop and the engine's own Python need a core, and intra-op threads that wait "
@@ -76,7 +80,9 @@ def cmd_serve(args) -> int:
     from veil.server.runner import serve_forever
     from veil.server.tenants import TenantStore
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but torch sees no CUDA device", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
     if args.tls_self_signed:
         from veil.server.tls import make_self_signed
@@ -93,7 +99,9 @@ def cmd_serve(args) -> int:
                        max_tokens_per_step=args.max_tokens_per_step, he_backend=args.he_backend,
                        max_protected_sessions=args.max_protected_sessions,
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
-                       max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)))
+                       max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)),
+                       device=args.device, dtype=args.dtype)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model_dtype]
     if args.bundle:
         half = load_server_half(args.bundle, dtype=dtype)
     else:  # the whole model: split sessions and the OpenAI-compatible fast path

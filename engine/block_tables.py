@@ -1,0 +1,48 @@
+"""The engine's block tables on its device, kept up to date instead of rebuilt every step.
+
+Each sequence the engine is running owns one row of a [rows, max_blocks] int32 tensor on the
+device. Before a step, only the entries a sequence's table gained or changed since the last
+step are written (a decode step writes nothing until a sequence crosses a block boundary); a
+step's block tables are then one index_select of its sequences' rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from veil.engine.kv_cache import BlockTable
+
+
+class DeviceBlockTables:
+    def __init__(self, max_blocks: int, device: torch.device, rows: int = 64):
+        self.max_blocks, self.device = max_blocks, device
+        self.buf = torch.zeros(rows, max_blocks, dtype=torch.int32, device=device)
+        self.row_of: dict[int, int] = {}  # sequence id -> row
+        self.free_rows = list(range(rows - 1, -1, -1))
+
+    def row(self, seq_id: int) -> int:
+        row = self.row_of.get(seq_id)
+        if row is None:
+            if not self.free_rows:  # grow: double the rows (rare; sequences release theirs)
+                n = self.buf.shape[0]
+                self.buf = torch.cat([self.buf, torch.zeros_like(self.buf)])
+                self.free_rows = list(range(2 * n - 1, n - 1, -1))
+            row = self.row_of[seq_id] = self.free_rows.pop()
+        return row
+
+    def release(self, seq_id: int) -> None:
+        row = self.row_of.pop(seq_id, None)
+        if row is not None:
+            self.free_rows.append(row)
+
+    def sync(self, seq_id: int, table: BlockTable) -> int:
+        """Write the entries of `table` the device has not seen yet; returns the row."""
+        row = self.row(seq_id)
+        n = len(table.blocks)
+        if n > self.max_blocks:
+            raise ValueError(f"a sequence of {n} blocks exceeds the engine's {self.max_blocks}")
+        if table.synced < n:
+            new = torch.tensor(table.blocks[table.synced:], dtype=torch.int32)
+            self.buf[row, table.synced:n].copy_(new, non_blocking=True)
+            table.synced = n
+        return row
