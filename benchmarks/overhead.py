@@ -13,6 +13,13 @@ Paths:
 
 One ``veil serve --k K`` subprocess on loopback serves fast, split-plain and protected.
 
+Client and server share the machine, so the cores are split between the two processes
+(``--server-threads``, ``--client-threads``; by default half each, at least one: on the 2-core
+development machine one and one) and ``settings.threads`` records the split. Left to torch's
+defaults both would start a thread per core and starve each other (the split-plain SDK at k=29
+once measured 726 ms per token that way, 70 ms with one client thread). The reference runs
+before the server starts, with every core.
+
 Per path and context C (a prompt of exactly C tokens, then N greedy tokens, one request at a
 time): TTFT, TPOT, ITL, end-to-end latency (mean/p50/p95/p99 over the decode steps or
 requests), bytes up/down per token and setup bytes, round trips per token, client CPU s/token,
@@ -49,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import sys
 import tempfile
@@ -135,7 +143,8 @@ def fast_concurrency(url: str, key: str, c: int, prompt_len: int, new_tokens: in
 
 
 # ---- split-plain under concurrency ----------------------------------------------------------
-def split_concurrency(url: str, key: str, half, c: int, prompt: list[int], new_tokens: int, slo) -> dict:
+def split_concurrency(url: str, key: str, half, c: int, prompt: list[int], new_tokens: int, slo,
+                      threads: int | None = None) -> dict:
     """``4c`` split-plain generations, ``c`` client threads at a time (one SDK client each)."""
     from veil.client.sdk import VeilClient
 
@@ -144,7 +153,7 @@ def split_concurrency(url: str, key: str, half, c: int, prompt: list[int], new_t
     lock = threading.Lock()
 
     def worker():
-        with VeilClient(url, key, mode="plaintext", half=half) as client:
+        with VeilClient(url, key, mode="plaintext", half=half, threads=threads) as client:
             while True:
                 with lock:
                     if not queue:
@@ -214,9 +223,13 @@ def measure(args, results: dict) -> None:
     if not set(paths) & {"fast", "split-plain", "protected"}:
         return
     half = client_half_from(ckpt, args.k)
+    threads = results["settings"]["threads"]
+    torch.set_num_threads(threads["client"])
     with tempfile.TemporaryDirectory() as tmp:
-        say(f"starting `veil serve --k {args.k}` on loopback…")
-        proc, url, key = start_split_server(Path(tmp), args.k)
+        say(f"starting `veil serve --k {args.k} --device {args.device} --threads {threads['server']}` on loopback "
+            f"(client: {threads['client']} torch threads)…")
+        proc, url, key = start_split_server(Path(tmp), args.k, ["--device", args.device,
+                                                                "--threads", str(threads["server"])])
         try:
             if "fast" in paths:
                 _completion_text(url, key, [1, 2, 3, 4], 2)  # warm-up (first-call allocations)
@@ -228,7 +241,7 @@ def measure(args, results: dict) -> None:
                 P["fast"]["server_peak_rss_bytes"] = peak_rss(proc.pid)
             for path in [p for p in ("split-plain", "protected") if p in paths]:
                 mode = PATH_MODES[path]
-                with VeilClient(url, key, mode=mode, half=half, timeout_s=7200) as client:
+                with VeilClient(url, key, mode=mode, half=half, timeout_s=7200, threads=threads["client"]) as client:
                     if mode == "protected":
                         say("protected: key generation and upload (setup, reported separately)…")
                         t = time.perf_counter()
@@ -241,7 +254,7 @@ def measure(args, results: dict) -> None:
                     for c in tqdm(conc, desc="split-plain: concurrency", disable=not args.progress):
                         P[path][f"c{c}"] = split_concurrency(url, key, half, c,
                                                              context_prompt(ckpt.tokenizer, args.concurrency_prompt),
-                                                             n, slo)
+                                                             n, slo, threads["client"])
                 P[path]["server_peak_rss_bytes"] = peak_rss(proc.pid)
                 P[path]["client_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         finally:
@@ -345,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=2, help="split point of split-plain and protected")
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=200.0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the server's engine device")
+    p.add_argument("--server-threads", type=int, help="torch threads of the server (default: half the cores)")
+    p.add_argument("--client-threads", type=int,
+                   help="torch threads of this process, the SDK client (default: the cores the server leaves)")
     p.add_argument("--quick", action="store_true",
                    help="tiny settings: context 16, 4 new tokens, concurrency 1,2, one protected layer")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -375,11 +392,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(ALL_PATHS)}")
     args.contexts = [int(x) for x in args.contexts.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    cores = os.cpu_count() or 2
+    server_threads = args.server_threads or max(1, cores // 2)
+    threads = {"server": server_threads, "client": args.client_threads or max(1, cores - server_threads),
+               "reference": torch.get_num_threads()}
     results = {"schema": SCHEMA, "interrupted": False, "machine": machine(args.k),
                "settings": {"paths": args.paths, "contexts": args.contexts, "concurrency": args.concurrency,
                             "max_new_tokens": args.max_new_tokens, "k": args.k, "quick": args.quick,
                             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
-                            "concurrency_prompt": args.concurrency_prompt},
+                            "concurrency_prompt": args.concurrency_prompt, "device": args.device,
+                            "threads": threads},
                "paths": {}}
     t0 = time.perf_counter()
     try:

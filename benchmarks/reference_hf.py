@@ -92,14 +92,14 @@ def _generation_config(model, max_new_tokens: int, pad_id: int):
     return cfg
 
 
-def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p):] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -116,7 +116,8 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def run_reference(workload, batch_size: int = 16, dtype: torch.dtype = torch.float32, model=None,
-                  ckpt=None, pad_id: int | None = None, warmup: bool = True, check_lengths: bool = True) -> dict:
+                  ckpt=None, pad_id: int | None = None, warmup: bool = True, check_lengths: bool = True,
+                  device: str = "cpu") -> dict:
     """Run `workload` through transformers `generate` in static batches; see the module doc.
 
     Loads the default checkpoint unless `model` (a transformers causal LM) or `ckpt` is given.
@@ -127,8 +128,7 @@ def run_reference(workload, batch_size: int = 16, dtype: torch.dtype = torch.flo
 
         ckpt = ckpt or load_checkpoint()
         model = build_reference(ckpt, dtype=dtype)
-    else:
-        model = model.to(dtype)
+    model = model.to(device=device, dtype=dtype)
     if pad_id is None:
         tok = getattr(ckpt, "tokenizer", None)
         pad_id = getattr(tok, "pad_token_id", None)
@@ -144,7 +144,7 @@ def _run(model, workload, batch_size, dtype, pad_id, warmup, check_lengths) -> d
     reqs = workload.requests
 
     if warmup:
-        ids, mask = _left_pad([reqs[0].prompt_ids[:16]] * 2, pad_id)
+        ids, mask = _left_pad([reqs[0].prompt_ids[:16]] * 2, pad_id, model.device)
         model.generate(input_ids=ids, attention_mask=mask, generation_config=_generation_config(model, 4, pad_id))
 
     ttft, e2el, tpot, itl, batches = [], [], [], [], []
@@ -153,7 +153,7 @@ def _run(model, workload, batch_size, dtype, pad_id, warmup, check_lengths) -> d
     for b in range(0, len(reqs), batch_size):
         batch = reqs[b:b + batch_size]
         steps = max(r.max_new_tokens for r in batch)
-        ids, mask = _left_pad([r.prompt_ids for r in batch], pad_id)
+        ids, mask = _left_pad([r.prompt_ids for r in batch], pad_id, model.device)
         clock = _StepClock()
         t0 = time.perf_counter()
         out = model.generate(input_ids=ids, attention_mask=mask, streamer=clock,
@@ -180,7 +180,7 @@ def _run(model, workload, batch_size, dtype, pad_id, warmup, check_lengths) -> d
         "path": "reference", "engine": "transformers generate (static batches)",
         "dtype": str(dtype).removeprefix("torch."), "batch_size": batch_size,
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "threads": torch.get_num_threads(), "requests": len(reqs),
+        "threads": torch.get_num_threads(), "device": str(model.device), "requests": len(reqs),
         "description": getattr(workload, "description", ""),
         "output_tokens": useful, "generated_tokens": generated, "wall_s": wall, "duration_s": wall,
         "output_tok_s": useful / wall, "requests_s": len(reqs) / wall,

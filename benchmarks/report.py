@@ -122,6 +122,11 @@ def write_report(path: Path, results: dict) -> None:
         out += [f"Veil's rows were measured earlier and are read from `{results['source']}`; peers' rows come "
                 "from their own files (below). Same machine kind, not the same run: compare the orders of "
                 "magnitude, not the last digit.", ""]
+    if "threads" in s:  # client and server share the machine: how its cores were split
+        t = s["threads"]
+        out += [f"Cores: {m.get('cpus')}, split between the processes: the server (`veil serve --threads`, "
+                f"engine on {s.get('device', 'cpu')}) {t['server']} torch threads, this client process (SDK) "
+                f"{t['client']}; the reference ran alone before the server started, with {t['reference']}.", ""]
     out += ["## How to read this", "",
             "Each table is one figure; rows are paths, columns context lengths (prompt tokens) or client "
             "concurrency. `reference` is what a user gets from `transformers` alone; `fast` adds a server "
