@@ -9,7 +9,7 @@ from veil.benchmarks import engine_throughput
 
 def test_engine_throughput_smoke(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = engine_throughput.main(["--paths", "reference,fast", "--num-requests", "4", "--input-len", "8,16",
+    rc = engine_throughput.main(["--paths", "reference,fast,engine", "--num-requests", "4", "--input-len", "8,16",
                                  "--output-len", "3,6", "--concurrency", "1,4", "--batch-size", "2",
                                  "--kv-cache-gb", "0.1", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
                                  "--out", str(out)])
@@ -18,7 +18,9 @@ def test_engine_throughput_smoke(tmp_path, capsys):
     figures = dict(line.split()[1:] for line in printed.splitlines() if line.startswith("figure "))
     for name in ("fast.output_tok_s.c1", "fast.output_tok_s.c4", "fast.ttft_s.p99.c4", "fast.goodput_rps.c4",
                  "fast.errors.c4", "reference.output_tok_s.float32.c2", "reference.output_tok_s.bfloat16.c2",
-                 "ratio.fast_over_reference.output_tok_s.c4"):
+                 "ratio.fast_over_reference.output_tok_s.c4", "fast.steps_s.c4", "fast.mean_seqs_per_step.c4",
+                 "engine.output_tok_s.c4", "engine.steps_s.c4", "engine.mean_seqs_per_step.c4",
+                 "ratio.engine_over_reference.output_tok_s.c4"):
         assert name in figures, name
         assert re.fullmatch(r"[-+0-9.e]+|nan", figures[name]), figures[name]
     assert float(figures["fast.errors.c4"]) == 0 and float(figures["fast.output_tok_s.c4"]) > 0
@@ -26,6 +28,11 @@ def test_engine_throughput_smoke(tmp_path, capsys):
     assert res["schema"] == "veil.engine_throughput/1"
     ref = res["paths"]["reference"]
     assert res["paths"]["fast"]["c4"]["output_tokens"] == ref["float32.c2"]["output_tokens"]
+    engine = res["paths"]["engine"]["c4"]
+    assert engine["output_tokens"] == ref["float32.c2"]["output_tokens"] and engine["errors"] == 0
+    # at most 4 sequences per step, and every step ran at least one
+    assert 1 <= engine["mean_seqs_per_step"] <= 4 and engine["steps"] > 0
+    assert res["threads"]["fast.server"] >= 1
     # the ratio is taken against the faster reference run
     best = max(ref.values(), key=lambda r: r["output_tok_s"])
     ratio = res["paths"]["fast"]["c4"]["output_tok_s"] / best["output_tok_s"]

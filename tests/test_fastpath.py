@@ -1,0 +1,126 @@
+"""The fast path's step machinery: device block tables kept in sync incrementally, seeded
+sampling through the engine whatever the batch, the client/server thread split, and (on CUDA
+only) CUDA-graph replay against eager steps."""
+
+import threading
+
+import pytest
+import torch
+
+from veil.client.sdk import client_threads
+from veil.engine.block_tables import DeviceBlockTables
+from veil.engine.engine import Engine, EngineConfig
+from veil.engine.kv_cache import PagedKVCache
+from veil.engine.sampling import SamplingParams
+from veil.engine.sequence import Sequence
+
+
+def test_device_block_tables_follow_grow_copy_on_write_and_free():
+    cache = PagedKVCache(1, 16, 4, 1, 2)
+    tables = DeviceBlockTables(8, torch.device("cpu"), rows=1)
+    a = Sequence.tokens("t", list(range(8)), 1, SamplingParams())
+    cache.allocate_prefix(a.table, "t", a.token_ids)
+    cache.grow(a.table, 8)
+    row = tables.sync(a.id, a.table)
+    assert tables.buf[row, :2].tolist() == a.table.blocks and a.table.synced == 2
+    cache.register_full_blocks(a.table, "t", a.token_ids, 8)
+    b = Sequence.tokens("t", list(range(8)), 1, SamplingParams())
+    cache.allocate_prefix(b.table, "t", b.token_ids)
+    assert tables.sync(b.id, b.table) != row  # a second row (the buffer grew)
+    cache.ensure_writable(b.table, 7, 7)  # copy-on-write replaces b's second block
+    assert b.table.synced == 1
+    tables.sync(b.id, b.table)
+    assert tables.buf[tables.row_of[b.id], :2].tolist() == b.table.blocks
+    cache.grow(b.table, 12)  # one appended block (index 2): only it is written
+    before = tables.buf.clone()
+    tables.sync(b.id, b.table)
+    changed = (tables.buf != before).nonzero().tolist()
+    assert changed == [[tables.row_of[b.id], 2]] and tables.buf[tables.row_of[b.id], 2] == b.table.blocks[2]
+    cache.free_table(a.table)
+    assert a.table.synced == 0
+    tables.release(a.id)
+    c = Sequence.tokens("t", [1], 1, SamplingParams())
+    assert tables.row(c.id) == row  # the released row is reused
+
+
+def _collect(engine, requests):
+    outs = [[] for _ in requests]
+    done = threading.Semaphore(0)
+    for out, (prompt, n, params) in zip(outs, requests, strict=True):
+        engine.add_request("t", prompt, n, params, on_token=out.append, on_finish=lambda r: done.release())
+    for _ in requests:
+        assert done.acquire(timeout=300)
+    return outs
+
+
+def test_seeded_request_is_reproducible_whatever_the_batch(full_model, chat_prompts):
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=64)).start()
+    try:
+        p = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=1234)
+        alone = _collect(e, [(chat_prompts[0], 12, p)])[0]
+        crowd = _collect(e, [(chat_prompts[1], 20, SamplingParams(temperature=1.0)), (chat_prompts[0], 12, p),
+                             (chat_prompts[2], 5, SamplingParams())])
+        assert crowd[1] == alone
+        other = _collect(e, [(chat_prompts[0], 12, SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=99))])
+        assert other[0] != alone
+    finally:
+        e.stop()
+
+
+def test_client_threads_leave_a_core_to_a_loopback_server(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert client_threads("http://127.0.0.1:8443") == 1
+    assert client_threads("https://localhost:1") == 1
+    assert client_threads("http://[::1]:80") == 1
+    assert client_threads("https://veil.example.com") is None
+    assert client_threads("http://127.0.0.1:8443", threads=2) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_replay_equals_eager(full_model, chat_prompts):
+    """Decode steps replayed from CUDA graphs give the eager steps' logits and tokens."""
+    cfg = dict(kv_cache_bytes=256 << 20, max_tokens_per_step=512, max_seqs_per_step=8, device="cuda")
+    graphs = Engine(full_model, 2, EngineConfig(**cfg))
+    eager = Engine(full_model, 2, EngineConfig(**cfg, cuda_graphs=False))
+    assert graphs.runner.graphs is not None and eager.runner.graphs is None
+    reqs = [(p, 24, SamplingParams()) for p in chat_prompts]
+    out = []
+    for e in (graphs, eager):
+        e.start()
+        try:
+            out.append(_collect(e, reqs))
+        finally:
+            e.stop()
+    assert out[0] == out[1]
+    # logits of one graph replay against the eager forward on the same inputs (batch 3, bucket 4)
+    runner = graphs.runner
+    seqs = [Sequence.tokens("t", p, 4, SamplingParams()) for p in chat_prompts]
+    for s in seqs:
+        graphs.scheduler.add(s)
+    chunks = graphs.scheduler.schedule()
+    runner.run(runner.prepare(chunks))
+    for c in chunks:
+        c.seq.num_computed = c.end
+        c.seq.token_ids.append(1)
+    chunks = graphs.scheduler.schedule()
+    assert all(c.length == 1 for c in chunks)
+    batch = runner.prepare(chunks)
+    info = batch.seq_info.cuda()
+    ids = batch.token_ids.cuda()
+    with torch.inference_mode():
+        replayed = runner.graphs.run(ids, info).clone()
+        meta = runner._meta(info, batch.lengths, runner.tables.max_blocks)
+        eager_logits = runner.forward_logits(ids, meta)
+    torch.testing.assert_close(replayed, eager_logits, atol=2e-2, rtol=2e-2)
+    assert torch.equal(replayed.argmax(-1), eager_logits.argmax(-1))
+
+
+def test_serve_refuses_cuda_without_a_device(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    from veil.cli.main import main
+
+    tenants = tmp_path / "t.json"
+    assert main(["tenants", "add", "a", "--scope", "plaintext", "--file", str(tenants)]) == 0
+    assert main(["serve", "--tenants", str(tenants), "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
