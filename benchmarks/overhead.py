@@ -144,7 +144,7 @@ def fast_concurrency(url: str, key: str, c: int, prompt_len: int, new_tokens: in
 
 # ---- split-plain under concurrency ----------------------------------------------------------
 def split_concurrency(url: str, key: str, half, c: int, prompt: list[int], new_tokens: int, slo,
-                      threads: int | None = None) -> dict:
+                      torch_threads: int | None = None) -> dict:
     """``4c`` split-plain generations, ``c`` client threads at a time (one SDK client each)."""
     from veil.client.sdk import VeilClient
 
@@ -153,7 +153,7 @@ def split_concurrency(url: str, key: str, half, c: int, prompt: list[int], new_t
     lock = threading.Lock()
 
     def worker():
-        with VeilClient(url, key, mode="plaintext", half=half, threads=threads) as client:
+        with VeilClient(url, key, mode="plaintext", half=half, threads=torch_threads) as client:
             while True:
                 with lock:
                     if not queue:
