@@ -100,3 +100,19 @@ def test_batch_degenerate_rows_fall_back_to_greedy():
     assert int(sample(logits, b)[1]) in (0, 1, 2)
     tok = sample(logits, b)
     assert int(tok[0]) == int(torch.argmax(logits[0]))
+
+
+def test_sampler_distribution_and_uniform_match_its_draws():
+    """The SDK's speculative acceptance uses the sampler's distribution and its own uniforms: the
+    distribution is the one the sampler draws from, and the uniforms are a reproducible stream."""
+    logits = torch.tensor([2.0, 1.5, 0.0, -1.0, 0.5])
+    p = SamplingParams(temperature=0.7, top_k=3, seed=5)
+    dist = Sampler(p).distribution(logits)
+    assert dist[2] == 0 and dist[3] == 0 and abs(float(dist.sum()) - 1) < 1e-6
+    s = Sampler(p)
+    freq = torch.bincount(torch.tensor([s(logits) for _ in range(3000)]), minlength=5).float() / 3000
+    assert torch.allclose(freq, dist, atol=0.03), (freq, dist)
+    assert Sampler(SamplingParams()).distribution(logits) is None
+    a, b = Sampler(p), Sampler(p)
+    us = [a.uniform() for _ in range(5)]
+    assert us == [b.uniform() for _ in range(5)] and all(0 <= u < 1 for u in us) and len(set(us)) == 5
