@@ -2,8 +2,8 @@
 
 The ingress reads a request whole (bodies are bounded by the server's limits) and hands it to a
 replica as a ``Forwarded``; the replica runs it through its FastAPI app and answers with a
-``Head`` (status, headers, and the body, or its first chunk when the app streams) and then, for
-a streaming answer, the remaining body chunks. A consumer that stops early (the HTTP client went
+``Head`` (status, headers, and the whole body; or its first chunk when the answer has no
+length, as an SSE stream) and then, for such an answer, the remaining body chunks. A consumer that stops early (the HTTP client went
 away) makes the app see ``http.disconnect``, exactly as under uvicorn, so the engine aborts the
 request's work.
 """
@@ -35,7 +35,7 @@ class Forwarded:
 class Head:
     status: int
     headers: tuple[tuple[bytes, bytes], ...]
-    body: bytes  # the whole body, or its first chunk when `streaming`
+    body: bytes  # the whole body, or its first chunk when `streaming` (an answer without a length)
     streaming: bool
 
 
@@ -78,10 +78,16 @@ async def call_app(app, req: Forwarded, extra_headers: tuple[tuple[bytes, bytes]
                        b'{"error":{"code":"internal_error","message":"the replica failed","type":"internal_error"}}',
                        False)
             return
-        first = await messages.get()
-        chunk = first.get("body", b"") if first else b""
-        more = bool(first and first.get("more_body"))
-        yield Head(start["status"], tuple(start.get("headers", ())) + extra_headers, chunk, more)
+        headers = tuple(start.get("headers", ()))
+        # An answer of known length is gathered whole (middleware may still send it in pieces);
+        # one without (SSE) is passed on piece by piece.
+        whole = any(k.lower() == b"content-length" for k, _ in headers)
+        msg = await messages.get()
+        chunk, more = (msg.get("body", b""), bool(msg.get("more_body"))) if msg else (b"", False)
+        while whole and more:
+            msg = await messages.get()
+            chunk, more = (chunk + msg.get("body", b""), bool(msg.get("more_body"))) if msg else (chunk, False)
+        yield Head(start["status"], headers + extra_headers, chunk, more)
         while more:
             msg = await messages.get()
             if msg is None:

@@ -67,7 +67,10 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
 def serve_cluster(cfg: ServerConfig, cc: ClusterConfig, host: str, port: int, tls_cert: str | None = None,
                   tls_key: str | None = None) -> int:
     """Run until SIGTERM or Ctrl-C."""
+    # Set before Ray is imported (it reads them then).
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine
+    # Every replica's lines in this process's log (Ray would fold similar lines of replicas into one).
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
     from ray import serve
 
@@ -104,9 +107,9 @@ def serve_cluster(cfg: ServerConfig, cc: ClusterConfig, host: str, port: int, tl
 
 def cmd_serve_cluster(args, cfg: ServerConfig) -> int:
     """``veil serve`` with ``--replicas``."""
-    try:
-        import ray.serve  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # not imported here: serve_cluster sets Ray's environment first
         print("error: --replicas needs Ray Serve: pip install -e '.[cluster]'", file=sys.stderr)
         return 2
     if args.replicas < 1:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import sys
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -61,7 +63,10 @@ class VeilReplica:
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # the engine loop and the session sweeper
         self._header = ((REPLICA_HEADER.encode(), self.id.encode()),)
-        log.info("replica %s ready: layers [%d, %d)", self.id, half.k, half.config.num_layers)
+        # One line per replica start, on the replica's stderr (Ray forwards it to `veil serve`'s):
+        # operators see replacements, and the fault benchmark learns which process to kill.
+        print(f"veil replica {self.id} ready: pid {os.getpid()}, layers [{half.k}, {half.config.num_layers})",
+              file=sys.stderr, flush=True)
 
     def check_health(self) -> None:
         """Ray calls this periodically; raising gets the replica replaced."""
