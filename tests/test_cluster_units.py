@@ -120,3 +120,16 @@ def test_call_app_stopped_early_aborts_the_engine_work(live_server):
 def test_call_app_not_found(live_server, path):
     [head] = asyncio.run(_collect(live_server.app, _req("POST", path, live_server.keys["alice"], b"x")))
     assert head.status == 404
+
+
+def test_bench_names_and_scaling_ratios_of_replica_runs():
+    from veil.benchmarks.overhead import ratios
+    from veil.benchmarks.report import _paths
+
+    paths = {"fast@r2": {"c4": {"output_tok_s": 30.0}, "ctx16": {"tpot_s": {"mean": 0.1}}},
+             "fast@r1": {"c4": {"output_tok_s": 20.0}}, "fast": {"c4": {"output_tok_s": 25.0}},
+             "split-plain@r1": {"c4": {"output_tok_s": 10.0}}, "reference": {}}
+    assert _paths({"paths": paths}) == ["reference", "fast", "fast@r1", "fast@r2", "split-plain@r1"]
+    r = ratios(paths)
+    assert r["fast@r2_over_fast@r1.output_tok_s.c4"] == 1.5 and r["fast@r1_over_fast.output_tok_s.c4"] == 0.8
+    assert r["fast@r2_over_fast.output_tok_s.c4"] == 1.2 and not any(k.startswith("split") for k in r)
