@@ -133,3 +133,11 @@ def test_bench_names_and_scaling_ratios_of_replica_runs():
     r = ratios(paths)
     assert r["fast@r2_over_fast@r1.output_tok_s.c4"] == 1.5 and r["fast@r1_over_fast.output_tok_s.c4"] == 0.8
     assert r["fast@r2_over_fast.output_tok_s.c4"] == 1.2 and not any(k.startswith("split") for k in r)
+
+
+def test_serve_refuses_zero_replicas(tmp_path, capsys):
+    from veil.cli.main import main
+
+    TenantStore(tmp_path / "t.json").add("alice", ["plaintext"])
+    assert main(["serve", "--tenants", str(tmp_path / "t.json"), "--replicas", "0"]) == 2
+    assert "--replicas" in capsys.readouterr().err
