@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# The `cluster` extra (Ray Serve, for `veil serve --replicas`) on top, for the tests only: `make demo`
+# never needs it. Its tests (tests/test_cluster*.py) are skipped where it is not installed.
+CLUSTER_STAMP := $(VENV)/.cluster-installed
+$(CLUSTER_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,cluster]'
+	touch $(CLUSTER_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/veil demo
 
@@ -26,7 +33,7 @@ demo: $(STAMP)
 # the 24 GB CI machine): every module with such tests runs them in a pytest process of its own.
 HEAVY_MODULES = $(BIN)/python -m pytest -q --collect-only -m he_heavy 2>/dev/null | grep -o '^tests/[a-z0-9_]*\.py' | sort -u
 
-test: $(STAMP)
+test: $(STAMP) $(CLUSTER_STAMP)
 	@rc=0; \
 	$(BIN)/python -m pytest -q -m "not he_heavy" || rc=1; \
 	for f in $$($(HEAVY_MODULES)); do echo "== $$f (he_heavy)"; $(BIN)/python -m pytest -q -m he_heavy $$f || rc=1; done; \

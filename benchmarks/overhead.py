@@ -2,7 +2,7 @@
 
     veil bench --paths reference,fast,split-plain,protected --out DIR [--contexts 16,64,128]
                [--concurrency 1,4,16,64] [--max-new-tokens N] [--k K]
-               [--slo-ttft-ms X --slo-tpot-ms Y] [--quick]
+               [--slo-ttft-ms X --slo-tpot-ms Y] [--replicas single,1,2] [--quick]
                [--peer PEER.json ...] [--from EARLIER.json] [--extraction ATTACK.json]
 
 Paths:
@@ -11,7 +11,11 @@ Paths:
 * ``split-plain``: the client SDK, plaintext split (layers [0, k) here, [k, L) on the server);
 * ``protected``: the client SDK, CKKS split (docs/PROTOCOL.md).
 
-One ``veil serve --k K`` subprocess on loopback serves fast, split-plain and protected.
+One ``veil serve --k K`` subprocess on loopback serves fast, split-plain and protected. With
+``--replicas N,M…`` the server paths run against ``veil serve --replicas N`` (Ray Serve, the
+``cluster`` extra), then ``--replicas M``…, and are named ``PATH@rN``; ``single`` in the list is
+the one-process server. Their server RSS is summed over the server's process tree (Ray's
+processes included), and ``ratio.PATH@rN_over_PATH@rM.output_tok_s.cC`` is the scaling.
 
 Client and server share the machine, so the cores are split between the two processes
 (``--server-threads``, ``--client-threads``; by default half each, at least one: on the 2-core
@@ -197,14 +201,11 @@ def measure(args, results: dict) -> None:
     """Fill ``results`` in place (so an interrupt keeps what is done)."""
     from tqdm.auto import tqdm
 
-    from veil.client.sdk import VeilClient
     from veil.engine.loader import load_checkpoint
     from veil.engine.reference import build_reference
     from veil.engine.split import client_half_from
 
-    paths, contexts, conc = args.paths, args.contexts, args.concurrency
-    n = args.max_new_tokens
-    slo = (args.slo_ttft_ms / 1000 if args.slo_ttft_ms else None, args.slo_tpot_ms / 1000 if args.slo_tpot_ms else None)
+    paths, contexts, n = args.paths, args.contexts, args.max_new_tokens
     say("loading the model…")
     ckpt = load_checkpoint()
     hf = build_reference(ckpt)
@@ -225,50 +226,83 @@ def measure(args, results: dict) -> None:
     half = client_half_from(ckpt, args.k)
     threads = results["settings"]["threads"]
     torch.set_num_threads(threads["client"])
+    for replicas in args.replicas:
+        measure_server(args, P, replicas, half, ckpt, prompts, ref_tokens, reference_logits, threads)
+
+
+def start_server(tmp: Path, k: int, replicas: int | None, extra: list[str]):
+    """``veil serve --k K`` on loopback, one process or ``--replicas N`` on Ray Serve; returns
+    (process, url, key, its peak RSS as a function, stop)."""
+    if replicas is None:
+        proc, url, key = start_split_server(tmp, k, extra)
+
+        def stop():
+            proc.terminate()
+            proc.wait(60)
+
+        return proc, url, key, lambda: peak_rss(proc.pid), stop
+    from veil.benchmarks.cluster import launch_cluster, tree_peak_rss
+
+    srv = launch_cluster(tmp, replicas, ("plaintext", "protected"), ["--k", str(k), "--session-ttl", "86400"])
+    return srv.proc, srv.url, srv.key, lambda: tree_peak_rss(srv.proc.pid), srv.stop
+
+
+def measure_server(args, P: dict, replicas: int | None, half, ckpt, prompts, ref_tokens, reference_logits,
+                   threads: dict) -> None:
+    """The server paths against one server: ``veil serve`` (named as the path) or ``veil serve
+    --replicas N`` (the path named ``PATH@rN``; Ray sets each replica's threads)."""
+    from tqdm.auto import tqdm
+
+    from veil.client.sdk import VeilClient
+
+    paths, contexts, conc, n = args.paths, args.contexts, args.concurrency, args.max_new_tokens
+    slo = (args.slo_ttft_ms / 1000 if args.slo_ttft_ms else None, args.slo_tpot_ms / 1000 if args.slo_tpot_ms else None)
+    suffix = "" if replicas is None else f"@r{replicas}"
     with tempfile.TemporaryDirectory() as tmp:
-        say(f"starting `veil serve --k {args.k} --device {args.device} --threads {threads['server']}` on loopback "
-            f"(client: {threads['client']} torch threads)…")
-        proc, url, key = start_split_server(Path(tmp), args.k, ["--device", args.device,
-                                                                "--threads", str(threads["server"])])
+        say(f"starting `veil serve --k {args.k}" + (f" --replicas {replicas}" if replicas else
+                                                     f" --device {args.device} --threads {threads['server']}")
+            + f"` on loopback (client: {threads['client']} torch threads)…")
+        proc, url, key, server_rss, stop = start_server(Path(tmp), args.k, replicas,
+                                                        ["--device", args.device, "--threads", str(threads["server"])])
         try:
             if "fast" in paths:
+                fast = P.setdefault("fast" + suffix, {})
                 _completion_text(url, key, [1, 2, 3, 4], 2)  # warm-up (first-call allocations)
-                for c in tqdm(contexts, desc="fast: contexts", disable=not args.progress):
-                    P.setdefault("fast", {})[f"ctx{c}"] = run_fast_context(url, key, prompts[c], n, ref_tokens[c],
-                                                                           ckpt.tokenizer)
-                for c in tqdm(conc, desc="fast: concurrency", disable=not args.progress):
-                    P["fast"][f"c{c}"] = fast_concurrency(url, key, c, args.concurrency_prompt, n, slo)
-                P["fast"]["server_peak_rss_bytes"] = peak_rss(proc.pid)
+                for c in tqdm(contexts, desc=f"fast{suffix}: contexts", disable=not args.progress):
+                    fast[f"ctx{c}"] = run_fast_context(url, key, prompts[c], n, ref_tokens[c], ckpt.tokenizer)
+                for c in tqdm(conc, desc=f"fast{suffix}: concurrency", disable=not args.progress):
+                    fast[f"c{c}"] = fast_concurrency(url, key, c, args.concurrency_prompt, n, slo)
+                fast["server_peak_rss_bytes"] = server_rss()
             for path in [p for p in ("split-plain", "protected") if p in paths]:
-                mode = PATH_MODES[path]
+                mode, R = PATH_MODES[path], P.setdefault(path + suffix, {})
                 with VeilClient(url, key, mode=mode, half=half, timeout_s=7200, threads=threads["client"]) as client:
                     if mode == "protected":
                         say("protected: key generation and upload (setup, reported separately)…")
                         t = time.perf_counter()
                         client.generate_keys(progress=args.progress)
                         client.ensure_keys()
-                        P.setdefault(path, {})["setup_s"] = time.perf_counter() - t
-                    for c in tqdm(contexts, desc=f"{path}: contexts", disable=not args.progress):
-                        P.setdefault(path, {})[f"ctx{c}"] = run_session(client, prompts[c], n, reference_logits, url)
+                        R["setup_s"] = time.perf_counter() - t
+                    for c in tqdm(contexts, desc=f"{path}{suffix}: contexts", disable=not args.progress):
+                        R[f"ctx{c}"] = run_session(client, prompts[c], n, reference_logits, url)
                 if path == "split-plain":
-                    for c in tqdm(conc, desc="split-plain: concurrency", disable=not args.progress):
-                        P[path][f"c{c}"] = split_concurrency(url, key, half, c,
-                                                             context_prompt(ckpt.tokenizer, args.concurrency_prompt),
-                                                             n, slo, threads["client"])
-                P[path]["server_peak_rss_bytes"] = peak_rss(proc.pid)
-                P[path]["client_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+                    for c in tqdm(conc, desc=f"split-plain{suffix}: concurrency", disable=not args.progress):
+                        R[f"c{c}"] = split_concurrency(url, key, half, c,
+                                                       context_prompt(ckpt.tokenizer, args.concurrency_prompt),
+                                                       n, slo, threads["client"])
+                R["server_peak_rss_bytes"] = server_rss()
+                R["client_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         finally:
-            proc.terminate()
-            proc.wait(60)
+            stop()
 
 
 def ratios(paths: dict, partial: tuple[str, ...] = ()) -> dict:
     """Ratios of one path's figures over another's at the same context; ``partial`` names peer
     rows that ran only some of the server's layers (no ratio to Veil's full split for them)."""
-    out = {}
+    out = replica_ratios(paths)
     pairs = [("protected", "split-plain", "protected_over_split_plain"), ("split-plain", "fast", "split_plain_over_fast"),
              ("fast", "reference", "fast_over_reference")]
-    pairs += [(p, "protected", f"{p}_over_protected") for p in paths if p not in ALL_PATHS and p not in partial]
+    pairs += [(p, "protected", f"{p}_over_protected") for p in paths
+              if p not in ALL_PATHS and p not in partial and "@r" not in p]
     for a, b, name in pairs:
         if a not in paths or b not in paths:
             continue
@@ -280,6 +314,24 @@ def ratios(paths: dict, partial: tuple[str, ...] = ()) -> dict:
                 va, vb = _scalar(ra.get(metric)), _scalar(rb.get(metric))
                 if va is not None and vb:
                     out[f"{name}.{metric}.{tag}"] = va / vb
+    return out
+
+
+def replica_ratios(paths: dict) -> dict:
+    """Scaling with ``--replicas``: each ``PATH@rN``'s throughput over the fewest replicas' (and
+    over the single process, ``PATH``, when it was measured too)."""
+    out = {}
+    for base in ("fast", "split-plain"):
+        runs = sorted((int(p.partition("@r")[2]), p) for p in paths if p.startswith(base + "@r"))
+        baselines = [b for b in (runs[0][1] if runs else None, base) if b in paths]
+        for _, p in runs:
+            for b in baselines:
+                if b == p:
+                    continue
+                for tag, r in paths[p].items():
+                    rb = paths[b].get(tag)
+                    if tag.startswith("c") and not tag.startswith("ctx") and isinstance(rb, dict) and rb.get("output_tok_s"):
+                        out[f"{p}_over_{b}.output_tok_s.{tag}"] = r["output_tok_s"] / rb["output_tok_s"]
     return out
 
 
@@ -356,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency-prompt", type=int, default=64, help="prompt tokens of the concurrency runs")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--k", type=int, default=2, help="split point of split-plain and protected")
+    p.add_argument("--replicas", default="single",
+                   help="servers to measure, in turn: 'single' (one `veil serve` process; paths named as "
+                        "such) and/or replica counts N (`veil serve --replicas N` on Ray Serve; paths named "
+                        "PATH@rN), e.g. 1,2 or single,1,2")
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=200.0)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the server's engine device")
@@ -391,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(ALL_PATHS)}")
     args.contexts = [int(x) for x in args.contexts.split(",")]
+    args.replicas = [None if x == "single" else int(x) for x in args.replicas.split(",") if x]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     cores = os.cpu_count() or 2
     server_threads = args.server_threads or max(1, cores // 2)
@@ -401,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                             "max_new_tokens": args.max_new_tokens, "k": args.k, "quick": args.quick,
                             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
                             "concurrency_prompt": args.concurrency_prompt, "device": args.device,
-                            "threads": threads},
+                            "threads": threads, "replicas": ["single" if r is None else r for r in args.replicas]},
                "paths": {}}
     t0 = time.perf_counter()
     try:

@@ -26,9 +26,19 @@ CONC_FIGURES = (("output_tok_s", "output tok/s"), ("requests_s", "requests/s"), 
                 ("ttft_s", "TTFT mean (s)"), ("tpot_s", "TPOT mean (s)"))
 
 
+def _base(path: str) -> str:
+    """``fast@r2`` (measured on ``veil serve --replicas 2``) → ``fast``."""
+    return path.partition("@r")[0]
+
+
 def _paths(results: dict) -> list[str]:
-    """Veil's paths in their order, then peers' rows in the order they were added."""
-    return [p for p in PATH_ORDER if p in results["paths"]] + [p for p in results["paths"] if p not in PATH_ORDER]
+    """Veil's paths in their order (each path's replica runs after it), then peers' rows in the
+    order they were added."""
+    def order(p: str):
+        return PATH_ORDER.index(_base(p)), int(p.partition("@r")[2] or 0)
+
+    veil = sorted((p for p in results["paths"] if _base(p) in PATH_ORDER), key=order)
+    return veil + [p for p in results["paths"] if _base(p) not in PATH_ORDER]
 
 
 def _label(results: dict, p: str) -> str:
@@ -285,7 +295,7 @@ def write_plots(out: Path, results: dict) -> None:
 
     # bytes per token (up / down), at the largest measured context of each path, log scale
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    wire = [p for p in paths if p not in ("reference", "fast")]
+    wire = [p for p in paths if _base(p) not in ("reference", "fast")]
     labels, up, down = [], [], []
     for p in wire:
         t = next((t for t in reversed(ctx_tags) if isinstance(results["paths"][p].get(t), dict)), None)
@@ -329,7 +339,7 @@ def write_plots(out: Path, results: dict) -> None:
 
     # throughput and goodput vs concurrency: two panels, one colour per path
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for p in [p for p in paths if p in ("fast", "split-plain")]:
+    for p in [p for p in paths if _base(p) in ("fast", "split-plain")]:
         pts = [(int(t[1:]), results["paths"][p][t]) for t in conc_tags if isinstance(results["paths"][p].get(t), dict)]
         if not pts:
             continue

@@ -1,7 +1,8 @@
 """`veil bench`: a thin front over benchmarks/ (importable as `veil.benchmarks`).
 
 * ``veil bench --paths reference,fast,split-plain,protected --out DIR [--quick] ...`` — the overhead
-  report (``veil.benchmarks.overhead``): every path in one run, results.json, report.md, plots.
+  report (``veil.benchmarks.overhead``): every path in one run, results.json, report.md, plots;
+  ``--replicas 1,2`` measures the server paths on ``veil serve --replicas N`` for each N.
 * ``veil bench --paths reference,fast[,engine]`` with engine-throughput options only (no ``--out``,
   ``--quick`` or ``--contexts``) — the engine's throughput benchmark
   (``veil.benchmarks.engine_throughput``: 64 random requests at concurrency 16 against
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-OVERHEAD_FLAGS = {"--out", "--quick", "--contexts", "--max-new-tokens", "--k", "--from", "--extraction"}
+OVERHEAD_FLAGS = {"--out", "--quick", "--contexts", "--max-new-tokens", "--k", "--from", "--extraction", "--replicas"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

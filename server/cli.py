@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from veil.cluster.launch import ClusterConfig
     from veil.crypto.backend import backend_names
     from veil.server.config import ServerConfig as C  # the defaults below are its field defaults
 
@@ -43,6 +44,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="encrypted KV cache budget of one protected session")
     p.add_argument("--protected-kv-total-gb", type=float, default=C.max_protected_kv_bytes_total / gb,
                    help="encrypted KV cache budget of all protected sessions together")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="run N engine replicas on Ray Serve behind one HTTP ingress, on a local Ray cluster "
+                        "(needs the cluster extra: pip install -e '.[cluster]'); without it: one process")
+    p.add_argument("--ray-address", help="with --replicas: join this Ray cluster instead of starting one")
+    p.add_argument("--replica-cpus", type=float, default=ClusterConfig.replica_cpus,
+                   help="with --replicas: CPUs Ray reserves per replica (and its torch threads unless --threads)")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
     p.add_argument("--tls-self-signed", type=Path, metavar="DIR",
@@ -101,6 +108,10 @@ def cmd_serve(args) -> int:
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
                        max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)),
                        device=args.device, dtype=args.dtype)
+    if args.replicas is not None:
+        from veil.cluster.launch import cmd_serve_cluster
+
+        return cmd_serve_cluster(args, cfg)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model_dtype]
     if args.bundle:
         half = load_server_half(args.bundle, dtype=dtype)

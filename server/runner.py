@@ -11,6 +11,11 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
+# The event loop and HTTP parser uvicorn uses, named: on "auto" it would switch to uvloop and
+# httptools wherever they are installed (the cluster extra brings both), and the one-process
+# server should not change with what else is installed.
+STACK = {"loop": "asyncio", "http": "h11"}
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -33,7 +38,7 @@ def start_background(app: FastAPI, host: str = "127.0.0.1", port: int | None = N
                      ssl_certfile: str | None = None, ssl_keyfile: str | None = None) -> BackgroundServer:
     port = port or free_port(host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", ssl_certfile=ssl_certfile,
-                            ssl_keyfile=ssl_keyfile, timeout_keep_alive=30)
+                            ssl_keyfile=ssl_keyfile, timeout_keep_alive=30, **STACK)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="veil-server", daemon=True)
     thread.start()
@@ -49,4 +54,4 @@ def start_background(app: FastAPI, host: str = "127.0.0.1", port: int | None = N
 def serve_forever(app: FastAPI, host: str, port: int, ssl_certfile: str | None = None,
                   ssl_keyfile: str | None = None) -> None:
     uvicorn.run(app, host=host, port=port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
-                timeout_keep_alive=30, log_level="info")
+                timeout_keep_alive=30, log_level="info", **STACK)

@@ -31,8 +31,12 @@ class Session:
 
 
 class SessionStore:
-    def __init__(self, ttl_s: float, max_per_tenant: int, on_drop: Callable[[Session], None] = lambda s: None):
+    def __init__(self, ttl_s: float, max_per_tenant: int, on_drop: Callable[[Session], None] = lambda s: None,
+                 id_prefix: str = ""):
         self.ttl_s, self.max_per_tenant, self.on_drop = ttl_s, max_per_tenant, on_drop
+        # Prepended to every new id. A cluster replica sets it to its own routing key, so the
+        # ingress can send a session's steps to the replica holding it (veil.cluster.routing).
+        self.id_prefix = id_prefix
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -46,7 +50,7 @@ class SessionStore:
                 raise OverflowError(f"tenant has {self.max_per_tenant} sessions (max_sessions_per_tenant)")
             if max_on_path is not None and sum(s.path == path for s in self._sessions.values()) >= max_on_path:
                 raise OverflowError(f"the server has {max_on_path} {path} sessions (its limit)")
-            sid = secrets.token_urlsafe(24)
+            sid = self.id_prefix + secrets.token_urlsafe(24)
             s = Session(sid, tenant, path, now, now, state=state_factory(sid))
             self._sessions[s.id] = s
         return s

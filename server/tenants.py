@@ -41,8 +41,18 @@ class TenantStore:
         if self.path and self.path.exists():
             self._load()
 
+    @classmethod
+    def from_json(cls, text: str) -> TenantStore:
+        """An in-memory copy of a tenants file's content (cluster replicas get the file's text,
+        not its path, which may not exist on their node)."""
+        store = cls()
+        store._parse(json.loads(text))
+        return store
+
     def _load(self) -> None:
-        data = json.loads(self.path.read_text())
+        self._parse(json.loads(self.path.read_text()))
+
+    def _parse(self, data: dict) -> None:
         for name, rec in data.get("tenants", {}).items():
             bad = set(rec["scopes"]) - set(SCOPES)
             if bad:

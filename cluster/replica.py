@@ -1,0 +1,144 @@
+"""One engine replica: the single-process server (``create_app``) inside a Ray Serve replica.
+
+Every request arrives through ``forward`` and runs through the app in process
+(``asgi.call_app``), so the replica answers exactly as ``veil serve`` would. Two requests need
+the cluster's shared key store (``keys.KeyStore``) around them: an accepted ``POST /v1/keys``
+also stores the uploaded bytes there, and a protected ``POST /v1/sessions`` naming keys this
+replica has not imported imports them from there first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from veil.cluster.asgi import Forwarded, Head, call_app, scope_of
+from veil.cluster.routing import REPLICA_HEADER, session_prefix
+from veil.server.app import bearer_tenant, create_app
+from veil.server.config import ServerConfig
+from veil.server.errors import ApiError, error_response
+from veil.server.protected_service import KeysError
+from veil.server.tenants import Tenant, TenantStore
+
+log = logging.getLogger("veil.cluster")
+KEY_STORE = "keys"  # the deployment-scoped actor's name
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What a replica needs beyond the server's settings to build its engine."""
+
+    dtype: str = "float32"
+    threads: int = 1  # torch intra-op threads
+
+
+def load_half(cfg: ServerConfig, dtype_name: str):
+    import torch
+
+    from veil.engine.loader import load_checkpoint
+    from veil.engine.split import load_server_half, server_half_from
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    if cfg.bundle:  # the path must exist on the replica's node
+        return load_server_half(cfg.bundle, dtype=dtype)
+    return server_half_from(load_checkpoint(cfg.model), cfg.k, full=True, dtype=dtype)
+
+
+class VeilReplica:
+    async def __init__(self, cfg: ServerConfig, spec: ReplicaSpec, tenants_json: str):
+        import torch
+        from ray import serve
+
+        torch.set_num_threads(spec.threads)
+        self.id = serve.get_replica_context().replica_id.unique_id
+        half = await asyncio.to_thread(load_half, cfg, spec.dtype)
+        self.app = create_app(cfg, half, TenantStore.from_json(tenants_json))
+        self.app.state.sessions.id_prefix = session_prefix(self.id)
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()  # the engine loop and the session sweeper
+        self._header = ((REPLICA_HEADER.encode(), self.id.encode()),)
+        # One line per replica start, on the replica's stderr (Ray forwards it to `veil serve`'s):
+        # operators see replacements, and the fault benchmark learns which process to kill.
+        print(f"veil replica {self.id} ready: pid {os.getpid()}, layers [{half.k}, {half.config.num_layers})",
+              file=sys.stderr, flush=True)
+
+    def check_health(self) -> None:
+        """Ray calls this periodically; raising gets the replica replaced."""
+        if not self.app.state.engine.alive:
+            raise RuntimeError("the engine loop died")
+
+    def __del__(self):
+        if hasattr(self, "app"):
+            self.app.state.engine.stop()
+
+    async def forward(self, req: Forwarded, replica: str | None = None):
+        """Answer one request: a ``Head``, then body chunks if it streams. ``replica`` is the
+        session's pin, read by the router (``router.SessionAffinityRouter``), not here."""
+        if req.method == "POST" and req.path == "/v1/keys":
+            yield await self._upload_keys(req)
+            return
+        if req.method == "POST" and req.path == "/v1/sessions":
+            refused = await self._import_keys(req)
+            if refused is not None:
+                yield refused
+                return
+        async for item in call_app(self.app, req, self._header):
+            yield item
+
+    # ---- evaluation keys through the shared store --------------------------------------------
+    def _tenant(self, req: Forwarded) -> Tenant | None:
+        try:
+            tenant = bearer_tenant(Request(scope_of(req)), self.app.state.tenants)
+        except ApiError:
+            return None  # the app answers 401 itself
+        return tenant if "protected" in tenant.scopes else None
+
+    def _error(self, status: int, code: str, message: str) -> Head:
+        r = error_response(status, code, message)
+        return Head(status, tuple(r.raw_headers) + self._header, r.body, False)
+
+    async def _whole(self, req: Forwarded) -> Head:
+        """The app's answer to a request whose answer does not stream."""
+        return [item async for item in call_app(self.app, req, self._header)][0]
+
+    async def _upload_keys(self, req: Forwarded) -> Head:
+        from ray import serve
+
+        tenant = self._tenant(req)
+        store = serve.get_deployment_actor(KEY_STORE) if tenant else None
+        if store is not None and (refused := await store.refusal.remote(tenant.name, len(req.body))):
+            return self._error(*refused)
+        head = await self._whole(req)  # validates and imports the keys here
+        if store is not None and head.status == 201 and (refused := await store.put.remote(tenant.name, req.body)):
+            return self._error(*refused)
+        return head
+
+    async def _import_keys(self, req: Forwarded) -> Head | None:
+        """Import the tenant's keys from the store if a protected session needs them and this
+        replica has not got them; an answer only when the import is refused."""
+        from ray import serve
+
+        try:
+            body = json.loads(req.body)
+        except ValueError:
+            return None
+        keys_id = body.get("keys_id") if isinstance(body, dict) and body.get("path") == "protected" else None
+        tenant = self._tenant(req) if isinstance(keys_id, str) else None
+        protected = self.app.state.protected
+        if tenant is None or protected.key_set(tenant.name, keys_id) is not None:
+            return None
+        data = await serve.get_deployment_actor(KEY_STORE).get.remote(tenant.name, keys_id)
+        if data is None:
+            return None  # never uploaded (or another tenant's): the app answers 404 keys_not_found
+        try:
+            await asyncio.to_thread(protected.add_keys, tenant.name, data)
+        except KeysError as e:
+            return self._error(e.status, e.code, str(e))
+        log.info("replica %s imported keys %s… of tenant %s from the store", self.id, keys_id[:12], tenant.name)
+        return None

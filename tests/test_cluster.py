@@ -1,0 +1,114 @@
+"""`veil serve --replicas 2` (Ray Serve) on loopback: affinity, balancing, the gathered /health and
+/metrics, errors through the ingress, and a replica killed mid-run. Skipped without the cluster
+extra. One cluster for the module (starting it takes ~1 min); the fault test runs last."""
+
+import threading
+from collections import Counter
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from veil.benchmarks.cluster import launch_cluster  # noqa: E402
+from veil.benchmarks.cluster_fault import run_fault  # noqa: E402
+from veil.benchmarks.protected_overhead import context_prompt  # noqa: E402
+from veil.client import VeilClient  # noqa: E402
+from veil.cluster.routing import REPLICA_HEADER  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    srv = launch_cluster(tmp_path_factory.mktemp("cluster"), 2, ("plaintext",), ["--kv-cache-gb", "0.0625"])
+    yield srv
+    srv.stop()
+
+
+def _http(cluster):
+    return httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.key}"}, timeout=120)
+
+
+def test_health_lists_every_replica(cluster):
+    h = httpx.get(f"{cluster.url}/health").json()
+    assert h["status"] == "ok" and h["k"] == 2 and h["fast_path"]
+    assert h["replicas"] == {"target": 2, "running": 2, "healthy": 2}
+    ids = [r["id"] for r in h["replica_status"]]
+    assert len(set(ids)) == 2 and set(ids) <= set(cluster.replica_pids())
+
+
+def test_split_sessions_stay_on_their_replica(cluster, client_half, chat_prompts, local_greedy):
+    answered = []  # (session's replica, replica that answered) per step
+    with VeilClient(cluster.url, cluster.key, half=client_half) as client:
+        client.http.event_hooks["response"].append(lambda r: r.request.url.path.endswith("/steps") and answered.append(
+            (r.request.url.path.split("/")[3].split(".")[0], r.headers.get(REPLICA_HEADER))))
+        sessions = []
+        while len({s.id.split(".")[0] for s in sessions}) < 2:  # creation is balanced: both soon hold one
+            assert len(sessions) < 16
+            sessions.append(client.open_session())
+        for i, s in enumerate(sessions):
+            ids, out = chat_prompts[i % 3], []
+            logits = s.forward(ids)
+            for _ in range(8):
+                out.append(int(logits.argmax()))
+                logits = s.forward([out[-1]])
+            assert out == local_greedy[i % 3][:8]
+            s.close()
+    assert len(answered) == 9 * len(sessions) and all(pin == by for pin, by in answered)
+    assert len({pin for pin, _ in answered}) == 2
+
+
+def test_completions_are_balanced(cluster):
+    served: list[str] = []
+
+    def one():
+        with _http(cluster) as c:
+            r = c.post("/v1/completions", json={"prompt": [1, 2, 3, 4], "max_tokens": 12, "temperature": 0,
+                                                "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12
+            served.append(r.headers[REPLICA_HEADER])
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counts = Counter(served)
+    assert len(served) == 16 and len(counts) == 2 and min(counts.values()) >= 4, counts
+
+
+def test_metrics_are_per_replica(cluster):
+    text = httpx.get(f"{cluster.url}/metrics").text
+    ids = {r["id"] for r in cluster.health()["replica_status"]}
+    for rid in ids:  # both replicas made split and completion tokens in the tests above
+        assert f'veil_tokens_total{{kind="split",replica="{rid}"}}' in text
+        assert f'veil_tokens_total{{kind="output",replica="{rid}"}}' in text
+    assert 'veil_cluster_replicas{state="healthy"} 2.0' in text and text.count("# TYPE veil_tokens_total") == 1
+
+
+def test_errors_through_the_ingress(cluster):
+    with _http(cluster) as c:
+        assert httpx.post(f"{cluster.url}/v1/sessions", json={"path": "plaintext"}).status_code == 401
+        r = c.post("/v1/sessions/zzzz9999.gone/steps", content=b"x")  # pinned to a replica that never was
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+        assert c.delete("/v1/sessions/nodot").status_code == 404
+        r = c.post("/v1/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"
+        r = c.post("/v1/sessions", json={"path": "protected"})
+        assert r.status_code == 403  # this tenant lacks the scope, as on one server
+        assert c.get("/v1/models").json()["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    assert cluster.health()["replicas"]["healthy"] == 2  # nothing above hurt a replica
+
+
+def test_replica_killed_mid_run(cluster, client_half, ckpt, full_model):
+    from veil.engine.generate import generate_local
+
+    prompt = context_prompt(ckpt.tokenizer, 16)
+    expected = generate_local(full_model, prompt, 24)
+    res = run_fault(cluster, client_half, expected, prompt, sessions=4, completions=4, completion_tokens=64)
+    print({k: v for k, v in res.items() if k != "completion_details"})
+    assert res["generations_failed"] == 0 and res["generations_correct"] == 4, res["generation_errors"]
+    assert res["sessions_on_victim"] >= 1 and res["reestablished"] >= res["sessions_on_victim"]
+    assert res["http_5xx_unexpected"] == 0, res["unexpected_5xx"]
+    assert res["completions_ok"] + res["completions_failed"] == 4
+    assert res["completions_failed"] == res["completions_failed_on_victim"]
+    assert res["after_restart_ok"] == 8 and res["after_restart_on_new"] >= 1 and res["stale_pin_404"] == 1

@@ -1,0 +1,57 @@
+"""Protected sessions on `veil serve --replicas 2 --k 29` (Ray Serve): the tenant uploads its
+evaluation keys once, and whichever replica opens one of its protected sessions imports them from
+the cluster's key store; both replicas then run real SEAL layers for it. Skipped without the
+cluster extra; he_heavy (each replica encodes its protected layer and imports the keys, ~1 GB)."""
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from veil.benchmarks.cluster import launch_cluster  # noqa: E402
+from veil.client import VeilClient  # noqa: E402
+from veil.cluster.routing import REPLICA_HEADER  # noqa: E402
+from veil.engine.generate import generate_local  # noqa: E402
+from veil.engine.split import client_half_from  # noqa: E402
+
+pytestmark = pytest.mark.he_heavy
+K = 29  # one protected layer
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    srv = launch_cluster(tmp_path_factory.mktemp("cluster"), 2, ("protected",),
+                         ["--k", str(K), "--kv-cache-gb", "0.03"])
+    yield srv
+    srv.stop()
+
+
+def test_keys_uploaded_once_serve_every_replica(cluster, ckpt, full_model):
+    uploads, answered = [], []
+    with VeilClient(cluster.url, cluster.key, mode="protected", half=client_half_from(ckpt, K)) as client:
+        client.generate_keys(progress=False)
+
+        def seen(r):
+            if r.request.url.path == "/v1/keys":
+                uploads.append(r.status_code)
+            elif r.request.url.path.endswith("/steps"):
+                answered.append((r.request.url.path.split("/")[3].split(".")[0], r.headers.get(REPLICA_HEADER)))
+
+        client.http.event_hooks["response"].append(seen)
+        sessions = []
+        while len({s.id.split(".")[0] for s in sessions}) < 2:  # balanced creation: both soon hold one
+            assert len(sessions) < 12
+            sessions.append(client.open_session())
+        ids = client.tokenizer("The capital of France is")["input_ids"]
+        expected = generate_local(full_model, ids, 1)
+        for s in {s.id.split(".")[0]: s for s in sessions}.values():  # one session per replica
+            assert [int(s.forward(ids).argmax())] == expected
+        for s in sessions:
+            s.close()
+    assert uploads == [201]  # once, although two replicas use the keys
+    assert answered and all(pin == by for pin, by in answered)
+    text = httpx.get(f"{cluster.url}/metrics", timeout=60).text
+    replicas = {s.id.split(".")[0] for s in sessions}
+    for rid in replicas:  # each replica imported the keys (from the store, for all but the first)
+        line = next(ln for ln in text.splitlines() if ln.startswith(f'veil_protected_key_bytes{{replica="{rid}"}}'))
+        assert float(line.split()[-1]) > 100e6

@@ -1,0 +1,143 @@
+"""The cluster's pieces that need no Ray: routing by session id, the key store's limits, merged
+metrics, and running forwarded requests through the real app in process (``asgi.call_app``)."""
+
+import asyncio
+import json
+
+import pytest
+
+from veil.cluster.asgi import Forwarded, Head, call_app
+from veil.cluster.keys import KeyStore
+from veil.cluster.metrics import ClusterMetrics, merge
+from veil.cluster.routing import pinned_replica, session_prefix
+from veil.server.metrics import Metrics
+from veil.server.sessions import SessionStore
+from veil.server.tenants import TenantStore
+
+
+def test_pinned_replica_reads_the_session_id():
+    sid = session_prefix("abc123") + "Zm9v_-x"
+    assert pinned_replica(f"/v1/sessions/{sid}/steps") == "abc123"
+    assert pinned_replica(f"/v1/sessions/{sid}") == "abc123"
+    for path in ("/v1/sessions", "/v1/sessions/", "/v1/sessions/nodot/steps", "/v1/sessions/.x/steps",
+                 "/v1/sessions/ab%2F.x", "/v1/sessions/abc./steps", "/v1/completions", "/health", "/"):
+        assert pinned_replica(path) is None, path
+
+
+def test_session_ids_carry_the_prefix():
+    store = SessionStore(60, 4, id_prefix=session_prefix("r1"))
+    s = store.create("alice", "plaintext", lambda sid: None)
+    assert s.id.startswith("r1.") and pinned_replica(f"/v1/sessions/{s.id}/steps") == "r1"
+    assert store.get(s.id, "alice") is s and store.get(s.id, "bob") is None
+
+
+def test_key_store_limits_and_idempotence():
+    import hashlib
+
+    ks = KeyStore(max_bytes_per_tenant=10, max_bytes_total=15)
+    assert ks.put("a", b"x" * 6) is None and ks.put("a", b"x" * 6) is None  # same bytes: stored once
+    assert ks.nbytes() == 6
+    assert ks.get("a", hashlib.sha256(b"x" * 6).hexdigest()) == b"x" * 6
+    assert ks.get("b", hashlib.sha256(b"x" * 6).hexdigest()) is None  # another tenant's keys look absent
+    assert ks.put("a", b"y" * 5)[1] == "key_bytes_per_tenant"
+    assert ks.refusal("b", 10)[1] == "key_bytes_total" and ks.put("b", b"z" * 10)[1] == "key_bytes_total"
+    assert ks.put("b", b"z" * 9) is None and ks.nbytes() == 15
+
+
+def test_metrics_merge_labels_every_replica():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a, b = Metrics(), Metrics()
+    a.tokens.labels("split").inc(3)
+    b.tokens.labels("split").inc(5)
+    cm = ClusterMetrics()
+    cm.replicas.labels("healthy").set(2)
+    text = cm.render({"r1": a.render().decode(), "r2": b.render().decode()}).decode()
+    fams = list(text_string_to_metric_families(text))
+    assert len({f.name for f in fams}) == len(fams)  # each family once
+    tokens = {s.labels["replica"]: s.value for f in fams if f.name == "veil_tokens" for s in f.samples
+              if s.name == "veil_tokens_total"}
+    assert tokens == {"r1": 3.0, "r2": 5.0}
+    assert 'veil_cluster_replicas{state="healthy"} 2.0' in text
+    assert len(merge({})) == 0
+
+
+def test_tenant_store_from_json(tmp_path):
+    store = TenantStore(tmp_path / "t.json")
+    key = store.add("alice", ["plaintext"])
+    copy = TenantStore.from_json((tmp_path / "t.json").read_text())
+    assert copy.authenticate(key).name == "alice" and copy.path is None
+
+
+def _req(method, path, key=None, body=b"", ctype=b"application/json"):
+    headers = [(b"content-type", ctype)]
+    if key:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
+    return Forwarded(method, path, b"", tuple(headers), body, ("127.0.0.1", 1))
+
+
+async def _collect(app, req, stop_after=None):
+    items = []
+    gen = call_app(app, req, ((b"x-veil-replica", b"r9"),))
+    async for item in gen:
+        items.append(item)
+        if stop_after is not None and len(items) >= stop_after:
+            await gen.aclose()  # the HTTP client went away
+            break
+    return items
+
+
+def test_call_app_answers_as_the_app_does(live_server):
+    app, key = live_server.app, live_server.keys["alice"]
+    [head] = asyncio.run(_collect(app, _req("GET", "/health")))
+    assert isinstance(head, Head) and not head.streaming and head.status == 200
+    assert json.loads(head.body)["status"] == "ok" and (b"x-veil-replica", b"r9") in head.headers
+    [head] = asyncio.run(_collect(app, _req("POST", "/v1/sessions", body=b'{"path": "plaintext"}')))
+    assert head.status == 401 and json.loads(head.body)["error"]["code"] == "unauthorized"
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                       "stream": True}).encode()
+    head, *chunks = asyncio.run(_collect(app, _req("POST", "/v1/completions", key, body)))
+    assert head.status == 200 and head.streaming
+    text = (head.body + b"".join(chunks)).decode()
+    assert text.count("data: ") == 6 and text.rstrip().endswith("data: [DONE]")
+
+
+def test_call_app_stopped_early_aborts_the_engine_work(live_server):
+    app, key = live_server.app, live_server.keys["alice"]
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 500, "temperature": 0, "ignore_eos": True,
+                       "stream": True}).encode()
+    items = asyncio.run(_collect(app, _req("POST", "/v1/completions", key, body), stop_after=2))
+    assert items[0].streaming
+    engine = app.state.engine
+    for _ in range(200):  # the abort reaches the engine loop within a step or two
+        if engine.scheduler.num_running == 0 and engine.scheduler.num_waiting == 0:
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    assert engine.scheduler.num_running == 0 and engine.scheduler.num_waiting == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/nothing", "/v1/sessions/r1.nosuch/steps"])
+def test_call_app_not_found(live_server, path):
+    [head] = asyncio.run(_collect(live_server.app, _req("POST", path, live_server.keys["alice"], b"x")))
+    assert head.status == 404
+
+
+def test_bench_names_and_scaling_ratios_of_replica_runs():
+    from veil.benchmarks.overhead import ratios
+    from veil.benchmarks.report import _paths
+
+    paths = {"fast@r2": {"c4": {"output_tok_s": 30.0}, "ctx16": {"tpot_s": {"mean": 0.1}}},
+             "fast@r1": {"c4": {"output_tok_s": 20.0}}, "fast": {"c4": {"output_tok_s": 25.0}},
+             "split-plain@r1": {"c4": {"output_tok_s": 10.0}}, "reference": {}}
+    assert _paths({"paths": paths}) == ["reference", "fast", "fast@r1", "fast@r2", "split-plain@r1"]
+    r = ratios(paths)
+    assert r["fast@r2_over_fast@r1.output_tok_s.c4"] == 1.5 and r["fast@r1_over_fast.output_tok_s.c4"] == 0.8
+    assert r["fast@r2_over_fast.output_tok_s.c4"] == 1.2 and not any(k.startswith("split") for k in r)
+
+
+def test_serve_refuses_zero_replicas(tmp_path, capsys):
+    from veil.cli.main import main
+
+    TenantStore(tmp_path / "t.json").add("alice", ["plaintext"])
+    assert main(["serve", "--tenants", str(tmp_path / "t.json"), "--replicas", "0"]) == 2
+    assert "--replicas" in capsys.readouterr().err
