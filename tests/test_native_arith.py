@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from veil.crypto.native import rns
-from veil.crypto.native.context import RnsContext, chain_primes
+from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis
 from veil.crypto.native.ntt import NttTables, automorphism_index, coeff_automorphism
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
 
 TEST_P = get_params(TEST_PARAMS_ID, allow_test_params=True)
-PRIMES = sorted(set(chain_primes(PROTECTED_PARAMS)) | set(chain_primes(TEST_P))
-                | set(chain_primes(get_params("ckks-n16384-l6-v1"))))
+PRIMES = sorted(set(PROTECTED_PARAMS.primes) | set(TEST_P.primes)
+                | set(get_params("ckks-n16384-l6-v1").primes))
 NARROW = [q for q in PRIMES if q.bit_length() <= 50]
 
 
@@ -117,7 +117,7 @@ def _negacyclic_kronecker(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
 
 @pytest.mark.parametrize("params", [PROTECTED_PARAMS, TEST_P], ids=lambda p: p.id)
 def test_ntt_product_matches_schoolbook_small_n(params):
-    primes, n = chain_primes(params), 64
+    primes, n = params.primes, 64
     ntt, basis = NttTables(Basis.of(primes), n), Basis.of(primes)
     rng = np.random.default_rng(3)
     a = np.stack([rng.integers(0, q, n, dtype=np.int64) for q in primes])
@@ -131,7 +131,7 @@ def test_ntt_product_matches_schoolbook_small_n(params):
 
 
 def test_ntt_slots_are_bit_reversed_odd_power_evaluations():
-    q, n = chain_primes(TEST_P)[1], 16
+    q, n = TEST_P.primes[1], 16
     ntt = NttTables(Basis.of([q]), n)
     from veil.crypto.native.ntt import bit_reverse, min_root_2n
 
@@ -144,7 +144,7 @@ def test_ntt_slots_are_bit_reversed_odd_power_evaluations():
 
 def test_ntt_product_at_n16384_matches_big_integer_product():
     """Dense random operands, one 36-bit and one 57-bit limb of the production chain."""
-    primes = chain_primes(PROTECTED_PARAMS)
+    primes = PROTECTED_PARAMS.primes
     sel = [primes[0], primes[3]]
     basis, n = Basis.of(sel), PROTECTED_PARAMS.poly_modulus_degree
     ntt = NttTables(basis, n)
@@ -157,7 +157,7 @@ def test_ntt_product_at_n16384_matches_big_integer_product():
 
 
 def test_automorphism_in_ntt_form_is_a_gather():
-    primes, n = chain_primes(TEST_P), 256
+    primes, n = TEST_P.primes, 256
     basis = Basis.of(primes)
     ntt = NttTables(basis, n)
     rng = np.random.default_rng(5)

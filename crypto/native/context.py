@@ -18,33 +18,7 @@ from veil.crypto.native.modarith import Basis, MulConst
 from veil.crypto.native.ntt import NttTables, automorphism_index
 from veil.crypto.params import CkksParams
 
-__all__ = ["RnsContext", "galois_element", "chain_primes"]
-
-#: The primes SEAL's ``CoeffModulus::Create`` picks for each set, ``[q_0..q_L, p]`` (largest
-#: NTT-friendly primes below 2^bits, handed out smallest first); a test checks them against
-#: SEAL. Used where ``CkksParams`` does not pin its primes itself.
-_PINNED: dict[str, tuple[int, ...]] = {
-    "ckks-n16384-l7-v1": (144115188075134977, 68713512961, 68713873409, 68714201089,
-                          68714954753, 68716036097, 68717740033, 68718428161, 144115188075593729),
-    "ckks-n16384-l6-v1": (1152921504606683137, 1125899903107073, 1125899903500289,
-                          1125899903795201, 1125899903827969, 1125899903991809,
-                          1125899904679937, 1152921504606748673),
-    "test-ckks-n8192-l2-v1": (1152921504606748673, 1099510890497, 1099511480321,
-                              1152921504606830593),
-}
-
-
-def chain_primes(params: CkksParams) -> tuple[int, ...]:
-    """``[q_0, ..., q_L, p]`` of a parameter set."""
-    primes = tuple(getattr(params, "primes", ()) or _PINNED.get(params.id, ()))
-    if len(primes) != len(params.coeff_modulus_bits):
-        raise ValueError(f"no pinned primes for {params.id}")
-    n = params.poly_modulus_degree
-    for q, bits in zip(primes, params.coeff_modulus_bits, strict=True):
-        if q.bit_length() != bits or q % (2 * n) != 1:
-            raise ValueError(f"{params.id}: {q} is not an NTT-friendly {bits}-bit prime")
-    return primes
-
+__all__ = ["RnsContext", "galois_element"]
 
 def galois_element(step: int, n: int) -> int:
     """Galois element of a left rotation of the N/2 slots by ``step``: ``3^step mod 2N``
@@ -63,10 +37,13 @@ class RnsContext:
         self.params = params
         self.n = params.poly_modulus_degree
         self.device = torch.device(device)
-        chain = chain_primes(params)
+        chain = tuple(int(q) for q in params.primes)
         self.data_primes, self.special_prime = chain[:-1], chain[-1]
         self.master_primes = (self.special_prime,) + self.data_primes
         self.top = params.top_level
+        # key_inner sums up to L+1 lazy products (each |.| < q) in int64 before reducing
+        if (self.top + 1) * max(chain) >= 2**63:
+            raise ValueError(f"{params.id}: too many digits for int64 accumulation")
         self._basis = Basis.of(self.master_primes, self.device)
         self._ntt = NttTables(self._basis, self.n)
         self._galois: dict[int, torch.Tensor] = {}
