@@ -19,7 +19,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 #: Every backend the interface and protocol tests run on: the slot-vector test double first.
-HE_BACKENDS = ("plain", "seal")
+HE_BACKENDS = ("plain", "seal", "native")
 
 
 def pytest_generate_tests(metafunc):
