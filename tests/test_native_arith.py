@@ -4,6 +4,7 @@ References are Python integers (object arrays or a big-integer Kronecker product
 check is exact. Primes: the chains of the three parameter sets (57/36-, 60/50- and 60/40-bit).
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -71,9 +72,10 @@ def test_narrow_and_wide_paths_agree_on_narrow_primes():
     for q in NARROW:
         a, b = _operands(q, rng, 20_000)
         narrow = Basis.of([q])
-        wide = Basis(narrow.primes, narrow.q, narrow.qf, narrow.qinv, True)
+        part = narrow.parts[0][2]
+        wide = Basis(narrow.primes, narrow.q, narrow.qinv, ((0, 1, dataclasses.replace(part, wide=True)),))
         ta, tb = torch.from_numpy(a)[None], torch.from_numpy(b)[None]
-        assert not narrow.wide and torch.equal(narrow.mul(ta, tb), wide.mul(ta, tb))
+        assert not narrow.wide and wide.wide and torch.equal(narrow.mul(ta, tb), wide.mul(ta, tb))
 
 
 def test_reduce_any_int64():
@@ -142,16 +144,19 @@ def test_ntt_slots_are_bit_reversed_odd_power_evaluations():
     assert got == want
 
 
-def test_ntt_product_at_n16384_matches_big_integer_product():
-    """Dense random operands, one 36-bit and one 57-bit limb of the production chain."""
-    primes = PROTECTED_PARAMS.primes
-    sel = [primes[0], primes[3]]
-    basis, n = Basis.of(sel), PROTECTED_PARAMS.poly_modulus_degree
+@pytest.mark.parametrize("params", [PROTECTED_PARAMS, TEST_P], ids=lambda p: p.id)
+def test_ntt_product_at_full_size_matches_big_integer_product(params):
+    """Dense random operands at the set's N, on the special prime, q_0 (a run of two wide limbs:
+    the lazy butterflies' periodic reductions) and one narrow prime."""
+    sel = [params.primes[-1], params.primes[0], params.primes[1]]
+    basis, n = Basis.of(sel), params.poly_modulus_degree
     ntt = NttTables(basis, n)
     rng = np.random.default_rng(4)
     a = np.stack([rng.integers(0, q, n, dtype=np.int64) for q in sel])
     b = np.stack([rng.integers(0, q, n, dtype=np.int64) for q in sel])
-    got = ntt.inverse(basis.mul(ntt.forward(torch.from_numpy(a)), ntt.forward(torch.from_numpy(b))))
+    ta = torch.from_numpy(a)
+    assert torch.equal(ntt.inverse(ntt.forward(ta)), ta)
+    got = ntt.inverse(basis.mul(ntt.forward(ta), ntt.forward(torch.from_numpy(b))))
     for i, q in enumerate(sel):
         assert np.array_equal(got[i].numpy().astype(object), _negacyclic_kronecker(a[i], b[i], q))
 

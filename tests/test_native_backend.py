@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from veil.crypto.backend import HEError, make_backend
+from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
 from veil.crypto.native import keys as K
 from veil.crypto.native import rns
 from veil.crypto.native.context import galois_element
@@ -22,7 +23,8 @@ from veil.crypto.params import TEST_PARAMS_ID, get_params
 
 P = get_params(TEST_PARAMS_ID, allow_test_params=True)
 N, SLOTS = P.poly_modulus_degree, P.slot_count
-STEPS = [1, 3, -5, 100, -1000, 2048]
+PRODUCT = plan_matvec(64, 64, SLOTS, "bsgs", 8)  # 7 hoisted baby steps, 7 giant steps
+STEPS = sorted({1, 3, -5, 100, -1000, 2048} | set(PRODUCT.rotation_steps))
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,7 @@ def test_hoisted_rotations_are_bit_identical_to_single_rotations(pair, rng):
             assert torch.equal(got._obj.data, server.rotate(ct, step)._obj.data)
         np.testing.assert_allclose(client.decrypt(many[-1]), np.roll(x, -3), atol=1e-6)
     with pytest.raises(HEError, match="Galois"):
-        server.rotate_many(ct, [1, 7])
+        server.rotate_many(ct, [1, 11])
 
 
 def test_masked_refresh_is_exact(pair, rng):
@@ -167,3 +169,13 @@ def test_server_holds_no_secret(pair):
             assert not any(torch.equal(row, s) for row in flat for s in secret)
     with pytest.raises(HEError, match="secret"):
         server.decrypt(server.rotate(client.encrypt(np.ones(4)), 1))
+
+
+def test_diagonal_product_with_hoisted_baby_steps(pair, rng):
+    """A BSGS product of ``veil.crypto.linear`` (its baby steps go through ``rotate_many``)."""
+    client, server = pair
+    w, x = rng.standard_normal((64, 64)), rng.standard_normal(64)
+    mat = encode_matrix(server, w, P.top_level, n1=8)
+    assert mat.plan == PRODUCT
+    out = matvec(server, mat, client.encrypt(replicate_input(x, SLOTS)))
+    np.testing.assert_allclose(client.decrypt(out, 64), w @ x, atol=1e-5)

@@ -16,6 +16,7 @@ mixed-radix digits, so re-encryption never builds Python integers.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,9 +50,12 @@ class _Ct:
 class NativeBackend(Evaluator, HEBackend):
     name = "native"
 
-    def __init__(self, params: CkksParams, device: torch.device | str = "cpu") -> None:
+    def __init__(self, params: CkksParams, device: torch.device | str = "cpu",
+                 compile: bool | None = None) -> None:
         self.params = params
-        self._ctx = RnsContext(params, device)
+        if compile is None:
+            compile = os.environ.get("VEIL_NATIVE_COMPILE", "") == "1"
+        self._ctx = RnsContext(params, device, compile)
         self._n, self._slots = params.poly_modulus_degree, params.slot_count
         self._encoder = Encoder(self._n)
         self._sk: K.SecretKey | None = None

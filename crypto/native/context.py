@@ -32,7 +32,7 @@ def galois_element(step: int, n: int) -> int:
 class RnsContext:
     """Tables of one parameter set on one device (built once, read-only afterwards)."""
 
-    def __init__(self, params: CkksParams, device: torch.device | str = "cpu") -> None:
+    def __init__(self, params: CkksParams, device: torch.device | str = "cpu", compile: bool = False) -> None:
         params.validate()
         self.params = params
         self.n = params.poly_modulus_degree
@@ -45,7 +45,8 @@ class RnsContext:
         if (self.top + 1) * max(chain) >= 2**63:
             raise ValueError(f"{params.id}: too many digits for int64 accumulation")
         self._basis = Basis.of(self.master_primes, self.device)
-        self._ntt = NttTables(self._basis, self.n)
+        self.compile = compile
+        self._ntt = NttTables(self._basis, self.n, compile)
         self._galois: dict[int, torch.Tensor] = {}
 
     # ---- bases ---------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class RnsContext:
         basis, _ = self.data(level)
         w = torch.tensor([[r % q for r in radices] for q in basis.primes], dtype=torch.int64,
                          device=self.device).unsqueeze(-1)
-        return basis.const(w, ndim=3)
+        return basis.const(w)
 
     def galois_index(self, g: int) -> torch.Tensor:
         idx = self._galois.get(g)

@@ -33,7 +33,7 @@ def switch(d: torch.Tensor, key: SwitchKey, ctx: RnsContext, level: int) -> torc
     """``[..., level+1, N]`` -> ``[..., 2, level+1, N]``: the key switch of ``d``."""
     ext_basis, _ = ctx.ext(level)
     digits = rns.decompose(d, ctx, level)
-    return rns.mod_down(rns.key_inner(digits, key.at(level), ext_basis), ctx, level)
+    return rns.mod_down(rns.key_inner(digits, key.at(level), ext_basis, ctx.compile), ctx, level)
 
 
 def relinearize(c: torch.Tensor, key: SwitchKey, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -62,7 +62,7 @@ def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[Swit
     acc, c0s = [], []
     for g, key in zip(elements, keys, strict=True):
         idx = ctx.galois_index(g)
-        acc.append(rns.key_inner(digits.index_select(-1, idx), key.at(level), ext_basis))
+        acc.append(rns.key_inner(digits.index_select(-1, idx), key.at(level), ext_basis, ctx.compile))
         c0s.append(c[0].index_select(-1, idx))
     out = rns.mod_down(torch.stack(acc), ctx, level)
     out[:, 0] = basis.add(out[:, 0], torch.stack(c0s))

@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from veil.crypto.native.modarith import Basis
+from veil.crypto.native.modarith import Basis, MulConst, _PartConst
 
 __all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "coeff_automorphism"]
 
@@ -57,12 +57,101 @@ def _twiddles(q: int, n: int) -> tuple[list[int], list[int], int]:
     return [fw[r] for r in rev], [inv[r] for r in rev], pow(n, -1, q)
 
 
-class NttTables:
-    """Twiddles of one basis at ring degree ``n``, on the basis's device."""
+def _fw_stage(x: torch.Tensor, w: _PartConst, m: int) -> torch.Tensor:
+    """One Cooley-Tukey stage on ``[B, L, N]`` with ``m`` groups: ``(u + w*v, u - w*v)``."""
+    b, limbs, n = x.shape
+    v = x.view(b, limbs, m, 2, n // (2 * m))
+    u, p = v[:, :, :, 0], w.mul_lazy(v[:, :, :, 1])
+    return torch.stack((u + p, u - p), dim=3).view(b, limbs, n)
 
-    def __init__(self, basis: Basis, n: int) -> None:
-        self.basis, self.n = basis, n
-        self.log_n = n.bit_length() - 1
+
+def _inv_stage(x: torch.Tensor, w: _PartConst, h: int) -> torch.Tensor:
+    """One Gentleman-Sande stage with ``h`` groups: ``(u + v, w*(u - v))``."""
+    b, limbs, n = x.shape
+    v = x.view(b, limbs, h, 2, n // (2 * h))
+    u, y = v[:, :, :, 0], v[:, :, :, 1]
+    return torch.stack((u + y, w.mul_lazy(u - y)), dim=3).view(b, limbs, n)
+
+
+def _inv_last(x: torch.Tensor, lo: _PartConst, hi: _PartConst) -> torch.Tensor:
+    """The last inverse stage with the factor ``1/N`` folded in; ends canonical."""
+    b, limbs, n = x.shape
+    v = x.view(b, limbs, 1, 2, n // 2)  # the constants are [L, 1, 1] like the stages' twiddles
+    u, y = v[:, :, :, 0], v[:, :, :, 1]
+    out = torch.stack((lo.mul_lazy(u + y), hi.mul_lazy(u - y)), dim=3).view(b, limbs, n)
+    return out + ((out >> 63) & lo.q.view(-1, 1))
+
+
+def _reduce(x: torch.Tensor, q: torch.Tensor, qinv: torch.Tensor, canonical: bool) -> torch.Tensor:
+    """``-> (-q, q)``, or ``[0, q)`` (``modarith.Basis.reduce``)."""
+    r = x - torch.round(x.to(torch.float64) * qinv).to(torch.int64) * q
+    return r + ((r >> 63) & q) if canonical else r
+
+
+@functools.cache
+def compiled(fn):
+    """``torch.compile`` of a hot function with dynamic shapes. On the CPU it fuses a butterfly
+    stage's dozen elementwise operations into one pass over memory; the integer results equal
+    eager ones (tests compare them). Sizes of 1 (one limb, one polynomial, the first and last
+    stage's group sizes) and the two product schemes each get their own graph, more than
+    Dynamo's default of 8 per function, hence the higher limit while these run."""
+    fn_c = torch.compile(fn, dynamic=True)
+
+    @functools.wraps(fn)
+    def call(*args):
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return fn_c(*args)
+
+    return call
+
+
+class _RunNtt:
+    """The transforms of one run of limbs (one product scheme), with lazy butterflies: sums are
+    not reduced; a value's bound grows by ``q`` per forward stage and doubles per inverse stage,
+    and the whole array is brought back to ``(-q, q)`` only when the next stage's product would
+    leave its precondition (``limit``, see ``modarith``). For the 36-bit primes that is never in
+    a forward transform and once in an inverse one; for the 57-bit primes every 31 stages.
+    Input and output ``[B, L, N]``; each stage is one function (``compile``: one fused kernel)."""
+
+    def __init__(self, fw: MulConst, inv: MulConst, last_lo: MulConst, last_hi: MulConst,
+                 q: torch.Tensor, qinv: torch.Tensor, limit: float, qmax: int) -> None:
+        [(_, _, self.fw)], [(_, _, self.inv)] = fw.parts, inv.parts
+        [(_, _, self.last_lo)], [(_, _, self.last_hi)] = last_lo.parts, last_hi.parts
+        self.q, self.qinv, self.limit, self.qmax = q, qinv, limit, float(qmax)  # q: [L, 1]
+
+    def forward(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
+        stage, reduce = (compiled(_fw_stage), compiled(_reduce)) if compile else (_fw_stage, _reduce)
+        bound, m = self.qmax, 1
+        while m < n:
+            if bound >= self.limit:
+                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+            x = stage(x, self.fw.map(lambda w, m=m: w[:, m : 2 * m]), m)
+            bound += self.qmax
+            m *= 2
+        return reduce(x, self.q, self.qinv, True)
+
+    def inverse(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
+        stage, reduce = (compiled(_inv_stage), compiled(_reduce)) if compile else (_inv_stage, _reduce)
+        last = compiled(_inv_last) if compile else _inv_last
+        bound, h = self.qmax, n // 2
+        while h >= 1:
+            if 2 * bound >= self.limit:
+                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+            if h > 1:
+                x = stage(x, self.inv.map(lambda w, h=h: w[:, h : 2 * h]), h)
+            else:
+                x = last(x, self.last_lo, self.last_hi)
+            bound *= 2
+            h //= 2
+        return x
+
+
+class NttTables:
+    """Twiddles of one basis at ring degree ``n``, on the basis's device, per run of limbs.
+    ``compile=True`` runs the transforms through ``torch.compile`` (``compiled``)."""
+
+    def __init__(self, basis: Basis, n: int, compile: bool = False) -> None:
+        self.basis, self.n, self.compile = basis, n, compile
         dev = basis.device
         fw, inv, last_lo, last_hi = [], [], [], []
         for q in basis.primes:
@@ -72,59 +161,55 @@ class NttTables:
             last_lo.append(n_inv)
             last_hi.append(i[1] * n_inv % q)
         as_t = functools.partial(torch.tensor, dtype=torch.int64, device=dev)
-        self.fw = basis.const(as_t(fw).unsqueeze(-1), ndim=3)  # [L, N, 1]
-        self.inv = basis.const(as_t(inv).unsqueeze(-1), ndim=3)
+        self._fw = basis.const(as_t(fw).unsqueeze(-1))  # [L, N, 1]
+        self._inv = basis.const(as_t(inv).unsqueeze(-1))
         # the inverse's last stage: lo * n^-1, hi * psi^-brev(1) * n^-1
-        self.last_lo = basis.const(as_t(last_lo).view(-1, 1, 1), ndim=3)
-        self.last_hi = basis.const(as_t(last_hi).view(-1, 1, 1), ndim=3)
-        self.q3, _ = basis.cols(3)
+        self._last_lo = basis.const(as_t(last_lo).view(-1, 1, 1))
+        self._last_hi = basis.const(as_t(last_hi).view(-1, 1, 1))
+        self._build_runs()
+
+    def _build_runs(self) -> None:
+        self.runs = []
+        for a, b, part in self.basis.parts:
+            s = slice(a, b)
+            run = _RunNtt(self._fw.limbs(s), self._inv.limbs(s), self._last_lo.limbs(s),
+                          self._last_hi.limbs(s), self.basis.q[s], self.basis.qinv[s], part.limit,
+                          max(self.basis.primes[s]))
+            self.runs.append((a, b, run))
 
     def limbs(self, s: slice) -> NttTables:
         """The tables of a run of limbs (views, no recomputation)."""
         out = object.__new__(NttTables)
-        out.basis, out.n, out.log_n = self.basis.limbs(s), self.n, self.log_n
-        out.fw, out.inv = self.fw.limbs(s), self.inv.limbs(s)
-        out.last_lo, out.last_hi = self.last_lo.limbs(s), self.last_hi.limbs(s)
-        out.q3 = self.q3[s]
+        out.basis, out.n, out.compile = self.basis.limbs(s), self.n, self.compile
+        out._fw, out._inv = self._fw.limbs(s), self._inv.limbs(s)
+        out._last_lo, out._last_hi = self._last_lo.limbs(s), self._last_hi.limbs(s)
+        out._build_runs()
         return out
 
     def _check(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.n or x.shape[-2] != len(self.basis):
             raise ValueError(f"expected [..., {len(self.basis)}, {self.n}], got {tuple(x.shape)}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Coefficients ``[0, q)`` -> NTT form (bit-reversed evaluations)."""
+    def _each(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
         self._check(x)
-        lead, L, n, q = x.shape[:-2], x.shape[-2], self.n, self.q3
-        m = 1
-        while m < n:
-            t = n // (2 * m)
-            v = x.reshape(*lead, L, m, 2, t)
-            u, w = v[..., 0, :], self.fw[:, m : 2 * m].mul(v[..., 1, :])
-            lo = u + w - q
-            hi = u - w
-            x = torch.stack((lo + ((lo >> 63) & q), hi + ((hi >> 63) & q)), dim=-2)
-            m *= 2
-        return x.reshape(*lead, L, n)
+        shape = x.shape
+        x = x.reshape(-1, shape[-2], self.n)  # one rank for every caller: one compiled graph
+
+        def run(r: _RunNtt, y: torch.Tensor) -> torch.Tensor:
+            y = y.contiguous()
+            return r.inverse(y, self.n, self.compile) if inverse else r.forward(y, self.n, self.compile)
+
+        if len(self.runs) == 1:
+            return run(self.runs[0][2], x).reshape(shape)
+        return torch.cat([run(r, x[:, a:b]) for a, b, r in self.runs], dim=-2).reshape(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Coefficients (any ``|x| < q``) -> NTT form in ``[0, q)`` (bit-reversed evaluations)."""
+        return self._each(x, inverse=False)
 
     def inverse(self, x: torch.Tensor) -> torch.Tensor:
-        """NTT form -> coefficients ``[0, q)``."""
-        self._check(x)
-        lead, L, n, q = x.shape[:-2], x.shape[-2], self.n, self.q3
-        h = n // 2
-        while h >= 1:
-            t = n // (2 * h)
-            v = x.reshape(*lead, L, h, 2, t)
-            u, w = v[..., 0, :], v[..., 1, :]
-            lo, hi = u + w - q, u - w
-            lo = lo + ((lo >> 63) & q)
-            if h > 1:
-                hi = self.inv[:, h : 2 * h].mul(hi)  # |hi| < q: the product takes it as is
-            else:
-                lo, hi = self.last_lo.mul(lo), self.last_hi.mul(hi)
-            x = torch.stack((lo, hi), dim=-2)
-            h //= 2
-        return x.reshape(*lead, L, n)
+        """NTT form (``|x| < q``) -> coefficients ``[0, q)``."""
+        return self._each(x, inverse=True)
 
 
 @functools.lru_cache(maxsize=512)

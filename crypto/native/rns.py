@@ -24,6 +24,7 @@ import torch
 
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis, MulConst
+from veil.crypto.native.ntt import compiled
 
 __all__ = ["to_residues", "rescale", "decompose", "key_inner", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
@@ -53,12 +54,15 @@ def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     return ext_ntt.forward(ext_basis.reduce(digits.unsqueeze(-2)))
 
 
-def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
+def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
+    return basis.reduce(basis.mul_lazy(d.unsqueeze(-4), key).sum(-3))
+
+
+def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False) -> torch.Tensor:
     """``sum_j d_j * key_j`` for digits ``d`` ``[..., K, L, N]`` and a key ``[2, K, L, N]``
     (its two halves): ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
-    (``K * q < 2^63``: checked by the caller's parameter validation)."""
-    d = d.unsqueeze(-4)
-    return basis.reduce(basis.mul_lazy(d, key).sum(-3))
+    (``K * q < 2^63``: ``RnsContext`` checks it)."""
+    return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
 
 
 def mod_down(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -109,6 +113,5 @@ def digits_to_residues(y: torch.Tensor, const: MulConst, basis: Basis) -> torch.
     """Digits ``[..., K, N]`` of ``sum_k y_k * radix_k`` -> residues ``[..., L, N]`` in
     ``basis``, where ``const`` holds ``radix_k mod q_i`` as ``[L, K, 1]``
     (``RnsContext.radix_residues``). Any int64 digits."""
-    q3, qinv3 = basis.cols(3)
-    yr = basis.reduce(y.unsqueeze(-3), q3, qinv3)
+    yr = basis.reduce(y.unsqueeze(-3), ndim=3)
     return basis.reduce(const.mul_lazy(yr).sum(-2))
