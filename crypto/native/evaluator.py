@@ -46,22 +46,50 @@ class Evaluator:
             raise HEError(f"scale 2^{math.log2(scale):.1f} out of bounds at level {level}")
         return scale
 
-    def multiply_plain(self, ct: Ciphertext, pt: Plaintext, rescale: bool = True) -> Ciphertext:
-        c = self._unwrap(ct)
+    def _plain_operand(self, pt: Plaintext, c) -> torch.Tensor:
         if not isinstance(pt, Plaintext) or not isinstance(pt._obj, torch.Tensor):
             raise HEError(f"expected an encoded Plaintext, got {type(pt).__name__}")
         if pt.params_id != self.params.id:
             raise HEError("plaintext of another parameter set")
         if pt.level != c.level:
             raise HEError(f"plaintext at level {pt.level}, ciphertext at {c.level}")
-        if rescale and c.level == 0:
-            raise HEError("no level left to rescale")
         if not bool(pt._obj.any()):
             raise HEError("multiplication by an all-zero plaintext")
+        return pt._obj
+
+    def multiply_plain(self, ct: Ciphertext, pt: Plaintext, rescale: bool = True) -> Ciphertext:
+        c = self._unwrap(ct)
+        m = self._plain_operand(pt, c)
+        if rescale and c.level == 0:
+            raise HEError("no level left to rescale")
         scale = self._product_scale(c.scale * pt.scale, c.level)
         basis, _ = self._ctx.data(c.level)
-        out = self._wrap(basis.mul(c.data, pt._obj), c.level, scale)
+        out = self._wrap(basis.mul(c.data, m), c.level, scale)
         return self.rescale(out) if rescale else out
+
+    def dot_plain(self, cts: Sequence[Ciphertext], pts: Sequence[Plaintext]) -> Ciphertext:
+        """``sum_i cts[i] * pts[i]`` (not rescaled), fused: lazy products accumulated in int64
+        and reduced once per ``2^63 / q`` terms (63 for the 57-bit primes)."""
+        if len(cts) != len(pts) or not cts:
+            raise HEError(f"dot_plain of {len(cts)} ciphertexts and {len(pts)} plaintexts")
+        first = self._unwrap(cts[0])
+        level, scale, size = first.level, first.scale * pts[0].scale, first.data.shape[0]
+        basis, _ = self._ctx.data(level)
+        per_reduce = max(1, (2**63 - 1) // max(basis.primes) - 1)
+        acc, terms = None, 0
+        for ct, pt in zip(cts, pts, strict=True):
+            c = self._unwrap(ct)
+            m = self._plain_operand(pt, c)
+            if c.level != level or c.data.shape[0] != size:
+                raise HEError(f"level or size mismatch in dot_plain: {c.level} vs {level}")
+            if not math.isclose(c.scale * pt.scale, scale, rel_tol=1e-9):
+                raise HEError(f"scale mismatch in dot_plain: {c.scale * pt.scale} vs {scale}")
+            if terms == per_reduce:
+                acc, terms = basis.reduce(acc), 1
+            term = basis.mul_lazy(c.data, m)
+            acc = term if acc is None else acc.add_(term)
+            terms += 1
+        return self._wrap(basis.reduce(acc), level, self._product_scale(scale, level))
 
     def multiply(self, a: Ciphertext, b: Ciphertext, rescale: bool = True,
                  relinearize: bool = True) -> Ciphertext:

@@ -8,8 +8,8 @@
   switch (``keyswitch``) of ``d`` sums ``[d]_{q_j} * key_j`` and divides by ``p``, leaving
   ``d*s'`` plus ``sum_j [d]_{q_j} e_j / p + round-off``: with centred digits ``|[d]_{q_j}| <=
   q_j/2`` and ``|e_j| <= 21``, each coefficient is below ``sum_j q_j/2 * 21 * N / p + (1 +
-  ||s||_1)/2 <= 2^18.4`` for ckks-n16384-l7-v1 (q_0 ~ p dominates; typically ~2^9 by the
-  central limit), against a 2^36 scale.
+  ||s||_1)/2``: 2^17.8 for ckks-n16384-l7-v2 (the digits of q_0 ~ p and the 55-bit q_1
+  dominate; typically ~2^9 by the central limit), against a 2^36 scale.
 * encryption: symmetric ``(-a*s + e + m, a)`` with ``a`` from a fresh seed (the upload carries
   ``c0`` and the seed); public-key ``(v*b + e0 + m, v*a + e1)`` with ternary ``v``.
 Errors are centred binomial (eta 21, sigma 3.24); all randomness from ``sampling``.

@@ -45,10 +45,6 @@ _LOW = (1 << SPLIT) - 1
 _TWO_SPLIT = float(1 << SPLIT)
 
 
-def _round_i64(x: torch.Tensor) -> torch.Tensor:
-    return torch.round(x).to(torch.int64)
-
-
 def _fix(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """``(-q, q) -> [0, q)``."""
     return r + ((r >> 63) & q)
@@ -76,14 +72,17 @@ class _Part:
     limit: float  # lazy values must stay below this magnitude (product preconditions)
 
     def mul_lazy(self, a: torch.Tensor, b: torch.Tensor, ndim: int) -> torch.Tensor:
+        # in-place steps on fresh temporaries: fewer allocations, the same floating-point order
         q, qinv = _col(self.q, ndim), _col(self.qinv, ndim)
         af = a.to(torch.float64)
         if not self.wide:
-            return a * b - _round_i64(af * b.to(torch.float64) * qinv) * q
+            qh = torch.mul(af, b.to(torch.float64)).mul_(qinv).round_().to(torch.int64).mul_(q)
+            return torch.mul(a, b).sub_(qh)
         b1, b0 = b >> SPLIT, b & _LOW
-        t = a * b1 - _round_i64(af * b1.to(torch.float64) * qinv) * q
-        s_f = t.to(torch.float64) * _TWO_SPLIT + af * b0.to(torch.float64)
-        return (t << SPLIT) + a * b0 - _round_i64(s_f * qinv) * q
+        qh = torch.mul(af, b1.to(torch.float64)).mul_(qinv).round_().to(torch.int64).mul_(q)
+        t = torch.mul(a, b1).sub_(qh)
+        s_f = torch.mul(t.to(torch.float64), _TWO_SPLIT).add_(torch.mul(af, b0.to(torch.float64)))
+        return (t << SPLIT).add_(torch.mul(a, b0)).sub_(s_f.mul_(qinv).round_().to(torch.int64).mul_(q))
 
     def const(self, w: torch.Tensor) -> _PartConst:
         w = w.to(torch.int64)
@@ -116,12 +115,14 @@ class _PartConst:
         return _PartConst(self.q[s], self.wide, self.w[s], self.wq[s], g(self.w0), g(self.w0q), g(self.c))
 
     def mul_lazy(self, a: torch.Tensor) -> torch.Tensor:
+        """``a`` has the full shape (the constant broadcasts into it)."""
         af = a.to(torch.float64)
+        qh = torch.mul(af, self.wq).round_().to(torch.int64).mul_(self.q)
         if not self.wide:
-            return a * self.w - _round_i64(af * self.wq) * self.q
-        t = a * self.w - _round_i64(af * self.wq) * self.q
-        s = t.to(torch.float64) * self.c + af * self.w0q
-        return (t << SPLIT) + a * self.w0 - _round_i64(s) * self.q
+            return torch.mul(a, self.w).sub_(qh)
+        t = torch.mul(a, self.w).sub_(qh)
+        s = torch.mul(t.to(torch.float64), self.c).add_(af.mul_(self.w0q))
+        return (t << SPLIT).add_(torch.mul(a, self.w0)).sub_(s.round_().to(torch.int64).mul_(self.q))
 
 
 def _runs(primes: tuple[int, ...]) -> list[tuple[int, int, bool]]:
@@ -199,7 +200,8 @@ class Basis:
         """Any int64 ``x`` -> ``[0, q)`` (primes >= 2^20). ``|x/q| < 2^43`` is estimated with
         relative error <= 3u (absolute < 2^-9), so ``x - round(x/q)*q`` is in ``(-q, q)``."""
         q, qinv = self.cols(ndim)
-        return _fix(x - _round_i64(x.to(torch.float64) * qinv) * q, q)
+        r = x - torch.mul(x.to(torch.float64), qinv).round_().to(torch.int64).mul_(q)
+        return r.add_((r >> 63) & q)
 
     def center(self, a: torch.Tensor) -> torch.Tensor:
         """``[0, q) -> (-q/2, q/2]``."""

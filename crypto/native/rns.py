@@ -51,11 +51,33 @@ def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     basis, ntt = ctx.data(level)
     ext_basis, ext_ntt = ctx.ext(level)
     digits = basis.center(ntt.inverse(c))
-    return ext_ntt.forward(ext_basis.reduce(digits.unsqueeze(-2)))
+    # |d_j| < q_j/2 is already a valid (signed) residue for every prime above q_j/2, which the
+    # NTT takes as it is; only the digits of larger primes (q_0) need reducing for the others
+    lifted = digits.unsqueeze(-2).expand(*digits.shape[:-1], len(ext_basis), ctx.n).clone()
+    for j, (start, stop) in enumerate(_needs_reduction(basis.primes, ext_basis.primes)):
+        if start < stop:
+            part = ext_basis.limbs(slice(start, stop))
+            lifted[..., j, start:stop, :] = part.reduce(digits[..., j, None, :])
+    return ext_ntt.forward(lifted)
+
+
+def _needs_reduction(digit_primes: tuple[int, ...], primes: tuple[int, ...]) -> list[tuple[int, int]]:
+    """For each digit prime, the run of ``primes`` at or below half of it (``(0, 0)``: none)."""
+    out = []
+    for qj in digit_primes:
+        idx = [i for i, qi in enumerate(primes) if qi <= qj // 2]
+        if idx and idx != list(range(idx[0], idx[-1] + 1)):
+            raise ValueError("the primes a digit must be reduced for are not one run of limbs")
+        out.append((idx[0], idx[-1] + 1) if idx else (0, 0))
+    return out
 
 
 def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
-    return basis.reduce(basis.mul_lazy(d.unsqueeze(-4), key).sum(-3))
+    acc = None  # one digit at a time: each step's operands stay in cache
+    for j in range(d.shape[-3]):
+        p = basis.mul_lazy(d[..., j, None, :, :], key[:, j])
+        acc = p if acc is None else acc.add_(p)
+    return basis.reduce(acc)
 
 
 def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False) -> torch.Tensor:
