@@ -11,9 +11,9 @@ written once over this interface in ``veil.crypto.linear``. A backend may make t
 point that batches naturally faster: ``rotate_many`` (one ciphertext, many steps) is where a
 backend hoists the key-switching decomposition.
 
-Backends by name (``make_backend``): ``seal`` (Microsoft SEAL, production) and ``plain`` (slot
-vectors with level and scale bookkeeping, a test double for protocol logic that production
-selection refuses).
+Backends by name (``make_backend``): ``seal`` (Microsoft SEAL, production), ``native`` (RNS-CKKS
+on torch tensors, any device; ``device=`` option) and ``plain`` (slot vectors with level and
+scale bookkeeping, a test double for protocol logic that production selection refuses).
 """
 
 from __future__ import annotations
@@ -261,6 +261,7 @@ class HEBackend(abc.ABC):
 #: load only where the SEAL backend is asked for.
 _BACKENDS: dict[str, tuple[str, str, bool]] = {
     "seal": ("veil.crypto.seal.backend", "SealBackend", True),
+    "native": ("veil.crypto.native.backend", "NativeBackend", True),
     "plain": ("veil.crypto.plain_backend", "PlainBackend", False),
 }
 

@@ -7,7 +7,10 @@ The real shipped model is loaded once per test session (about 20 s) and shared.
 HE backends: a test that takes the ``he_backend`` fixture runs once per backend in
 ``HE_BACKENDS`` (module-scoped, so a module's fixtures are built once per backend). A module
 that sets ``HE_HEAVY = True`` marks its SEAL runs ``he_heavy``: SEAL's memory pool never
-returns memory, so the Makefile runs those in a process of their own.
+returns memory, so the Makefile runs those in a process of their own. ``native`` runs the
+interface contract everywhere, but the modules that chain hundreds of rotations (``HE_HEAVY``
+ones and ``NATIVE_OPT_IN = True``) take it only with ``VEIL_TEST_NATIVE=1``: eager torch on
+the CPU spends minutes where SEAL spends seconds (its own tests cover what they exercise).
 """
 
 import os
@@ -19,14 +22,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 #: Every backend the interface and protocol tests run on: the slot-vector test double first.
-HE_BACKENDS = ("plain", "seal")
+HE_BACKENDS = ("plain", "seal", "native")
 
 
 def pytest_generate_tests(metafunc):
     if "he_backend" in metafunc.fixturenames:
         heavy = getattr(metafunc.module, "HE_HEAVY", False)
+        opt_in = heavy or getattr(metafunc.module, "NATIVE_OPT_IN", False)
+        names = [n for n in HE_BACKENDS if n != "native" or not opt_in or os.environ.get("VEIL_TEST_NATIVE") == "1"]
         params = [pytest.param(name, marks=[pytest.mark.he_heavy] if heavy and name != "plain" else [])
-                  for name in HE_BACKENDS]
+                  for name in names]
         metafunc.parametrize("he_backend", params, scope="module")
 
 

@@ -21,6 +21,7 @@ from veil.crypto.linear import (
 )
 from veil.crypto.params import TEST_PARAMS_ID, get_params
 
+NATIVE_OPT_IN = True  # conftest: ~15 min of eager native rotations; VEIL_TEST_NATIVE=1 runs them
 P = get_params(TEST_PARAMS_ID, allow_test_params=True)
 SLOTS = P.slot_count
 N1 = 24  # one baby-step size for every bsgs matrix: few Galois keys

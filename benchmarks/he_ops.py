@@ -1,0 +1,161 @@
+"""Per-operation HE timings, several backends in one run:
+``python -m veil.benchmarks.he_ops --backends seal,native [--device cpu|cuda] [--repeat N] [--out FILE]``.
+
+Operations at the top level of the parameter set (default the protected path's,
+ckks-n16384-l7-v1): encode, encrypt (the seeded upload), decrypt, ct x pt (no rescale),
+ct x ct + relinearize (no rescale), rescale, rotate, hoisted rotate x k (``rotate_many``, total
+and per rotation) and the NTT of one polynomial's limbs (SEAL: ``transform_to_ntt`` of a
+two-polynomial ciphertext, halved). Median wall-clock milliseconds of ``--repeat`` runs after one
+warm-up; one ``figure he.<op>_ms.<backend>.<device> <value>`` line each, and JSON to ``--out``.
+SEAL runs on the CPU whatever ``--device`` says (its figures say ``cpu``). ``--compile`` adds a
+``native_compiled`` run (``torch.compile`` of the hot loops; the warm-up compiles, minutes from
+a cold cache) after checking that its server operations give the eager residues bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from veil.crypto.backend import make_backend
+from veil.crypto.params import PROTECTED_PARAMS, get_params
+
+
+def _median_ms(fn, repeat: int, sync=lambda: None) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def _ntt_op(name: str, server, ct, repeat: int):
+    """``(fn, share)``: ``fn`` transforms ``1/share`` polynomials' limbs at the ciphertext's level."""
+    if name == "native":
+        _, ntt = server._ctx.data(server.level(ct))
+        coeffs = ntt.inverse(ct._obj.data[0])
+        return (lambda: ntt.forward(coeffs)), 1.0
+    from veil.crypto.seal import format as seal_format
+
+    sc = server._c
+    lvl = sc.levels[server.level(ct)]
+    polys = np.zeros((2, len(lvl.primes), sc.n), dtype=np.uint64)
+    polys[:, :, 0] = 1  # not transparent
+    blob = seal_format.ciphertext_blob(polys, lvl.parms_id, 1.0, False, sc.version)
+    carriers = [sc.load_ct_blob(blob) for _ in range(repeat + 1)]  # in-place: one per run
+    return (lambda: sc.ev.transform_to_ntt_inplace(carriers.pop())), 0.5
+
+
+def _pair(name: str, params, device: str, steps: list[int], compile: bool):
+    opts = {"device": device, "compile": compile} if name == "native" else {}
+    client = make_backend(params, name, allow_test_backends=params.test_only, **opts)
+    client.generate_keys(steps)
+    server = make_backend(params, name, allow_test_backends=params.test_only, **opts)
+    server.import_public_material(client.export_public_material())
+    return client, server
+
+
+def _server_ops(server, ct, cy, pt, prod, steps) -> dict:
+    top = server.params.top_level
+    return {
+        "ct_x_pt": lambda: server.multiply_plain(ct, pt, rescale=False),
+        "ct_x_ct_relin": lambda: server.multiply(ct, cy, rescale=False),
+        "rescale": lambda: server.rescale(prod),
+        "rotate": lambda: server.rotate(ct, 1),
+        f"rotate_many{len(steps)}": lambda: server.rotate_many(ct, steps),
+        "encode": lambda: server.encode(np.ones(8), top, server.prime(top)),
+    }
+
+
+def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile: bool = False
+                ) -> dict[str, float]:
+    steps = list(range(1, hoist + 1))
+    client, server = _pair(name, params, device, steps, compile)
+    sync = lambda: None  # noqa: E731
+    if name == "native" and device.startswith("cuda"):
+        import torch
+
+        sync = torch.cuda.synchronize
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1, 1, params.slot_count), rng.uniform(-1, 1, params.slot_count)
+    top = params.top_level
+    ct = server.deserialize(client.encrypt_to_bytes(x))
+    cy = server.deserialize(client.encrypt_to_bytes(y))
+    pt = server.encode(y, top, server.prime(top))
+    prod = server.multiply_plain(ct, pt, rescale=False)
+    ops = _server_ops(server, ct, cy, pt, prod, steps)
+    if compile:  # the compiled server must give the eager residues, bit for bit
+        eager = make_backend(params, name, allow_test_backends=params.test_only, device=device)
+        eager.import_public_material(client.export_public_material())
+        for op, (f, g) in {k: (ops[k], v) for k, v in _server_ops(eager, ct, cy, pt, prod, steps).items()}.items():
+            got, want = f(), g()
+            got, want = (got, want) if isinstance(got, list) else ([got], [want])
+            for a, b in zip(got, want, strict=True):
+                if not torch_equal(a._obj, b._obj):
+                    raise SystemExit(f"compiled {op} differs from eager")
+    out = {
+        "encode": _median_ms(lambda: server.encode(y, top, server.prime(top)), repeat, sync),
+        "encrypt": _median_ms(lambda: client.encrypt_to_bytes(x), repeat, sync),
+        "decrypt": _median_ms(lambda: client.decrypt(ct), repeat, sync),
+    }
+    for op in ("ct_x_pt", "ct_x_ct_relin", "rescale", "rotate", f"rotate_many{hoist}"):
+        out[op] = _median_ms(ops[op], repeat, sync)
+    out[f"rotate_many{hoist}_per_rotation"] = out[f"rotate_many{hoist}"] / hoist
+    fn, share = _ntt_op(name, server, ct, repeat)
+    out["ntt"] = _median_ms(fn, repeat, sync) * share
+    return out
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a.data if hasattr(a, "data") else a, b.data if hasattr(b, "data") else b)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--backends", default="seal,native")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--params", default=PROTECTED_PARAMS.id)
+    ap.add_argument("--allow-test-params", action="store_true")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--hoist", type=int, default=16)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time native with torch.compile (checked bit-identical to eager)")
+    args = ap.parse_args(argv)
+
+    params = get_params(args.params, allow_test_params=args.allow_test_params)
+    results: dict[str, dict] = {}
+    runs = [(n, False) for n in args.backends.split(",")]
+    if args.compile and "native" in args.backends.split(","):
+        runs.append(("native", True))
+    for name, comp in runs:
+        device = args.device if name == "native" else "cpu"
+        label = f"{name}_compiled" if comp else name
+        res = run_backend(name, params, device, args.repeat, args.hoist, comp)
+        results[f"{label}.{device}"] = res
+        for op, v in res.items():
+            print(f"figure he.{op}_ms.{label}.{device} {v:.6g}", flush=True)
+    if "seal.cpu" in results:
+        for key, res in results.items():
+            if key != "seal.cpu":
+                for op, v in res.items():
+                    ratio = v / results["seal.cpu"][op]
+                    print(f"figure he.{op}_ratio_vs_seal.{key} {ratio:.4g}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"params": params.id, "repeat": args.repeat, "hoist": args.hoist, "results": results},
+                      f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

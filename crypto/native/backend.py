@@ -1,0 +1,273 @@
+"""``NativeBackend``: RNS-CKKS on torch tensors, on any device (``make_backend(params, "native")``).
+
+A ciphertext is an int64 tensor ``[size, level+1, N]`` in NTT form on the backend's device,
+with its level and scale; the modules underneath are one concept each: exact modular
+arithmetic (``modarith``), NTT and automorphisms (``ntt``), the modulus chain (``context``),
+RNS basis operations (``rns``), encoding (``encoding``), randomness (``sampling``), keys and
+encryption (``keys``), key switching with hoisting (``keyswitch``), wire formats (``serial``).
+Level and scale rules follow the SEAL backend (same error cases, same messages' keywords).
+
+Masked refresh: the mask ``rho`` is uniform on ``[-2^bits, 2^bits)``; ``RefreshMask.coeffs``
+holds ``rho + 2^bits`` as base-2^40 digits ``[K, N]`` (int64), turned into residues of any level
+exactly (``rns.digits_to_residues``). The client's exact decryption goes through balanced
+mixed-radix digits, so re-encryption never builds Python integers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from veil.crypto.backend import (
+    Ciphertext,
+    HEBackend,
+    HEError,
+    KeyMaterialError,
+    Plaintext,
+    PublicMaterial,
+)
+from veil.crypto.native import keys as K
+from veil.crypto.native import rns, serial
+from veil.crypto.native.context import RnsContext, galois_element
+from veil.crypto.native.encoding import Encoder
+from veil.crypto.native.evaluator import Evaluator
+from veil.crypto.params import CkksParams
+
+__all__ = ["NativeBackend"]
+
+
+class _Ct:
+    __slots__ = ("data", "level", "scale")
+
+    def __init__(self, data: torch.Tensor, level: int, scale: float) -> None:
+        self.data, self.level, self.scale = data, level, float(scale)
+
+
+class NativeBackend(Evaluator, HEBackend):
+    name = "native"
+
+    def __init__(self, params: CkksParams, device: torch.device | str = "cpu",
+                 compile: bool | None = None) -> None:
+        self.params = params
+        if compile is None:
+            compile = os.environ.get("VEIL_NATIVE_COMPILE", "") == "1"
+        self._ctx = RnsContext(params, device, compile)
+        self._n, self._slots = params.poly_modulus_degree, params.slot_count
+        self._encoder = Encoder(self._n)
+        self._sk: K.SecretKey | None = None
+        self._pk: K.PublicKey | None = None
+        self._rlk: K.SwitchKey | None = None
+        self._gks: dict[int, K.SwitchKey] = {}
+        self._steps: tuple[int, ...] = ()
+        self._export: PublicMaterial | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self._ctx.device
+
+    # ------------------------------------------------------------------ handles
+    def _wrap(self, data: torch.Tensor, level: int, scale: float) -> Ciphertext:
+        return Ciphertext(_Ct(data, level, scale), self.params.id)
+
+    def _unwrap(self, ct: Ciphertext) -> _Ct:
+        if not isinstance(ct, Ciphertext) or not isinstance(ct._obj, _Ct):
+            raise HEError(f"expected a native Ciphertext handle, got {type(ct).__name__}")
+        if ct.params_id != self.params.id:
+            raise HEError(f"ciphertext of {ct.params_id!r}, backend is {self.params.id!r}")
+        return ct._obj
+
+    def _level(self, level: int | None) -> int:
+        level = self.params.top_level if level is None else int(level)
+        if not 0 <= level <= self.params.top_level:
+            raise HEError(f"level {level} outside [0, {self.params.top_level}]")
+        return level
+
+    def _check_scale(self, scale: float, level: int) -> float:
+        scale = float(scale)
+        if not (math.isfinite(scale) and 1.0 <= scale < self._ctx.level_modulus(level)):
+            raise HEError(f"scale {scale} out of bounds at level {level}")
+        return scale
+
+    # ------------------------------------------------------------------ keys
+    def generate_keys(self, rotation_steps: Sequence[int] = ()) -> None:
+        steps = tuple(sorted({int(s) for s in rotation_steps}))
+        elements = sorted({galois_element(s, self._n) for s in steps})  # validates the steps
+        ctx = self._ctx
+        sk = K.gen_secret(ctx)
+        basis, _ = ctx.master
+        self._sk, self._pk = sk, K.gen_public(ctx, sk)
+        self._rlk = K.gen_switch_key(ctx, sk, basis.mul(sk.s, sk.s))
+        self._gks = {g: K.gen_switch_key(ctx, sk, sk.s.index_select(-1, ctx.galois_index(g)))
+                     for g in elements}
+        self._steps, self._export = steps, None
+
+    @property
+    def has_secret_key(self) -> bool:
+        return self._sk is not None
+
+    @property
+    def rotation_steps(self) -> tuple[int, ...]:
+        return self._steps
+
+    def export_public_material(self) -> PublicMaterial:
+        if self._sk is None:
+            raise HEError("no keys generated")
+        if self._export is None:
+            ctx = self._ctx
+            data, master = ctx.data_primes, ctx.master_primes
+            pk = serial.keys_to_bytes(ctx, serial.KIND_PUBLIC, [(self._pk.seed, self._pk.b[None])], data)
+            rk = serial.keys_to_bytes(ctx, serial.KIND_RELIN, [(self._rlk.seed, self._rlk.data[0])], master)
+            gk = b""
+            if self._gks:
+                elements = tuple(sorted(self._gks))
+                gk = serial.keys_to_bytes(ctx, serial.KIND_GALOIS,
+                                          [(self._gks[g].seed, self._gks[g].data[0]) for g in elements],
+                                          master, elements)
+            self._export = PublicMaterial(self.params.id, pk, rk, gk, self._steps)
+        return self._export
+
+    def import_public_material(self, material: PublicMaterial) -> None:
+        if not isinstance(material, PublicMaterial):
+            raise KeyMaterialError("not a PublicMaterial")
+        if material.params_id != self.params.id:
+            raise KeyMaterialError(
+                f"public material is for {material.params_id!r}, backend is {self.params.id!r}")
+        ctx, digits = self._ctx, self.params.top_level + 1
+        try:
+            steps = tuple(sorted({int(s) for s in material.rotation_steps}))
+            if len(steps) != len(material.rotation_steps):
+                raise ValueError("repeated rotation steps")
+            elements = sorted({galois_element(s, self._n) for s in steps})
+            _, [(pk_seed, pk_b)] = serial.keys_from_bytes(
+                ctx, bytes(material.public_key), serial.KIND_PUBLIC, 1, 1, ctx.data_primes)
+            _, [(rk_seed, rk_b)] = serial.keys_from_bytes(
+                ctx, bytes(material.relin_keys), serial.KIND_RELIN, 1, digits, ctx.master_primes)
+            gks = {}
+            if elements:
+                got, raw = serial.keys_from_bytes(ctx, bytes(material.galois_keys), serial.KIND_GALOIS,
+                                                  len(elements), digits, ctx.master_primes)
+                if list(got) != elements:
+                    raise ValueError("Galois keys do not match the rotation steps")
+                gks = {g: self._switch_key(seed, b) for g, (seed, b) in zip(got, raw, strict=True)}
+            elif material.galois_keys:
+                raise ValueError("Galois keys without rotation steps")
+        except (ValueError, TypeError) as e:  # serial.SerialError is a ValueError
+            raise KeyMaterialError(f"invalid public material: {e}") from e
+        pk_a = K.expand_a(ctx, pk_seed, ctx.top, K.TAG_PK)
+        self._pk = K.PublicKey(pk_b[0], pk_a, pk_seed)
+        self._rlk, self._gks, self._steps = self._switch_key(rk_seed, rk_b), gks, steps
+        self._export = None
+
+    def _switch_key(self, seed: bytes, b: torch.Tensor) -> K.SwitchKey:
+        a = K.key_a(self._ctx, seed, b.shape[0])
+        return K.SwitchKey(torch.stack((b, a)), seed)
+
+    # ------------------------------------------------------------------ encode / encrypt
+    def _encode(self, values, level: int, scale: float) -> torch.Tensor:
+        v = np.asarray(values, dtype=np.float64).ravel()
+        if v.size > self._slots:
+            raise HEError(f"{v.size} values exceed {self._slots} slots")
+        if not np.all(np.isfinite(v)):
+            raise HEError("values must be finite")
+        bound = self._ctx.level_modulus(level) / 2
+        try:
+            coeffs = self._encoder.encode(v, scale, bound)
+        except ValueError as e:
+            raise HEError(str(e)) from e
+        basis, ntt = self._ctx.data(level)
+        return ntt.forward(rns.to_residues(torch.from_numpy(coeffs).to(self.device), basis))
+
+    def encode(self, values, level=None, scale=None) -> Plaintext:
+        level = self._level(level)
+        scale = self._check_scale(self.params.scale if scale is None else scale, level)
+        m = self._encode(values, level, scale)
+        return Plaintext(m, self.params.id, level, scale, m.numel() * 8)
+
+    def _encrypt(self, m: torch.Tensor, level: int) -> tuple[torch.Tensor, bytes | None]:
+        """Symmetric (seeded: ``(c0[None], seed)``) with the secret key, else public-key."""
+        if self._sk is not None:
+            c0, seed = K.encrypt_symmetric(self._ctx, self._sk, m, level)
+            return c0[None], seed
+        if self._pk is None:
+            raise HEError("no key to encrypt with")
+        return K.encrypt_public(self._ctx, self._pk, m, level), None
+
+    def _expand(self, c: torch.Tensor, seed: bytes | None, level: int) -> torch.Tensor:
+        if seed is None:
+            return c
+        return torch.cat((c, K.expand_a(self._ctx, seed, level, K.TAG_CT)[None]))
+
+    def encrypt(self, values, level=None, scale=None) -> Ciphertext:
+        level = self._level(level)
+        scale = self._check_scale(self.params.scale if scale is None else scale, level)
+        c, seed = self._encrypt(self._encode(values, level, scale), level)
+        return self._wrap(self._expand(c, seed, level), level, scale)
+
+    def encrypt_to_bytes(self, values, level=None, scale=None) -> bytes:
+        level = self._level(level)
+        scale = self._check_scale(self.params.scale if scale is None else scale, level)
+        c, seed = self._encrypt(self._encode(values, level, scale), level)
+        return serial.ct_to_bytes(self._ctx, c, level, scale, seed)
+
+    # ------------------------------------------------------------------ decrypt
+    def _decrypt_digits(self, ct: Ciphertext) -> tuple[torch.Tensor, _Ct]:
+        """Balanced mixed-radix digits of the decrypted plaintext polynomial."""
+        if self._sk is None:
+            raise HEError("no secret key: this backend cannot decrypt")
+        c = self._unwrap(ct)
+        if c.data.shape[0] != 2:
+            raise HEError("decrypt expects a relinearized (size 2) ciphertext")
+        _, ntt = self._ctx.data(c.level)
+        m = ntt.inverse(K.decrypt_ntt(self._ctx, self._sk, c.data, c.level))
+        return rns.balanced_digits(m, self._ctx, c.level), c
+
+    def decrypt(self, ct: Ciphertext, length: int | None = None) -> np.ndarray:
+        y, c = self._decrypt_digits(ct)
+        m = rns.digits_to_float(y, self._ctx.data_primes[: c.level + 1]).cpu().numpy()
+        out = self._encoder.decode(m, c.scale)
+        return out if length is None else out[:length]
+
+    def decrypt_poly(self, ct: Ciphertext) -> np.ndarray:
+        """Client: the decrypted plaintext polynomial as centred Python ints (no decoding)."""
+        y, c = self._decrypt_digits(ct)
+        return rns.digits_to_ints(y, self._ctx.data_primes[: c.level + 1])
+
+    # ------------------------------------------------------------------ refresh (client side)
+    def _refresh_plain(self, ct: Ciphertext, level: int | None) -> tuple[torch.Tensor, int, float]:
+        y, c = self._decrypt_digits(ct)
+        level = self._level(level)
+        primes = self._ctx.data_primes[: c.level + 1]
+        peak = float(rns.digits_to_float(y, primes).abs().max())
+        if peak >= self._ctx.level_modulus(level) / 4:
+            raise HEError(f"the plaintext does not fit level {level}")
+        radices = tuple(rns.radices(primes))
+        basis, ntt = self._ctx.data(level)
+        m = rns.digits_to_residues(y, self._ctx.radix_residues(level, radices), basis)
+        return ntt.forward(m), level, c.scale
+
+    def refresh_reencrypt(self, ct: Ciphertext, level: int | None = None) -> Ciphertext:
+        m, level, scale = self._refresh_plain(ct, level)
+        c, seed = self._encrypt(m, level)
+        return self._wrap(self._expand(c, seed, level), level, scale)
+
+    def refresh_reencrypt_to_bytes(self, ct: Ciphertext, level: int | None = None) -> bytes:
+        m, level, scale = self._refresh_plain(ct, level)
+        c, seed = self._encrypt(m, level)
+        return serial.ct_to_bytes(self._ctx, c, level, scale, seed)
+
+    # ------------------------------------------------------------------ metadata
+    def level(self, ct: Ciphertext) -> int:
+        return self._unwrap(ct).level
+
+    def scale(self, ct: Ciphertext) -> float:
+        return self._unwrap(ct).scale
+
+    def size(self, ct: Ciphertext) -> int:
+        return int(self._unwrap(ct).data.shape[0])
+
+    def nbytes(self, ct: Ciphertext) -> int:
+        return self._unwrap(ct).data.numel() * 8

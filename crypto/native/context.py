@@ -1,0 +1,133 @@
+"""The modulus chain of one parameter set on one device: bases, NTT tables, RNS constants.
+
+Limb order. Every tensor of this backend orders its limbs ``[p, q_0, q_1, ..., q_L]`` (the
+special prime first, the data primes by level): the data limbs of a ciphertext at level ``l``
+are the run ``[1, l+2)`` and the extended basis a key switch works in is ``[0, l+2)``. Both
+are contiguous runs of the same master tables, and of every key-switching key, so a level
+never copies a key or a table (views only).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from veil.crypto.native.modarith import Basis, MulConst
+from veil.crypto.native.ntt import NttTables, automorphism_index
+from veil.crypto.params import CkksParams
+
+__all__ = ["RnsContext", "galois_element"]
+
+def galois_element(step: int, n: int) -> int:
+    """Galois element of a left rotation of the N/2 slots by ``step``: ``3^step mod 2N``
+    (3 has order N/2 mod 2N, so a step and the step minus N/2 are the same rotation)."""
+    half = n // 2
+    if step % half == 0 or abs(step) >= half:
+        raise ValueError(f"rotation step {step} out of range for N={n}")
+    return pow(3, step % half, 2 * n)
+
+
+class RnsContext:
+    """Tables of one parameter set on one device (built once, read-only afterwards)."""
+
+    def __init__(self, params: CkksParams, device: torch.device | str = "cpu", compile: bool = False) -> None:
+        params.validate()
+        self.params = params
+        self.n = params.poly_modulus_degree
+        self.device = torch.device(device)
+        chain = tuple(int(q) for q in params.primes)
+        self.data_primes, self.special_prime = chain[:-1], chain[-1]
+        self.master_primes = (self.special_prime,) + self.data_primes
+        self.top = params.top_level
+        # key_inner sums up to L+1 lazy products (each |.| < q) in int64 before reducing
+        if (self.top + 1) * max(chain) >= 2**63:
+            raise ValueError(f"{params.id}: too many digits for int64 accumulation")
+        self._basis = Basis.of(self.master_primes, self.device)
+        self.compile = compile
+        self._ntt = NttTables(self._basis, self.n, compile)
+        self._galois: dict[int, torch.Tensor] = {}
+
+    # ---- bases ---------------------------------------------------------------------------------
+    def _check_level(self, level: int) -> None:
+        if not 0 <= level <= self.top:
+            raise ValueError(f"level {level} outside [0, {self.top}]")
+
+    @functools.cache  # noqa: B019 (one context per backend; a handful of levels)
+    def data(self, level: int) -> tuple[Basis, NttTables]:
+        """Basis and NTT tables of the data limbs ``q_0..q_level``."""
+        self._check_level(level)
+        s = slice(1, level + 2)
+        return self._basis.limbs(s), self._ntt.limbs(s)
+
+    @functools.cache  # noqa: B019
+    def ext(self, level: int) -> tuple[Basis, NttTables]:
+        """``[p, q_0..q_level]``: the basis a key switch at ``level`` works in."""
+        self._check_level(level)
+        s = slice(0, level + 2)
+        return self._basis.limbs(s), self._ntt.limbs(s)
+
+    @functools.cached_property
+    def special(self) -> tuple[Basis, NttTables]:
+        s = slice(0, 1)
+        return self._basis.limbs(s), self._ntt.limbs(s)
+
+    @property
+    def master(self) -> tuple[Basis, NttTables]:
+        return self._basis, self._ntt
+
+    def level_modulus(self, level: int) -> int:
+        return math.prod(self.data_primes[: level + 1])
+
+    # ---- constants -----------------------------------------------------------------------------
+    def _const(self, basis: Basis, values: list[int]) -> MulConst:
+        w = torch.tensor(values, dtype=torch.int64, device=self.device).view(-1, 1)
+        return basis.const(w)
+
+    @functools.cache  # noqa: B019
+    def rescale_const(self, level: int) -> MulConst:
+        """``q_level^-1 mod q_i`` for ``i < level`` (a rescale at ``level``)."""
+        ql = self.data_primes[level]
+        basis, _ = self.data(level - 1)
+        return self._const(basis, [pow(ql, -1, q) for q in basis.primes])
+
+    @functools.cache  # noqa: B019
+    def p_inv(self, level: int) -> MulConst:
+        """``p^-1 mod q_i``, ``i <= level`` (ModDown)."""
+        basis, _ = self.data(level)
+        return self._const(basis, [pow(self.special_prime, -1, q) for q in basis.primes])
+
+    @functools.cache  # noqa: B019
+    def p_mod(self, level: int) -> MulConst:
+        """``p mod q_i``, ``i <= level`` (the gadget factor of a key-switching key)."""
+        basis, _ = self.data(level)
+        return self._const(basis, [self.special_prime % q for q in basis.primes])
+
+    @functools.cache  # noqa: B019
+    def garner(self, level: int) -> tuple[list[MulConst], list[MulConst]]:
+        """Mixed-radix constants of ``q_0..q_level``: for each ``k >= 1``, ``P_j mod q_k``
+        (``P_j = q_0...q_{j-1}``, ``j < k``) and ``P_k^-1 mod q_k``."""
+        primes = self.data_primes[: level + 1]
+        basis, _ = self.data(level)
+        radix, inv = [], []
+        for k in range(1, level + 1):
+            bk = basis.limbs(slice(k, k + 1))
+            radix.append(self._const(bk, [math.prod(primes[:j]) % primes[k] for j in range(k)]))
+            inv.append(self._const(bk, [pow(math.prod(primes[:k]), -1, primes[k])]))
+        return radix, inv
+
+    @functools.cache  # noqa: B019
+    def radix_residues(self, level: int, radices: tuple[int, ...]) -> MulConst:
+        """``radix_k mod q_i`` as ``[level+1, K, 1]``: turns digits ``y_k`` of an integer
+        ``sum_k y_k * radix_k`` into residues (``rns.digits_to_residues``)."""
+        basis, _ = self.data(level)
+        w = torch.tensor([[r % q for r in radices] for q in basis.primes], dtype=torch.int64,
+                         device=self.device).unsqueeze(-1)
+        return basis.const(w)
+
+    def galois_index(self, g: int) -> torch.Tensor:
+        idx = self._galois.get(g)
+        if idx is None:
+            idx = self._galois[g] = automorphism_index(g, self.n, self.device)
+        return idx

@@ -1,0 +1,249 @@
+"""The server half of ``NativeBackend``: arithmetic, key switching, refresh masks, flooding,
+serialization. Split from ``backend`` (keys and the client half) to keep each module to one
+side of the protocol; ``NativeBackend`` inherits both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from veil.crypto.backend import Ciphertext, CiphertextError, HEError, Plaintext, RefreshMask
+from veil.crypto.native import keys as K
+from veil.crypto.native import keyswitch, rns, serial
+from veil.crypto.native.context import galois_element
+from veil.crypto.native.sampling import DIGIT_BITS, Stream
+
+__all__ = ["Evaluator"]
+
+#: Rotations ``rotate_many`` evaluates together (bounds the lifted digits' working memory).
+HOIST_CHUNK = 16
+
+
+class Evaluator:
+    """Mixin over ``NativeBackend``'s state (``_ctx``, ``_wrap``/``_unwrap``, the keys)."""
+
+    # ------------------------------------------------------------------ arithmetic
+    def add(self, a: Ciphertext, b: Ciphertext) -> Ciphertext:
+        x, y = self._unwrap(a), self._unwrap(b)
+        if x.level != y.level:
+            raise HEError(f"level mismatch: {x.level} vs {y.level}")
+        if not math.isclose(x.scale, y.scale, rel_tol=1e-9):
+            raise HEError(f"scale mismatch: {x.scale} vs {y.scale}")
+        basis, _ = self._ctx.data(x.level)
+        if x.data.shape[0] < y.data.shape[0]:
+            x, y = y, x
+        out = x.data.clone()
+        k = y.data.shape[0]
+        out[:k] = basis.add(x.data[:k], y.data)
+        return self._wrap(out, x.level, x.scale)
+
+    def _product_scale(self, scale: float, level: int) -> float:
+        if not scale < self._ctx.level_modulus(level) / 2:
+            raise HEError(f"scale 2^{math.log2(scale):.1f} out of bounds at level {level}")
+        return scale
+
+    def _plain_operand(self, pt: Plaintext, c) -> torch.Tensor:
+        if not isinstance(pt, Plaintext) or not isinstance(pt._obj, torch.Tensor):
+            raise HEError(f"expected an encoded Plaintext, got {type(pt).__name__}")
+        if pt.params_id != self.params.id:
+            raise HEError("plaintext of another parameter set")
+        if pt.level != c.level:
+            raise HEError(f"plaintext at level {pt.level}, ciphertext at {c.level}")
+        if not bool(pt._obj.any()):
+            raise HEError("multiplication by an all-zero plaintext")
+        return pt._obj
+
+    def multiply_plain(self, ct: Ciphertext, pt: Plaintext, rescale: bool = True) -> Ciphertext:
+        c = self._unwrap(ct)
+        m = self._plain_operand(pt, c)
+        if rescale and c.level == 0:
+            raise HEError("no level left to rescale")
+        scale = self._product_scale(c.scale * pt.scale, c.level)
+        basis, _ = self._ctx.data(c.level)
+        out = self._wrap(basis.mul(c.data, m), c.level, scale)
+        return self.rescale(out) if rescale else out
+
+    def dot_plain(self, cts: Sequence[Ciphertext], pts: Sequence[Plaintext]) -> Ciphertext:
+        """``sum_i cts[i] * pts[i]`` (not rescaled), fused: lazy products accumulated in int64
+        and reduced once per ``2^63 / q`` terms (63 for the 57-bit primes)."""
+        if len(cts) != len(pts) or not cts:
+            raise HEError(f"dot_plain of {len(cts)} ciphertexts and {len(pts)} plaintexts")
+        first = self._unwrap(cts[0])
+        level, scale, size = first.level, first.scale * pts[0].scale, first.data.shape[0]
+        basis, _ = self._ctx.data(level)
+        per_reduce = max(1, (2**63 - 1) // max(basis.primes) - 1)
+        acc, terms = None, 0
+        for ct, pt in zip(cts, pts, strict=True):
+            c = self._unwrap(ct)
+            m = self._plain_operand(pt, c)
+            if c.level != level or c.data.shape[0] != size:
+                raise HEError(f"level or size mismatch in dot_plain: {c.level} vs {level}")
+            if not math.isclose(c.scale * pt.scale, scale, rel_tol=1e-9):
+                raise HEError(f"scale mismatch in dot_plain: {c.scale * pt.scale} vs {scale}")
+            if terms == per_reduce:
+                acc, terms = basis.reduce(acc), 1
+            term = basis.mul_lazy(c.data, m)
+            acc = term if acc is None else acc.add_(term)
+            terms += 1
+        return self._wrap(basis.reduce(acc), level, self._product_scale(scale, level))
+
+    def multiply(self, a: Ciphertext, b: Ciphertext, rescale: bool = True,
+                 relinearize: bool = True) -> Ciphertext:
+        x, y = self._unwrap(a), self._unwrap(b)
+        if relinearize:
+            self._require(self._rlk, "relinearization keys")
+        if x.level != y.level:
+            raise HEError(f"level mismatch: {x.level} vs {y.level}")
+        if x.data.shape[0] != 2 or y.data.shape[0] != 2:
+            raise HEError("multiply needs relinearized (two-polynomial) operands")
+        if rescale and x.level == 0:
+            raise HEError("no level left to rescale")
+        scale = self._product_scale(x.scale * y.scale, x.level)
+        basis, _ = self._ctx.data(x.level)
+        (a0, a1), (b0, b1) = x.data, y.data
+        cross = basis.reduce(basis.mul_lazy(a0, b1) + basis.mul_lazy(a1, b0))
+        out = torch.stack((basis.mul(a0, b0), cross, basis.mul(a1, b1)))
+        if relinearize:
+            out = keyswitch.relinearize(out, self._rlk, self._ctx, x.level)
+        out = self._wrap(out, x.level, scale)
+        return self.rescale(out) if rescale else out
+
+    def relinearize(self, ct: Ciphertext) -> Ciphertext:
+        self._require(self._rlk, "relinearization keys")
+        c = self._unwrap(ct)
+        if c.data.shape[0] == 2:
+            return self._wrap(c.data.clone(), c.level, c.scale)
+        return self._wrap(keyswitch.relinearize(c.data, self._rlk, self._ctx, c.level), c.level, c.scale)
+
+    def rescale(self, ct: Ciphertext) -> Ciphertext:
+        c = self._unwrap(ct)
+        if c.level == 0:
+            raise HEError("no level left to rescale")
+        out = rns.rescale(c.data, self._ctx, c.level)
+        return self._wrap(out, c.level - 1, c.scale / self._ctx.data_primes[c.level])
+
+    def mod_switch_to(self, ct: Ciphertext, level: int) -> Ciphertext:
+        c = self._unwrap(ct)
+        level = self._level(level)
+        if level > c.level:
+            raise HEError(f"cannot switch up from level {c.level} to {level}")
+        return self._wrap(c.data[:, : level + 1].clone(), level, c.scale)
+
+    # ------------------------------------------------------------------ rotations
+    @staticmethod
+    def _require(key, what: str):
+        if key is None:
+            raise HEError(f"no {what}: import public material first")
+        return key
+
+    def _galois_key(self, step: int) -> tuple[int, K.SwitchKey] | None:
+        step = int(step) % self._slots
+        if step == 0:
+            return None
+        g = galois_element(step, self._n)
+        key = self._gks.get(g)
+        if key is None:
+            raise HEError(f"no Galois key for rotation step {step}")
+        return g, key
+
+    def rotate(self, ct: Ciphertext, step: int) -> Ciphertext:
+        c = self._unwrap(ct)
+        gk = self._galois_key(step)
+        if gk is None:
+            return self._wrap(c.data.clone(), c.level, c.scale)
+        if c.data.shape[0] != 2:
+            raise HEError("rotate expects a relinearized (size 2) ciphertext")
+        return self._wrap(keyswitch.rotate(c.data, *gk, self._ctx, c.level), c.level, c.scale)
+
+    def rotate_many(self, ct: Ciphertext, steps: Sequence[int]) -> list[Ciphertext]:
+        """Hoisted: one decomposition of ``c1`` for all steps (``keyswitch.rotate_hoisted``)."""
+        c = self._unwrap(ct)
+        found = [self._galois_key(s) for s in steps]  # validates every step first
+        if c.data.shape[0] != 2:
+            raise HEError("rotate expects a relinearized (size 2) ciphertext")
+        out: list[Ciphertext | None] = [None] * len(found)
+        todo = [i for i, gk in enumerate(found) if gk is not None]
+        for i, gk in enumerate(found):
+            if gk is None:
+                out[i] = self._wrap(c.data.clone(), c.level, c.scale)
+        for start in range(0, len(todo), HOIST_CHUNK):
+            part = todo[start : start + HOIST_CHUNK]
+            rot = keyswitch.rotate_hoisted(c.data, [found[i][0] for i in part],
+                                           [found[i][1] for i in part], self._ctx, c.level)
+            for j, i in enumerate(part):
+                out[i] = self._wrap(rot[j], c.level, c.scale)
+        return out
+
+    # ------------------------------------------------------------------ refresh and privacy
+    def _add_integer(self, data: torch.Tensor, level: int, coeffs: torch.Tensor) -> torch.Tensor:
+        """``data + (m, 0)`` for residues ``coeffs`` ``[level+1, N]`` of an integer polynomial."""
+        basis, ntt = self._ctx.data(level)
+        out = data.clone()
+        out[0] = basis.add(out[0], ntt.forward(coeffs))
+        return out
+
+    def _mask_residues(self, digits: np.ndarray, bits: int, level: int) -> torch.Tensor:
+        """Residues of ``rho = sum_k d_k 2^(40k) - 2^bits`` at ``level``."""
+        y = torch.from_numpy(np.concatenate([digits, -np.ones((1, digits.shape[1]), np.int64)]))
+        radices = tuple(1 << (DIGIT_BITS * k) for k in range(digits.shape[0])) + (1 << bits,)
+        basis, _ = self._ctx.data(level)
+        return rns.digits_to_residues(y.to(self.device), self._ctx.radix_residues(level, radices), basis)
+
+    def mask_for_refresh(self, ct: Ciphertext) -> tuple[Ciphertext, RefreshMask]:
+        """Server: ``ct + (rho, 0)``, rho uniform on ``[-2^bits, 2^bits)`` per coefficient
+        (``bits = params.mask_bits(scale)``), after a re-randomization without flooding (the
+        mask hides the plaintext and its noise statistically; the fresh encryption of zero
+        makes ``c1`` independent of the computation)."""
+        c = self._unwrap(ct)
+        need = self.params.min_mask_level(c.scale)
+        if c.level < need:
+            raise HEError(f"level {c.level} cannot carry the refresh mask (needs >= {need})")
+        c = self._unwrap(self.rerandomize(ct, flood_log2_sigma=float("-inf")))
+        bits = self.params.mask_bits(c.scale)
+        digits = Stream().uniform_digits(self._n, bits + 1)
+        masked = self._add_integer(c.data, c.level, self._mask_residues(digits, bits, c.level))
+        return self._wrap(masked, c.level, c.scale), RefreshMask(self.params.id, bits, digits, c.scale)
+
+    def unmask_refresh(self, ct: Ciphertext, mask: RefreshMask) -> Ciphertext:
+        c = self._unwrap(ct)
+        if not isinstance(mask, RefreshMask) or mask.params_id != self.params.id:
+            raise HEError("mask from another parameter set")
+        if not math.isclose(c.scale, mask.scale, rel_tol=1e-12):
+            raise HEError("re-encrypted ciphertext has another scale than the masked one")
+        basis, _ = self._ctx.data(c.level)
+        neg = basis.neg(self._mask_residues(mask.coeffs, mask.bits, c.level))
+        return self._wrap(self._add_integer(c.data, c.level, neg), c.level, c.scale)
+
+    def rerandomize(self, ct: Ciphertext, flood_log2_sigma: float | None = None) -> Ciphertext:
+        pk = self._require(self._pk, "public key")
+        c = self._unwrap(ct)
+        if c.data.shape[0] != 2:
+            raise HEError("rerandomize expects a size-2 ciphertext")
+        basis, _ = self._ctx.data(c.level)
+        zero = torch.zeros_like(c.data[0])
+        out = basis.add(c.data, K.encrypt_public(self._ctx, pk, zero, c.level))
+        log_sigma = self.params.flood_log2_sigma if flood_log2_sigma is None else flood_log2_sigma
+        if math.isfinite(log_sigma):
+            noise = torch.from_numpy(Stream().gaussian(self._n, 2.0**log_sigma)).to(self.device)
+            out = self._add_integer(out, c.level, rns.to_residues(noise, basis))
+        return self._wrap(out, c.level, c.scale)
+
+    # ------------------------------------------------------------------ serialization
+    def serialize(self, ct: Ciphertext) -> bytes:
+        c = self._unwrap(ct)
+        return serial.ct_to_bytes(self._ctx, c.data, c.level, c.scale)
+
+    def deserialize(self, data: bytes, *, level: int | None = None, size: int = 2,
+                    scale: float | None = None) -> Ciphertext:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise CiphertextError("ciphertext must be bytes")
+        try:
+            polys, seed, got_level, got_scale = serial.ct_from_bytes(
+                self._ctx, bytes(data), level=level, size=size, scale=scale)
+        except serial.SerialError as e:
+            raise CiphertextError(str(e)) from e
+        return self._wrap(self._expand(polys, seed, got_level), got_level, got_scale)

@@ -1,0 +1,147 @@
+"""Keys and encryption of the native backend (RLWE over the chain of ``RnsContext``).
+
+* secret key ``s``: ternary, uniform on {-1, 0, 1}; kept in NTT form over all limbs.
+* public key ``(b, a) = (-a*s + e, a)`` over the data limbs, ``a`` expanded from a seed.
+* key-switching keys (relinearization ``s^2 -> s``, Galois ``s(X^g) -> s``), hybrid with the
+  one special prime ``p`` and one data prime per digit (dnum = L+1): for digit ``j``,
+  ``(b_j, a_j) = (-a_j*s + e_j + p*s'*[limb == q_j], a_j)`` over ``[p, q_0..q_L]``. A key
+  switch (``keyswitch``) of ``d`` sums ``[d]_{q_j} * key_j`` and divides by ``p``, leaving
+  ``d*s'`` plus ``sum_j [d]_{q_j} e_j / p + round-off``: with centred digits ``|[d]_{q_j}| <=
+  q_j/2`` and ``|e_j| <= 21``, each coefficient is below ``sum_j q_j/2 * 21 * N / p + (1 +
+  ||s||_1)/2``: 2^17.8 for ckks-n16384-l7-v2 (the digits of q_0 ~ p and the 55-bit q_1
+  dominate; typically ~2^9 by the central limit), against a 2^36 scale.
+* encryption: symmetric ``(-a*s + e + m, a)`` with ``a`` from a fresh seed (the upload carries
+  ``c0`` and the seed); public-key ``(v*b + e0 + m, v*a + e1)`` with ternary ``v``.
+Errors are centred binomial (eta 21, sigma 3.24); all randomness from ``sampling``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from veil.crypto.native import rns
+from veil.crypto.native.context import RnsContext
+from veil.crypto.native.sampling import Stream, expand_uniform, new_seed
+
+__all__ = ["SecretKey", "PublicKey", "SwitchKey", "gen_secret", "gen_public", "gen_switch_key",
+           "expand_a", "key_a", "encrypt_symmetric", "encrypt_public", "decrypt_ntt",
+           "TAG_PK", "TAG_CT"]
+
+#: Stream tags of seed expansions (digit ``j`` of a key-switching key uses tag ``j``).
+TAG_PK = 1 << 16
+TAG_CT = 2 << 16
+
+
+@dataclass
+class SecretKey:
+    s: torch.Tensor  # NTT form, master limbs [L+2, N]
+
+
+@dataclass
+class PublicKey:
+    b: torch.Tensor  # NTT form, data limbs [L+1, N]
+    a: torch.Tensor
+    seed: bytes
+
+
+@dataclass
+class SwitchKey:
+    """``data[0]`` = the ``b_j``, ``data[1]`` = the ``a_j``: ``[2, L+1 digits, L+2 limbs, N]``."""
+
+    data: torch.Tensor
+    seed: bytes
+
+    def at(self, level: int) -> torch.Tensor:
+        """The key for digits and limbs of ``level``: a view ``[2, level+1, level+2, N]``."""
+        return self.data[:, : level + 1, : level + 2]
+
+
+def _to_ntt(ctx: RnsContext, coeffs: np.ndarray, basis, ntt) -> torch.Tensor:
+    c = torch.from_numpy(np.ascontiguousarray(coeffs)).to(ctx.device)
+    return ntt.forward(rns.to_residues(c, basis))
+
+
+def _error(ctx: RnsContext, stream: Stream, shape: tuple[int, ...], basis, ntt) -> torch.Tensor:
+    e = stream.cbd(int(np.prod(shape)) * ctx.n).reshape(*shape, ctx.n)
+    return _to_ntt(ctx, e, basis, ntt)
+
+
+def gen_secret(ctx: RnsContext) -> SecretKey:
+    basis, ntt = ctx.master
+    return SecretKey(_to_ntt(ctx, Stream().ternary(ctx.n), basis, ntt))
+
+
+def expand_a(ctx: RnsContext, seed: bytes, level: int, tag: int) -> torch.Tensor:
+    """The uniform polynomial of a seed over the data limbs of ``level`` (NTT form)."""
+    primes = ctx.data_primes[: level + 1]
+    a = expand_uniform(seed, primes, tuple(range(1, level + 2)), ctx.n, tag)
+    return torch.from_numpy(a).to(ctx.device)
+
+
+def key_a(ctx: RnsContext, seed: bytes, digits: int) -> torch.Tensor:
+    """The ``a_j`` of a key-switching key: ``[digits, L+2, N]`` over the master limbs."""
+    ids = tuple(range(len(ctx.master_primes)))
+    a = np.stack([expand_uniform(seed, ctx.master_primes, ids, ctx.n, j) for j in range(digits)])
+    return torch.from_numpy(a).to(ctx.device)
+
+
+def gen_public(ctx: RnsContext, sk: SecretKey) -> PublicKey:
+    basis, ntt = ctx.data(ctx.top)
+    seed = new_seed()
+    a = expand_a(ctx, seed, ctx.top, TAG_PK)
+    e = _error(ctx, Stream(), (), basis, ntt)
+    b = basis.sub(e, basis.mul(a, sk.s[1:]))
+    return PublicKey(b, a, seed)
+
+
+def gen_switch_key(ctx: RnsContext, sk: SecretKey, target: torch.Tensor) -> SwitchKey:
+    """Key switching ``target`` (NTT form, master limbs) to ``sk``."""
+    basis, ntt = ctx.master
+    digits = ctx.top + 1
+    seed = new_seed()
+    a = key_a(ctx, seed, digits)
+    e = _error(ctx, Stream(), (digits,), basis, ntt)
+    b = basis.sub(e, basis.mul(a, sk.s))
+    # digit j gains p * target in the limb of q_j (master index j + 1)
+    data_basis, _ = ctx.data(ctx.top)
+    gadget = ctx.p_mod(ctx.top).mul(target[1:])  # [digits, N]
+    j = torch.arange(digits, device=ctx.device)
+    b[j, j + 1] = data_basis.add(b[j, j + 1], gadget)
+    return SwitchKey(torch.stack((b, a)), seed)
+
+
+def encrypt_symmetric(ctx: RnsContext, sk: SecretKey, m: torch.Tensor, level: int
+                      ) -> tuple[torch.Tensor, bytes]:
+    """``m`` (NTT form, data limbs of ``level``) -> ``(c0, seed)``; ``c1 = expand_a(seed)``."""
+    basis, ntt = ctx.data(level)
+    seed = new_seed()
+    a = expand_a(ctx, seed, level, TAG_CT)
+    e = _error(ctx, Stream(), (), basis, ntt)
+    c0 = basis.add(basis.sub(e, basis.mul(a, sk.s[1 : level + 2])), m)
+    return c0, seed
+
+
+def encrypt_public(ctx: RnsContext, pk: PublicKey, m: torch.Tensor, level: int) -> torch.Tensor:
+    """``m`` (NTT form, data limbs of ``level``) -> ``[2, level+1, N]``."""
+    basis, ntt = ctx.data(level)
+    stream = Stream()
+    v = _to_ntt(ctx, stream.ternary(ctx.n), basis, ntt)
+    e = _error(ctx, stream, (2,), basis, ntt)
+    c = basis.add(basis.mul(v, torch.stack((pk.b[: level + 1], pk.a[: level + 1]))), e)
+    c[0] = basis.add(c[0], m)
+    return c
+
+
+def decrypt_ntt(ctx: RnsContext, sk: SecretKey, data: torch.Tensor, level: int) -> torch.Tensor:
+    """``c0 + c1*s (+ c2*s^2)`` in NTT form over the data limbs of ``level``."""
+    basis, _ = ctx.data(level)
+    s = sk.s[1 : level + 2]
+    acc, power = data[0], s
+    for i in range(1, data.shape[0]):
+        acc = basis.add(acc, basis.mul(data[i], power))
+        if i + 1 < data.shape[0]:
+            power = basis.mul(power, s)
+    return acc

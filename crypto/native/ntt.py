@@ -1,0 +1,248 @@
+"""Negacyclic NTT over each limb of ``[..., limbs, N]`` residue tensors, and automorphisms.
+
+Convention (SEAL's, so NTT-form residues equal SEAL's bit for bit): ``psi`` is the smallest
+primitive 2N-th root of unity mod q; the forward transform is the merged Cooley-Tukey
+butterfly network with twiddles ``psi^brev(k)`` and leaves slot ``j`` holding the evaluation
+``a(psi^(2*brev(j) + 1))`` (bit-reversed order); the inverse is the Gentleman-Sande network
+with ``psi^-brev(k)``, the factor ``1/N`` folded into its last stage. One stage is one batched
+operation over every limb and leading dim (a loop over log N stages, never over coefficients).
+
+In NTT form an automorphism ``X -> X^g`` is a permutation of the evaluation points, the same
+for every prime: ``automorphism_index(g)`` gives the gather index.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from veil.crypto.native.modarith import Basis, MulConst, _PartConst
+
+__all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "coeff_automorphism"]
+
+
+def bit_reverse(n: int) -> list[int]:
+    """``brev`` over ``log2 n`` bits for ``0..n-1``."""
+    bits = n.bit_length() - 1
+    return [int(f"{i:0{bits}b}"[::-1], 2) if bits else 0 for i in range(n)]
+
+
+def min_root_2n(q: int, n: int) -> int:
+    """The smallest primitive ``2n``-th root of unity mod ``q`` (what SEAL's NTT uses)."""
+    if (q - 1) % (2 * n):
+        raise ValueError(f"{q} is not 1 mod {2 * n}")
+    x, g = 2, None
+    while g is None:
+        cand = pow(x, (q - 1) // (2 * n), q)
+        if pow(cand, n, q) == q - 1:  # order exactly 2n (2n is a power of two)
+            g = cand
+        x += 1
+    best, cur, g2 = g, g, g * g % q
+    for _ in range(n):
+        best = min(best, cur)
+        cur = cur * g2 % q
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _twiddles(q: int, n: int) -> tuple[list[int], list[int], int]:
+    psi = min_root_2n(q, n)
+    ipsi = pow(psi, -1, q)
+    fw, inv = [1] * n, [1] * n
+    for i in range(1, n):
+        fw[i] = fw[i - 1] * psi % q
+        inv[i] = inv[i - 1] * ipsi % q
+    rev = bit_reverse(n)
+    return [fw[r] for r in rev], [inv[r] for r in rev], pow(n, -1, q)
+
+
+def _halves(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
+    """``x`` ``[B, L, N]`` as ``groups`` pairs of runs: the inputs ``(u, v)`` and an output with
+    its two halves (written in place, no stacking copy)."""
+    b, limbs, n = x.shape
+    v = x.view(b, limbs, groups, 2, n // (2 * groups))
+    out = torch.empty_like(x)
+    o = out.view(b, limbs, groups, 2, n // (2 * groups))
+    return v[:, :, :, 0], v[:, :, :, 1], out, o[:, :, :, 0], o[:, :, :, 1]
+
+
+def _fw_stage(x: torch.Tensor, w: _PartConst, m: int) -> torch.Tensor:
+    """One Cooley-Tukey stage on ``[B, L, N]`` with ``m`` groups: ``(u + w*v, u - w*v)``."""
+    u, v, out, lo, hi = _halves(x, m)
+    p = w.mul_lazy(v)
+    torch.add(u, p, out=lo)
+    torch.sub(u, p, out=hi)
+    return out
+
+
+def _inv_stage(x: torch.Tensor, w: _PartConst, h: int) -> torch.Tensor:
+    """One Gentleman-Sande stage with ``h`` groups: ``(u + v, w*(u - v))``."""
+    u, v, out, lo, hi = _halves(x, h)
+    torch.add(u, v, out=lo)
+    hi.copy_(w.mul_lazy(u - v))
+    return out
+
+
+def _inv_last(x: torch.Tensor, lo_c: _PartConst, hi_c: _PartConst) -> torch.Tensor:
+    """The last inverse stage with the factor ``1/N`` folded in; ends canonical."""
+    u, v, out, lo, hi = _halves(x, 1)  # the constants are [L, 1, 1] like the stages' twiddles
+    lo.copy_(lo_c.mul_lazy(u + v))
+    hi.copy_(hi_c.mul_lazy(u - v))
+    return out.add_((out >> 63) & lo_c.q.view(-1, 1))
+
+
+def _reduce(x: torch.Tensor, q: torch.Tensor, qinv: torch.Tensor, canonical: bool) -> torch.Tensor:
+    """``-> (-q, q)``, or ``[0, q)`` (``modarith.Basis.reduce``)."""
+    r = x - torch.mul(x.to(torch.float64), qinv).round_().to(torch.int64).mul_(q)
+    return r.add_((r >> 63) & q) if canonical else r
+
+
+@functools.cache
+def compiled(fn):
+    """``torch.compile`` of a hot function with dynamic shapes. On the CPU it fuses a butterfly
+    stage's dozen elementwise operations into one pass over memory; the integer results equal
+    eager ones (tests compare them). Sizes of 1 (one limb, one polynomial, the first and last
+    stage's group sizes) and the two product schemes each get their own graph, more than
+    Dynamo's default of 8 per function, hence the higher limit while these run."""
+    fn_c = torch.compile(fn, dynamic=True)
+
+    @functools.wraps(fn)
+    def call(*args):
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return fn_c(*args)
+
+    return call
+
+
+class _RunNtt:
+    """The transforms of one run of limbs (one product scheme), with lazy butterflies: sums are
+    not reduced; a value's bound grows by ``q`` per forward stage and doubles per inverse stage,
+    and the whole array is brought back to ``(-q, q)`` only when the next stage's product would
+    leave its precondition (``limit``, see ``modarith``). For the 36-bit primes that is never in
+    a forward transform and once in an inverse one; for the 57-bit primes every 31 stages.
+    Input and output ``[B, L, N]``; each stage is one function (``compile``: one fused kernel)."""
+
+    def __init__(self, fw: MulConst, inv: MulConst, last_lo: MulConst, last_hi: MulConst,
+                 q: torch.Tensor, qinv: torch.Tensor, limit: float, qmax: int) -> None:
+        [(_, _, self.fw)], [(_, _, self.inv)] = fw.parts, inv.parts
+        [(_, _, self.last_lo)], [(_, _, self.last_hi)] = last_lo.parts, last_hi.parts
+        self.q, self.qinv, self.limit, self.qmax = q, qinv, limit, float(qmax)  # q: [L, 1]
+
+    def forward(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
+        stage, reduce = (compiled(_fw_stage), compiled(_reduce)) if compile else (_fw_stage, _reduce)
+        bound, m = self.qmax, 1
+        while m < n:
+            if bound >= self.limit:
+                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+            x = stage(x, self.fw.map(lambda w, m=m: w[:, m : 2 * m]), m)
+            bound += self.qmax
+            m *= 2
+        return reduce(x, self.q, self.qinv, True)
+
+    def inverse(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
+        stage, reduce = (compiled(_inv_stage), compiled(_reduce)) if compile else (_inv_stage, _reduce)
+        last = compiled(_inv_last) if compile else _inv_last
+        bound, h = self.qmax, n // 2
+        while h >= 1:
+            if 2 * bound >= self.limit:
+                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+            if h > 1:
+                x = stage(x, self.inv.map(lambda w, h=h: w[:, h : 2 * h]), h)
+            else:
+                x = last(x, self.last_lo, self.last_hi)
+            bound *= 2
+            h //= 2
+        return x
+
+
+class NttTables:
+    """Twiddles of one basis at ring degree ``n``, on the basis's device, per run of limbs.
+    ``compile=True`` runs the transforms through ``torch.compile`` (``compiled``)."""
+
+    def __init__(self, basis: Basis, n: int, compile: bool = False) -> None:
+        self.basis, self.n, self.compile = basis, n, compile
+        dev = basis.device
+        fw, inv, last_lo, last_hi = [], [], [], []
+        for q in basis.primes:
+            f, i, n_inv = _twiddles(q, n)
+            fw.append(f)
+            inv.append(i)
+            last_lo.append(n_inv)
+            last_hi.append(i[1] * n_inv % q)
+        as_t = functools.partial(torch.tensor, dtype=torch.int64, device=dev)
+        self._fw = basis.const(as_t(fw).unsqueeze(-1))  # [L, N, 1]
+        self._inv = basis.const(as_t(inv).unsqueeze(-1))
+        # the inverse's last stage: lo * n^-1, hi * psi^-brev(1) * n^-1
+        self._last_lo = basis.const(as_t(last_lo).view(-1, 1, 1))
+        self._last_hi = basis.const(as_t(last_hi).view(-1, 1, 1))
+        self._build_runs()
+
+    def _build_runs(self) -> None:
+        self.runs = []
+        for a, b, part in self.basis.parts:
+            s = slice(a, b)
+            run = _RunNtt(self._fw.limbs(s), self._inv.limbs(s), self._last_lo.limbs(s),
+                          self._last_hi.limbs(s), self.basis.q[s], self.basis.qinv[s], part.limit,
+                          max(self.basis.primes[s]))
+            self.runs.append((a, b, run))
+
+    def limbs(self, s: slice) -> NttTables:
+        """The tables of a run of limbs (views, no recomputation)."""
+        out = object.__new__(NttTables)
+        out.basis, out.n, out.compile = self.basis.limbs(s), self.n, self.compile
+        out._fw, out._inv = self._fw.limbs(s), self._inv.limbs(s)
+        out._last_lo, out._last_hi = self._last_lo.limbs(s), self._last_hi.limbs(s)
+        out._build_runs()
+        return out
+
+    def _check(self, x: torch.Tensor) -> None:
+        if x.shape[-1] != self.n or x.shape[-2] != len(self.basis):
+            raise ValueError(f"expected [..., {len(self.basis)}, {self.n}], got {tuple(x.shape)}")
+
+    def _each(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
+        self._check(x)
+        shape = x.shape
+        x = x.reshape(-1, shape[-2], self.n)  # one rank for every caller: one compiled graph
+
+        def run(r: _RunNtt, y: torch.Tensor) -> torch.Tensor:
+            y = y.contiguous()
+            return r.inverse(y, self.n, self.compile) if inverse else r.forward(y, self.n, self.compile)
+
+        if len(self.runs) == 1:
+            return run(self.runs[0][2], x).reshape(shape)
+        return torch.cat([run(r, x[:, a:b]) for a, b, r in self.runs], dim=-2).reshape(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Coefficients (any ``|x| < q``) -> NTT form in ``[0, q)`` (bit-reversed evaluations)."""
+        return self._each(x, inverse=False)
+
+    def inverse(self, x: torch.Tensor) -> torch.Tensor:
+        """NTT form (``|x| < q``) -> coefficients ``[0, q)``."""
+        return self._each(x, inverse=True)
+
+
+@functools.lru_cache(maxsize=512)
+def _automorphism_index_list(g: int, n: int) -> tuple[int, ...]:
+    rev = bit_reverse(n)
+    pos = {2 * r + 1: j for j, r in enumerate(rev)}  # evaluation exponent -> NTT slot
+    return tuple(pos[(2 * rev[j] + 1) * g % (2 * n)] for j in range(n))
+
+
+def automorphism_index(g: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Gather index ``idx`` with ``ntt(a(X^g))[..., j] = ntt(a)[..., idx[j]]`` (odd ``g``)."""
+    if g % 2 == 0:
+        raise ValueError("a Galois element is odd")
+    return torch.tensor(_automorphism_index_list(g % (2 * n), n), dtype=torch.int64, device=device)
+
+
+def coeff_automorphism(x: torch.Tensor, g: int, basis: Basis) -> torch.Tensor:
+    """``a(X) -> a(X^g)`` on coefficients ``[0, q)`` (``X^N = -1``): a signed permutation."""
+    n = x.shape[-1]
+    e = torch.arange(n, device=x.device) * g % (2 * n)
+    out = torch.zeros_like(x)
+    src = x.clone()
+    neg = e >= n
+    src[..., neg] = basis.neg(src[..., neg])
+    out[..., e % n] = src
+    return out

@@ -1,0 +1,139 @@
+"""RNS basis operations: rescale, key-switching ModUp/ModDown, exact CRT composition.
+
+Each function is one batched torch computation over ``[..., limbs, N]`` tensors (leading dims
+free), the unit a GPU kernel replaces one for one. Ciphertext polynomials are in NTT form.
+
+* ``rescale``: ``round(c / q_l)`` exactly in RNS: the last limb's centred coefficients ``r``
+  (``c - r`` is divisible by ``q_l``) are subtracted from the other limbs, which are then
+  multiplied by ``q_l^-1`` (SEAL's rounding, so the result equals SEAL's bit for bit).
+* ``decompose`` (ModUp): the digits of the hybrid key switch are the centred coefficient
+  residues ``[c]_{q_j}`` (one data prime per digit), each lifted to the extended basis
+  ``[p, q_0..q_l]`` and put back in NTT form.
+* ``mod_down``: ``round(x / p)`` from the extended basis back to the data limbs (as rescale).
+* ``balanced_digits``: the exact centred integer of a residue vector as mixed-radix digits
+  ``x = sum_k y_k * q_0...q_{k-1}`` with ``|y_k| <= (q_k - 1)/2`` (Garner); from the digits,
+  ``digits_to_float`` gives doubles (the top digit dominates, so the sum is accurate to a few
+  ulps) and ``digits_to_residues`` the residues in any other basis (refresh re-encryption).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from veil.crypto.native.context import RnsContext
+from veil.crypto.native.modarith import Basis, MulConst
+from veil.crypto.native.ntt import compiled
+
+__all__ = ["to_residues", "rescale", "decompose", "key_inner", "mod_down",
+           "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
+
+
+def to_residues(coeffs: torch.Tensor, basis: Basis) -> torch.Tensor:
+    """Integer coefficients ``[..., N]`` (int64) -> residues ``[..., L, N]``."""
+    return basis.reduce(coeffs.unsqueeze(-2))
+
+
+def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
+    """``[..., level+1, N]`` -> ``[..., level, N]``: divide by ``q_level`` and round."""
+    basis, ntt = ctx.data(level)
+    last = ntt.limbs(slice(level, level + 1))
+    r = basis.limbs(slice(level, level + 1)).center(last.inverse(x[..., level:, :]))
+    low_basis, low_ntt = ctx.data(level - 1)
+    r = low_ntt.forward(low_basis.reduce(r))
+    return ctx.rescale_const(level).mul(low_basis.sub(x[..., :level, :], r))
+
+
+def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
+    """ModUp: ``[..., level+1, N]`` (data limbs, NTT) -> digits ``[..., level+1, level+2, N]``
+    (digit ``j`` = the centred ``[c]_{q_j}`` over ``[p, q_0..q_level]``, NTT form)."""
+    basis, ntt = ctx.data(level)
+    ext_basis, ext_ntt = ctx.ext(level)
+    digits = basis.center(ntt.inverse(c))
+    # |d_j| < q_j/2 is already a valid (signed) residue for every prime above q_j/2, which the
+    # NTT takes as it is; only the digits of larger primes (q_0) need reducing for the others
+    lifted = digits.unsqueeze(-2).expand(*digits.shape[:-1], len(ext_basis), ctx.n).clone()
+    for j, (start, stop) in enumerate(_needs_reduction(basis.primes, ext_basis.primes)):
+        if start < stop:
+            part = ext_basis.limbs(slice(start, stop))
+            lifted[..., j, start:stop, :] = part.reduce(digits[..., j, None, :])
+    return ext_ntt.forward(lifted)
+
+
+def _needs_reduction(digit_primes: tuple[int, ...], primes: tuple[int, ...]) -> list[tuple[int, int]]:
+    """For each digit prime, the run of ``primes`` at or below half of it (``(0, 0)``: none)."""
+    out = []
+    for qj in digit_primes:
+        idx = [i for i, qi in enumerate(primes) if qi <= qj // 2]
+        if idx and idx != list(range(idx[0], idx[-1] + 1)):
+            raise ValueError("the primes a digit must be reduced for are not one run of limbs")
+        out.append((idx[0], idx[-1] + 1) if idx else (0, 0))
+    return out
+
+
+def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
+    acc = None  # one digit at a time: each step's operands stay in cache
+    for j in range(d.shape[-3]):
+        p = basis.mul_lazy(d[..., j, None, :, :], key[:, j])
+        acc = p if acc is None else acc.add_(p)
+    return basis.reduce(acc)
+
+
+def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False) -> torch.Tensor:
+    """``sum_j d_j * key_j`` for digits ``d`` ``[..., K, L, N]`` and a key ``[2, K, L, N]``
+    (its two halves): ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
+    (``K * q < 2^63``: ``RnsContext`` checks it)."""
+    return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
+
+
+def mod_down(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
+    """``[..., level+2, N]`` over ``[p, q_0..q_level]`` -> ``[..., level+1, N]``: ``round(x/p)``."""
+    sp_basis, sp_ntt = ctx.special
+    r = sp_basis.center(sp_ntt.inverse(x[..., :1, :]))
+    basis, ntt = ctx.data(level)
+    r = ntt.forward(basis.reduce(r))
+    return ctx.p_inv(level).mul(basis.sub(x[..., 1:, :], r))
+
+
+def balanced_digits(coeffs: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
+    """Coefficient residues ``[..., level+1, N]`` -> balanced mixed-radix digits (same shape)."""
+    basis, _ = ctx.data(level)
+    radix, inv = ctx.garner(level)
+    ys = [basis.limbs(slice(0, 1)).center(coeffs[..., :1, :])]
+    for k in range(1, level + 1):
+        bk = basis.limbs(slice(k, k + 1))
+        prev = bk.reduce(torch.cat(ys, dim=-2))
+        acc = bk.reduce(radix[k - 1].mul_lazy(prev).sum(-2, keepdim=True))
+        ys.append(bk.center(inv[k - 1].mul(bk.sub(coeffs[..., k : k + 1, :], acc))))
+    return torch.cat(ys, dim=-2)
+
+
+def radices(primes: tuple[int, ...]) -> list[int]:
+    """``P_k = q_0 ... q_{k-1}`` for each digit."""
+    return [math.prod(primes[:k]) for k in range(len(primes))]
+
+
+def digits_to_float(y: torch.Tensor, primes: tuple[int, ...]) -> torch.Tensor:
+    """The integer of balanced digits ``[..., K, N]`` as float64 ``[..., N]``."""
+    w = torch.tensor([float(r) for r in radices(primes)], dtype=torch.float64, device=y.device)
+    return (y.to(torch.float64) * w.view(-1, 1)).sum(-2)
+
+
+def digits_to_ints(y: torch.Tensor, primes: tuple[int, ...]):
+    """The integers of balanced digits ``[K, N]`` as a numpy object array of Python ints."""
+    import numpy as np
+
+    yn = y.cpu().numpy()
+    out = np.zeros(yn.shape[-1], dtype=object)
+    for k, r in enumerate(radices(primes)):
+        out = out + yn[k].astype(object) * r
+    return out
+
+
+def digits_to_residues(y: torch.Tensor, const: MulConst, basis: Basis) -> torch.Tensor:
+    """Digits ``[..., K, N]`` of ``sum_k y_k * radix_k`` -> residues ``[..., L, N]`` in
+    ``basis``, where ``const`` holds ``radix_k mod q_i`` as ``[L, K, 1]``
+    (``RnsContext.radix_residues``). Any int64 digits."""
+    yr = basis.reduce(y.unsqueeze(-3), ndim=3)
+    return basis.reduce(const.mul_lazy(yr).sum(-2))

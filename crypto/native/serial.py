@@ -1,0 +1,175 @@
+"""Wire formats of the native backend: ciphertexts and public key material.
+
+Both carry residues bit-packed at their prime's width (``bit_length(q)`` bits, LSB first, a
+limb's run of N residues is a whole number of bytes since N is a multiple of 8): 57 + 7 * 36
+bits per coefficient at the top level of ckks-n16384-l7-v1, where 64-bit words would spend 576.
+
+Ciphertext (little endian)::
+
+    b"VNC1" | u8 version 1 | u8 flags (bit 0: seeded) | u8 size | u8 level
+    | 8-byte parameter tag (SHA-256 of the id, N and primes) | f64 scale
+    | residues [poly][limb][coeff] (seeded: c0 only) | seeded: 32-byte seed of c1
+
+Key material::
+
+    b"VNK1" | u8 version 1 | u8 kind (1 public, 2 relinearization, 3 Galois) | 2 zero bytes
+    | 8-byte parameter tag | u32 keys | u32 digits | u32 limbs | Galois only: u32 element per key
+    | per key: 32-byte seed of the a-halves | residues of the b-halves [digit][limb][coeff]
+
+Parsing trusts nothing: every size is derived from the parameter set and compared with the
+exact length before anything is unpacked, and every residue is checked below its prime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+
+import numpy as np
+import torch
+
+from veil.crypto.native.context import RnsContext
+from veil.crypto.native.sampling import SEED_BYTES
+
+__all__ = ["SerialError", "params_tag", "pack", "unpack", "ct_to_bytes", "ct_from_bytes",
+           "keys_to_bytes", "keys_from_bytes", "KIND_PUBLIC", "KIND_RELIN", "KIND_GALOIS"]
+
+CT_MAGIC, KEY_MAGIC, VERSION = b"VNC1", b"VNK1", 1
+_CT_HEAD = struct.Struct("<4sBBBB8sd")
+_KEY_HEAD = struct.Struct("<4sBB2x8sIII")
+FLAG_SEEDED = 1
+KIND_PUBLIC, KIND_RELIN, KIND_GALOIS = 1, 2, 3
+MAX_SIZE = 3
+
+
+class SerialError(ValueError):
+    """Bytes that are not a well-formed object of this parameter set."""
+
+
+def params_tag(ctx: RnsContext) -> bytes:
+    text = f"{ctx.params.id}|{ctx.n}|{','.join(map(str, ctx.data_primes + (ctx.special_prime,)))}"
+    return hashlib.sha256(text.encode()).digest()[:8]
+
+
+def _run_bytes(n: int, q: int) -> int:
+    return n * q.bit_length() // 8
+
+
+def pack(x: torch.Tensor, primes: tuple[int, ...]) -> bytes:
+    """Residues ``[..., L, N]`` (``[0, q)``) -> their bit-packed runs."""
+    x = x.reshape(-1, len(primes), x.shape[-1])
+    out = []
+    for i, q in enumerate(primes):
+        w = q.bit_length()
+        shifts = torch.arange(w, device=x.device)
+        bits = ((x[:, i, :, None] >> shifts) & 1).reshape(x.shape[0], -1, 8)  # [P, N*w/8, 8]
+        byte = (bits << torch.arange(8, device=x.device)).sum(-1)
+        out.append(byte.to(torch.uint8))
+    runs = [o.cpu().numpy() for o in out]
+    return b"".join(runs[i][p].tobytes() for p in range(x.shape[0]) for i in range(len(primes)))
+
+
+def unpack(buf: bytes, polys: int, primes: tuple[int, ...], n: int,
+           device: torch.device) -> torch.Tensor:
+    """Bit-packed runs -> residues ``[polys, L, N]``; ``SerialError`` if a residue is not
+    below its prime. ``len(buf)`` must be exact (checked by the callers)."""
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    out = torch.empty((polys, len(primes), n), dtype=torch.int64, device=device)
+    pos = 0
+    for p in range(polys):
+        for i, q in enumerate(primes):
+            w, size = q.bit_length(), _run_bytes(n, q)
+            b = torch.from_numpy(raw[pos : pos + size].astype(np.int64)).to(device)
+            bits = ((b[:, None] >> torch.arange(8, device=device)) & 1).reshape(n, w)
+            out[p, i] = (bits << torch.arange(w, device=device)).sum(-1)
+            pos += size
+    q_col = torch.tensor(primes, dtype=torch.int64, device=device).view(1, -1, 1)
+    if bool((out >= q_col).any()):
+        raise SerialError("a residue is not below its prime")
+    return out
+
+
+def _limb_bytes(n: int, primes: tuple[int, ...]) -> int:
+    return sum(_run_bytes(n, q) for q in primes)
+
+
+def ct_to_bytes(ctx: RnsContext, data: torch.Tensor, level: int, scale: float,
+                seed: bytes | None = None) -> bytes:
+    """``data`` ``[size, level+1, N]``; seeded form: ``data`` is ``c0`` only ``[1, ...]``."""
+    size = 2 if seed is not None else data.shape[0]
+    head = _CT_HEAD.pack(CT_MAGIC, VERSION, FLAG_SEEDED if seed is not None else 0, size, level,
+                         params_tag(ctx), float(scale))
+    return head + pack(data, ctx.data_primes[: level + 1]) + (seed or b"")
+
+
+def ct_from_bytes(ctx: RnsContext, buf: bytes, *, level: int | None, size: int,
+                  scale: float | None) -> tuple[torch.Tensor | None, bytes | None, int, float]:
+    """Validate and parse: ``(polys, seed, level, scale)``; a seeded ciphertext returns ``c0`` as
+    ``polys[0]`` and its seed (the caller expands ``c1``)."""
+    if len(buf) < _CT_HEAD.size:
+        raise SerialError("shorter than a ciphertext header")
+    magic, version, flags, got_size, got_level, tag, got_scale = _CT_HEAD.unpack_from(buf, 0)
+    if magic != CT_MAGIC or version != VERSION:
+        raise SerialError("not a native ciphertext")
+    if flags & ~FLAG_SEEDED:
+        raise SerialError("unknown flags")
+    if tag != params_tag(ctx):
+        raise SerialError(f"ciphertext of another parameter set than {ctx.params.id}")
+    if got_level > ctx.top or (level is not None and got_level != level):
+        raise SerialError(f"ciphertext at level {got_level}, expected {level}")
+    seeded = bool(flags & FLAG_SEEDED)
+    if got_size != size or not 2 <= got_size <= MAX_SIZE or (seeded and got_size != 2):
+        raise SerialError(f"ciphertext has size {got_size}, expected {size}")
+    q_level = float(ctx.level_modulus(got_level))
+    if not (math.isfinite(got_scale) and 1.0 <= got_scale < q_level):
+        raise SerialError(f"ciphertext scale {got_scale} out of range")
+    if scale is not None and not math.isclose(got_scale, scale, rel_tol=1e-9):
+        raise SerialError(f"ciphertext scale {got_scale}, expected {scale}")
+    primes = ctx.data_primes[: got_level + 1]
+    polys = 1 if seeded else got_size
+    body = polys * _limb_bytes(ctx.n, primes)
+    if len(buf) != _CT_HEAD.size + body + (SEED_BYTES if seeded else 0):
+        raise SerialError("ciphertext length does not match its header")
+    data = unpack(buf[_CT_HEAD.size : _CT_HEAD.size + body], polys, primes, ctx.n, ctx.device)
+    seed = buf[_CT_HEAD.size + body :] if seeded else None
+    return data, seed, got_level, got_scale
+
+
+def keys_to_bytes(ctx: RnsContext, kind: int, keys: list[tuple[bytes, torch.Tensor]],
+                  primes: tuple[int, ...], elements: tuple[int, ...] = ()) -> bytes:
+    """``keys``: ``(seed, b)`` with ``b`` ``[digits, limbs, N]``."""
+    digits = keys[0][1].shape[0]
+    head = _KEY_HEAD.pack(KEY_MAGIC, VERSION, kind, params_tag(ctx), len(keys), digits, len(primes))
+    parts = [head, struct.pack(f"<{len(elements)}I", *elements)]
+    for seed, b in keys:
+        parts += [seed, pack(b, primes)]
+    return b"".join(parts)
+
+
+def keys_from_bytes(ctx: RnsContext, buf: bytes, kind: int, count: int, digits: int,
+                    primes: tuple[int, ...]) -> tuple[tuple[int, ...], list[tuple[bytes, torch.Tensor]]]:
+    """Validate and parse ``count`` keys of ``digits x len(primes)`` limbs: ``(elements,
+    [(seed, b)])``. Expected counts come from the caller, never from the bytes."""
+    if len(buf) < _KEY_HEAD.size:
+        raise SerialError("shorter than a key header")
+    magic, version, got_kind, tag, got_count, got_digits, limbs = _KEY_HEAD.unpack_from(buf, 0)
+    if magic != KEY_MAGIC or version != VERSION or got_kind != kind:
+        raise SerialError("not native key material of the expected kind")
+    if tag != params_tag(ctx):
+        raise SerialError(f"key material of another parameter set than {ctx.params.id}")
+    if (got_count, got_digits, limbs) != (count, digits, len(primes)):
+        raise SerialError("key material has other dimensions than this parameter set needs")
+    n_elements = count if kind == KIND_GALOIS else 0
+    one = SEED_BYTES + digits * _limb_bytes(ctx.n, primes)
+    pos = _KEY_HEAD.size + 4 * n_elements
+    if len(buf) != pos + count * one:
+        raise SerialError("key material length does not match its header")
+    elements = struct.unpack_from(f"<{n_elements}I", buf, _KEY_HEAD.size)
+    keys = []
+    for _ in range(count):
+        seed = buf[pos : pos + SEED_BYTES]
+        b = unpack(buf[pos + SEED_BYTES : pos + one], digits, primes, ctx.n, ctx.device)
+        keys.append((seed, b))
+        pos += one
+    return elements, keys

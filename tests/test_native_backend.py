@@ -1,0 +1,181 @@
+"""Native backend properties beyond the interface contract (``test_he_interface`` runs that on
+every backend): exact ct x ct, key-switching noise within its bound, hoisted = unhoisted bit for
+bit, exact masked refresh, flooding statistics, and a server that holds no secret.
+
+Test-only N=8192 set (the properties do not depend on N), client and server separate objects.
+Key-switching bound (``keys`` docstring): ``sum_j N * 21 * (q_j - 1) / (2p) + (N + 1)/2`` per
+coefficient, ~2^16.4 here; measured noise is ~2^8.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from veil.crypto.backend import HEError, make_backend
+from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.native import keys as K
+from veil.crypto.native import rns
+from veil.crypto.native.context import galois_element
+from veil.crypto.native.sampling import CBD_ETA
+from veil.crypto.params import TEST_PARAMS_ID, get_params
+
+P = get_params(TEST_PARAMS_ID, allow_test_params=True)
+N, SLOTS = P.poly_modulus_degree, P.slot_count
+PRODUCT = plan_matvec(64, 64, SLOTS, "bsgs", 8)  # 7 hoisted baby steps, 7 giant steps
+STEPS = sorted({1, 3, -5, 100, -1000, 2048} | set(PRODUCT.rotation_steps))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    client = make_backend(P, "native", allow_test_backends=True)
+    client.generate_keys(STEPS)
+    server = make_backend(P, "native", allow_test_backends=True)
+    server.import_public_material(client.export_public_material())
+    return client, server
+
+
+@pytest.fixture()
+def rng():
+    return np.random.default_rng(99)
+
+
+def _ks_bound(level: int) -> float:
+    p = P.primes[-1]
+    return sum(N * CBD_ETA * (q - 1) / (2 * p) for q in P.primes[: level + 1]) + (N + 1) / 2
+
+
+def _ints(ntt_residues: torch.Tensor, ctx, level: int) -> np.ndarray:
+    _, ntt = ctx.data(level)
+    y = rns.balanced_digits(ntt.inverse(ntt_residues), ctx, level)
+    return rns.digits_to_ints(y, ctx.data_primes[: level + 1])
+
+
+def _negacyclic_mod(a: np.ndarray, b: np.ndarray, modulus: int) -> np.ndarray:
+    """Exact negacyclic product of two integer polynomials mod ``modulus`` (centred), by one
+    big-integer multiplication (Kronecker substitution on nonnegative representatives)."""
+    a, b = a % modulus, b % modulus
+    width = (2 * modulus.bit_length() + N.bit_length() + 8) // 8 + 1
+    pack = lambda v: int.from_bytes(b"".join(int(x).to_bytes(width, "little") for x in v), "little")  # noqa: E731
+    prod = (pack(a) * pack(b)).to_bytes(2 * N * width, "little")
+    c = [int.from_bytes(prod[i * width : (i + 1) * width], "little") for i in range(2 * N)]
+    out = np.array([(c[k] - c[k + N]) % modulus for k in range(N)], dtype=object)
+    return np.where(out > modulus // 2, out - modulus, out)
+
+
+def test_ct_ct_product_decrypts_to_the_exact_negacyclic_product(pair, rng):
+    """Unrelinearized: dec(a x b) = dec(a) * dec(b) mod Q exactly; relinearized: within the
+    key-switching bound."""
+    client, server = pair
+    level = 1
+    ca = client.encrypt(rng.standard_normal(SLOTS), level=level)
+    cb = client.encrypt(rng.standard_normal(SLOTS), level=level)
+    ctx, sk = client._ctx, client._sk
+    raw = server.multiply(ca, cb, rescale=False, relinearize=False)
+    assert server.size(raw) == 3
+    got = _ints(K.decrypt_ntt(ctx, sk, raw._obj.data, level), ctx, level)
+    q = ctx.level_modulus(level)
+    want = _negacyclic_mod(client.decrypt_poly(ca), client.decrypt_poly(cb), q)
+    assert np.array_equal(got, want)
+    relin = client.decrypt_poly(server.relinearize(raw))
+    noise = max(abs(int(v)) for v in relin - want)
+    assert 0 < noise <= _ks_bound(level)
+
+
+def _automorphism(m: np.ndarray, g: int) -> np.ndarray:
+    out = np.zeros(N, dtype=object)
+    for i, c in enumerate(m):
+        e = i * g % (2 * N)
+        out[e % N] = c if e < N else -c
+    return out
+
+
+def test_rotation_noise_within_the_key_switching_bound(pair, rng):
+    client, server = pair
+    for level in (P.top_level, 0):
+        ct = client.encrypt(rng.standard_normal(SLOTS), level=level)
+        m = client.decrypt_poly(ct)
+        for step in (3, -1000):
+            want = _automorphism(m, galois_element(step, N))
+            noise = max(abs(int(v)) for v in client.decrypt_poly(server.rotate(ct, step)) - want)
+            assert 0 < noise <= _ks_bound(level), (level, step, math.log2(noise))
+
+
+def test_hoisted_rotations_are_bit_identical_to_single_rotations(pair, rng):
+    client, server = pair
+    x = rng.standard_normal(SLOTS)
+    for level in (P.top_level, 1):
+        ct = client.encrypt(x, level=level)
+        steps = [*STEPS, 0, SLOTS + 3]  # zero copies; slots + 3 is the step-3 key
+        many = server.rotate_many(ct, steps)
+        for step, got in zip(steps, many, strict=True):
+            assert torch.equal(got._obj.data, server.rotate(ct, step)._obj.data)
+        np.testing.assert_allclose(client.decrypt(many[-1]), np.roll(x, -3), atol=1e-6)
+    with pytest.raises(HEError, match="Galois"):
+        server.rotate_many(ct, [1, 11])
+
+
+def test_masked_refresh_is_exact(pair, rng):
+    """The re-encryption carries x + rho exactly: after unmasking, the plaintext polynomial
+    differs from the input's by the two fresh encryption noises only (no rounding)."""
+    client, server = pair
+    level = P.min_mask_level()
+    ct = client.encrypt(rng.uniform(-100, 100, SLOTS), level=level)
+    masked, mask = server.mask_for_refresh(ct)
+    m_masked = client.decrypt_poly(masked)
+    bits = mask.bits
+    assert max(abs(int(v)) for v in m_masked) > 2 ** (bits - 2)  # the mask dominates
+    fresh = client.refresh_reencrypt(masked)
+    assert server.level(fresh) == P.top_level
+    out = server.unmask_refresh(fresh, mask)
+    diff = client.decrypt_poly(out) - client.decrypt_poly(ct)
+    # two symmetric encryptions (|e| <= 21) and the pk re-randomization's noise (v*e + e0 + e1*s)
+    assert max(abs(int(v)) for v in diff) < 2**14
+
+
+def test_flooding_noise_has_the_requested_spread(pair, rng):
+    client, server = pair
+    ct = client.encrypt(np.zeros(SLOTS))
+    base = client.decrypt_poly(ct)
+    flooded = client.decrypt_poly(server.rerandomize(ct, flood_log2_sigma=20.0))
+    sd = np.std((flooded - base).astype(np.float64))
+    assert 2**20 * 0.95 < sd < 2**20 * 1.05
+    none = client.decrypt_poly(server.rerandomize(ct, flood_log2_sigma=float("-inf")))
+    assert np.std((none - base).astype(np.float64)) < 2**10
+
+
+def test_server_holds_no_secret(pair):
+    client, server = pair
+    assert client.has_secret_key and not server.has_secret_key and server._sk is None
+    secret = client._sk.s
+    seen = []
+
+    def walk(obj, depth=0):
+        if isinstance(obj, torch.Tensor):
+            seen.append(obj)
+        elif depth < 4 and hasattr(obj, "__dict__"):
+            for v in vars(obj).values():
+                walk(v, depth + 1)
+        elif depth < 4 and isinstance(obj, dict | list | tuple):
+            for v in obj.values() if isinstance(obj, dict) else obj:
+                walk(v, depth + 1)
+
+    walk(server)
+    assert len(seen) > 10  # keys and tables were found
+    for t in seen:
+        if t.dtype == torch.int64 and t.shape[-1] == N:
+            flat = t.reshape(-1, N)
+            assert not any(torch.equal(row, s) for row in flat for s in secret)
+    with pytest.raises(HEError, match="secret"):
+        server.decrypt(server.rotate(client.encrypt(np.ones(4)), 1))
+
+
+def test_diagonal_product_with_hoisted_baby_steps(pair, rng):
+    """A BSGS product of ``veil.crypto.linear`` (its baby steps go through ``rotate_many``)."""
+    client, server = pair
+    w, x = rng.standard_normal((64, 64)), rng.standard_normal(64)
+    mat = encode_matrix(server, w, P.top_level, n1=8)
+    assert mat.plan == PRODUCT
+    out = matvec(server, mat, client.encrypt(replicate_input(x, SLOTS)))
+    np.testing.assert_allclose(client.decrypt(out, 64), w @ x, atol=1e-5)
