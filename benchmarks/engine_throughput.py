@@ -69,10 +69,12 @@ def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str]) -> 
 
 
 def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str,
-                 threads: int | None = None, device: str = "cpu") -> tuple[subprocess.Popen, str, str]:
+                 threads: int | None = None, device: str = "cpu", model: str | None = None,
+                 ) -> tuple[subprocess.Popen, str, str]:
     return launch_server(tmp, ("plaintext",), ["--kv-cache-gb", str(kv_cache_gb), "--max-tokens-per-step",
                                                str(max_tokens_per_step), "--dtype", dtype, "--device", device,
-                                               *(["--threads", str(threads)] if threads else [])])
+                                               *(["--threads", str(threads)] if threads else []),
+                                               *(["--model", model] if model else [])])
 
 
 def server_step_counts(url: str) -> tuple[float, float]:
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", type=Path, action="append", default=[],
                    help="a peer's JSON result on the same workload (e.g. bench_out/peers/vllm_cpu.json from "
                         "`make bench-peers`): adds ratio.fast_over_<peer> figures")
+    p.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     p.add_argument("--out", type=Path, default=Path("bench_out/engine_throughput.json"))
     args = p.parse_args(argv)
 
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if "fast" in paths:
         with tempfile.TemporaryDirectory() as tmp:
             proc, url, key = start_server(Path(tmp), args.kv_cache_gb, args.max_tokens_per_step, args.dtype,
-                                          server_threads, args.device)
+                                          server_threads, args.device, args.model)
             try:
                 model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
                 # warm-up (first-call allocations), not measured
@@ -235,13 +238,19 @@ def main(argv: list[str] | None = None) -> int:
                 proc.terminate()
                 proc.wait(30)
 
+    ckpt = None
+    if {"engine", "reference"} & set(paths):
+        from veil.engine.loader import load_checkpoint
+
+        ckpt = load_checkpoint(args.model)
+        results["model"] = ckpt.source
     if "engine" in paths:
         from veil.benchmarks.engine_direct import run_engine
 
         for c in (int(x) for x in args.concurrency.split(",")):
             print(f"engine driven directly, at most {c} sequences per step…", file=sys.stderr, flush=True)
             s = run_engine(wl, args.device, args.dtype, c, args.kv_cache_gb, args.max_tokens_per_step,
-                           args.engine_threads or os.cpu_count(), not args.no_cuda_graphs)
+                           args.engine_threads or os.cpu_count(), not args.no_cuda_graphs, ckpt)
             results["paths"].setdefault("engine", {})[f"c{c}"] = s
             lines += figure_lines("engine", {k: v for k, v in s.items() if isinstance(v, (int, float, dict))
                                              and not isinstance(v, bool)}, f".c{c}")
@@ -250,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "reference" in paths:
         from veil.benchmarks.reference_hf import DTYPES, run_reference
-        from veil.engine.loader import load_checkpoint
 
-        ckpt = load_checkpoint()
         for name in (x for x in args.reference_dtypes.split(",") if x):
             print(f"reference: transformers generate ({name}), static batches of {args.batch_size}…",
                   file=sys.stderr, flush=True)

@@ -10,7 +10,8 @@ is the real protocol.
 Two layers because a middle layer's cycle (WEIGHTS -> MLP, MLP_IN -> REFRESH, REFRESHED ->
 next layer's SCORES) differs from the last layer's (MLP_IN -> FINAL). The per-layer figures are
 the first layer's cycle; the whole-model extrapolation (``--layers`` protected layers, default
-28 for k=2) is the measured two-layer step plus ``layers - 2`` cycles.
+28 for k=2) is the measured two-layer step plus ``layers - 2`` cycles without the first layer's
+FFN shuffle (the executor shuffles its first protected layer only).
 
 Prints the server time split by operation kind (matvec, ctct, rotations, refresh, flooding,
 serialization, other), the client time, bytes up and down for the layer, the output error
@@ -100,23 +101,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", default="16,64")
     ap.add_argument("--layers", type=int, default=28, help="protected layers for the extrapolation")
     ap.add_argument("--he-backend", default="seal", choices=backend_names())
+    ap.add_argument("--device", default="cpu", help="where the native backend computes (SEAL: CPU only)")
+    ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_bench.json"), help="JSON of the figures")
     args = ap.parse_args(argv)
 
     from veil.engine.loader import build_model, load_checkpoint
 
-    ckpt = load_checkpoint()
+    ckpt = load_checkpoint(args.model)
+    opts = {"device": args.device} if args.he_backend == "native" else {}
+    if opts == {} and args.device != "cpu":
+        ap.error(f"--device {args.device}: only the native backend runs off the CPU")
     model, cfg = build_model(ckpt), ckpt.config
     dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
     steps = required_rotation_steps(dims)
     t = time.perf_counter()
-    client_be = make_backend(PROTECTED_PARAMS, args.he_backend)
+    client_be = make_backend(PROTECTED_PARAMS, args.he_backend, **opts)
     client_be.generate_keys(steps)
     material = client_be.export_public_material()
     fig("keygen_s", time.perf_counter() - t)
     fig("galois_keys", len(steps))
     fig("setup_bytes", material.nbytes)
-    server_be = make_backend(PROTECTED_PARAMS, args.he_backend)
+    server_be = make_backend(PROTECTED_PARAMS, args.he_backend, **opts)
     server_be.import_public_material(material)
     t = time.perf_counter()
     layers = (args.layer, args.layer + 1)
@@ -173,15 +179,22 @@ def main(argv: list[str] | None = None) -> None:
         n = args.layers
         step_s = sum(r[2] + r[3] for r in trips)
         step_bytes = sum(r[4] + r[5] for r in trips)
-        fig(f"tpot_s.extrapolated.{tag}", step_s + (n - 2) * (server + t_client))
+        # the FFN shuffle is the first protected layer's alone: the middle layers do not repeat it
+        middle = server - per_op.get("shuffle", 0.0) + t_client
+        fig(f"tpot_s.extrapolated.{tag}", step_s + (n - 2) * middle)
         fig(f"bytes_per_token.extrapolated.{tag}", step_bytes + (n - 2) * (up_layer + down_layer))
         fig(f"round_trips_per_token.{tag}", len(trips) + (n - 2) * len(cycle))
         for shape, dt in by_shape.items():
             print(f"# ctx {ctx}: matvec {shape}: {dt:.3f} s", flush=True)
         print(f"# ctx {ctx}: counts {counts}", flush=True)
     fig("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if args.device.startswith("cuda"):
+        import torch
+
+        fig("device_peak_bytes", torch.cuda.max_memory_allocated())
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"he_backend": args.he_backend, "layers": list(layers), "figures": FIGURES},
+    args.out.write_text(json.dumps({"he_backend": args.he_backend, "device": args.device, "model": ckpt.source,
+                                    "layers": list(layers), "figures": FIGURES},
                                    indent=2))
 
 

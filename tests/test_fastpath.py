@@ -2,6 +2,7 @@
 sampling through the engine whatever the batch, the client/server thread split, and (on CUDA
 only) CUDA-graph replay against eager steps."""
 
+import os
 import threading
 
 import pytest
@@ -77,6 +78,9 @@ def test_client_threads_leave_a_core_to_a_loopback_server(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the Triton interpreter copies to the host, which a graph capture refuses: "
+                           "run with TRITON_INTERPRET=0 on a CUDA machine")
 def test_cuda_graph_replay_equals_eager(full_model, chat_prompts):
     """Decode steps replayed from CUDA graphs give the eager steps' logits and tokens."""
     cfg = dict(kv_cache_bytes=256 << 20, max_tokens_per_step=512, max_seqs_per_step=8, device="cuda")
@@ -107,11 +111,19 @@ def test_cuda_graph_replay_equals_eager(full_model, chat_prompts):
     batch = runner.prepare(chunks)
     info = batch.seq_info.cuda()
     ids = batch.token_ids.cuda()
+    g = runner.graphs
     with torch.inference_mode():
-        replayed = runner.graphs.run(ids, info).clone()
+        replayed = g.run(ids, info).clone()
+        n, b = ids.shape[0], g.outputs[next(x for x in g.buckets if x >= ids.shape[0])].shape[0]
+        # the graph's own padded inputs, run eagerly: the same kernels on the same shapes
+        same = runner.forward_logits(g.ids[:b], runner.decode_meta(g.positions[:b], g.slots[:b], g.tables[:b],
+                                                                    g.ctx[:b]))[:n]
+        # the unpadded batch (3 rows, not the bucket's 4): GEMMs of another shape may round differently
         meta = runner._meta(info, batch.lengths, runner.tables.max_blocks)
         eager_logits = runner.forward_logits(ids, meta)
-    torch.testing.assert_close(replayed, eager_logits, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(replayed, same, atol=1e-4, rtol=1e-4)
+    rel = ((replayed - eager_logits).norm() / eager_logits.norm()).item()
+    assert rel < 1e-2, rel
     assert torch.equal(replayed.argmax(-1), eager_logits.argmax(-1))
 
 
