@@ -28,7 +28,6 @@ class ClusterConfig:
     replicas: int = 2
     replica_cpus: float = 1.0  # logical CPUs Ray reserves for each engine replica
     threads: int | None = None  # torch threads per replica; None: replica_cpus, at least 1
-    dtype: str = "float32"
     ray_address: str | None = None  # None: start a local Ray cluster in this process
     # Requests Ray lets into one replica at once. The engine queues and batches its own work,
     # so this only needs to exceed what a replica can hold (sessions stepping, streams open).
@@ -60,7 +59,7 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
     ingress = serve.deployment(serve.ingress()(Ingress), name="Ingress", num_replicas=1,
                                max_ongoing_requests=4 * cc.max_ongoing_requests, ray_actor_options={"num_cpus": 0},
                                logging_config=QUIET_LOGS)
-    spec = ReplicaSpec(cc.dtype, cc.replica_threads)
+    spec = ReplicaSpec(cfg.model_dtype, cc.replica_threads)
     return ingress.bind(engine.bind(cfg, spec, tenants_json), cfg, cc.replicas)
 
 
@@ -116,5 +115,5 @@ def cmd_serve_cluster(args, cfg: ServerConfig) -> int:
         print("error: --replicas must be at least 1", file=sys.stderr)
         return 2
     cc = ClusterConfig(replicas=args.replicas, replica_cpus=args.replica_cpus, threads=args.threads,
-                       dtype=args.dtype, ray_address=args.ray_address)
+                       ray_address=args.ray_address)
     return serve_cluster(cfg, cc, args.host, args.port, args.tls_cert, args.tls_key)
