@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     args = p.parse_args(argv)
 
     from torch.profiler import ProfilerActivity, profile
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from veil.engine.sequence import SeqKind, Sequence
 
     torch.set_num_threads(args.threads)
-    model = build_model(load_checkpoint(), dtype=getattr(torch, args.dtype))
+    model = build_model(load_checkpoint(args.model), dtype=getattr(torch, args.dtype))
+    cuda = args.device.startswith("cuda")
     cfg = EngineConfig(kv_cache_bytes=1 << 30, max_tokens_per_step=args.batch * args.context,
                        max_seqs_per_step=args.batch, device=args.device)
     e = Engine(model, 0, cfg)
@@ -67,17 +69,22 @@ def main(argv: list[str] | None = None) -> int:
         tokens, hidden = e.runner.run(batch)
         t2 = time.perf_counter()
         e._postprocess(chunks, tokens, hidden)
-        return t1 - t0, t2 - t1, time.perf_counter() - t2
+        return t1 - t0, t2 - t1, time.perf_counter() - t2  # run() ends in the sampled ids' host copy
 
     step()  # the prefill
     for _ in range(3):
         step()
     times = [step() for _ in range(args.steps)]
     prep, run, post = (sum(t[i] for t in times) / len(times) for i in range(3))
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         for _ in range(args.steps):
             step()
     rows = prof.key_averages()
+    if cuda:  # the GPU's own time per kernel, beside the host's op table below
+        print(rows.table(sort_by="self_device_time_total", row_limit=15), file=sys.stderr)
+        gpu = sum(r.self_device_time_total for r in rows) / args.steps
+        print(f"figure step.gpu_busy_ms {gpu / 1e3:.3f}")
     total = sum(r.self_cpu_time_total for r in rows)
     shares: dict[str, float] = {}
     for r in rows:
