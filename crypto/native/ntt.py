@@ -57,45 +57,35 @@ def _twiddles(q: int, n: int) -> tuple[list[int], list[int], int]:
     return [fw[r] for r in rev], [inv[r] for r in rev], pow(n, -1, q)
 
 
-def _halves(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
-    """``x`` ``[B, L, N]`` as ``groups`` pairs of runs: the inputs ``(u, v)`` and an output with
-    its two halves (written in place, no stacking copy)."""
-    b, limbs, n = x.shape
-    v = x.view(b, limbs, groups, 2, n // (2 * groups))
-    out = torch.empty_like(x)
-    o = out.view(b, limbs, groups, 2, n // (2 * groups))
-    return v[:, :, :, 0], v[:, :, :, 1], out, o[:, :, :, 0], o[:, :, :, 1]
-
-
 def _fw_stage(x: torch.Tensor, w: _PartConst, m: int) -> torch.Tensor:
     """One Cooley-Tukey stage on ``[B, L, N]`` with ``m`` groups: ``(u + w*v, u - w*v)``."""
-    u, v, out, lo, hi = _halves(x, m)
-    p = w.mul_lazy(v)
-    torch.add(u, p, out=lo)
-    torch.sub(u, p, out=hi)
-    return out
+    b, limbs, n = x.shape
+    v = x.view(b, limbs, m, 2, n // (2 * m))
+    u, p = v[:, :, :, 0], w.mul_lazy(v[:, :, :, 1])
+    return torch.stack((u + p, u - p), dim=3).view(b, limbs, n)
 
 
 def _inv_stage(x: torch.Tensor, w: _PartConst, h: int) -> torch.Tensor:
     """One Gentleman-Sande stage with ``h`` groups: ``(u + v, w*(u - v))``."""
-    u, v, out, lo, hi = _halves(x, h)
-    torch.add(u, v, out=lo)
-    hi.copy_(w.mul_lazy(u - v))
-    return out
+    b, limbs, n = x.shape
+    v = x.view(b, limbs, h, 2, n // (2 * h))
+    u, y = v[:, :, :, 0], v[:, :, :, 1]
+    return torch.stack((u + y, w.mul_lazy(u - y)), dim=3).view(b, limbs, n)
 
 
-def _inv_last(x: torch.Tensor, lo_c: _PartConst, hi_c: _PartConst) -> torch.Tensor:
+def _inv_last(x: torch.Tensor, lo: _PartConst, hi: _PartConst) -> torch.Tensor:
     """The last inverse stage with the factor ``1/N`` folded in; ends canonical."""
-    u, v, out, lo, hi = _halves(x, 1)  # the constants are [L, 1, 1] like the stages' twiddles
-    lo.copy_(lo_c.mul_lazy(u + v))
-    hi.copy_(hi_c.mul_lazy(u - v))
-    return out.add_((out >> 63) & lo_c.q.view(-1, 1))
+    b, limbs, n = x.shape
+    v = x.view(b, limbs, 1, 2, n // 2)  # the constants are [L, 1, 1] like the stages' twiddles
+    u, y = v[:, :, :, 0], v[:, :, :, 1]
+    out = torch.stack((lo.mul_lazy(u + y), hi.mul_lazy(u - y)), dim=3).view(b, limbs, n)
+    return out + ((out >> 63) & lo.q.view(-1, 1))
 
 
 def _reduce(x: torch.Tensor, q: torch.Tensor, qinv: torch.Tensor, canonical: bool) -> torch.Tensor:
     """``-> (-q, q)``, or ``[0, q)`` (``modarith.Basis.reduce``)."""
-    r = x - torch.mul(x.to(torch.float64), qinv).round_().to(torch.int64).mul_(q)
-    return r.add_((r >> 63) & q) if canonical else r
+    r = x - torch.round(x.to(torch.float64) * qinv).to(torch.int64) * q
+    return r + ((r >> 63) & q) if canonical else r
 
 
 @functools.cache
