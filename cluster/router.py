@@ -45,6 +45,12 @@ def _publish(ids) -> None:
 
 
 class SessionAffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+    # A CPU engine's step holds the GIL for tens of milliseconds, so on a loaded machine a
+    # replica often misses Ray's default 0.1 s queue-length probe and is skipped: in one CI run
+    # all 16 unpinned completions went to the other replica. Wait longer before skipping one.
+    queue_len_response_deadline_s = 1.0
+    max_queue_len_response_deadline_s = 4.0
+
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         if pending_request is not None:
