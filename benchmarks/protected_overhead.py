@@ -13,6 +13,9 @@ Figures (per path and context):
 * ``tpot_s`` / ``itl_s``: gaps between consecutive tokens (one decode step each);
 * ``bytes_up_per_token`` / ``bytes_down_per_token`` / ``bytes_per_token``,
   ``round_trips_per_token``, ``client_cpu_s_per_token``: over the decode steps only;
+* ``bytes_per_token_by_kind.<up|down>.<kind>`` (protected): the decode bytes per token by
+  message kind and direction (HTTP bodies: token, weights, mlp_in, refreshed up; scores, mlp,
+  refresh, final down), so a change to the wire shows where its bytes went;
 * ``setup_bytes``: the evaluation keys (protected; uploaded once per client);
 * ``server_s.<op>`` (protected): server HE seconds per decode token by operation kind, read from
   the server's Prometheus counter ``veil_protected_op_seconds``;
@@ -120,6 +123,7 @@ def run_session(client, prompt: list[int], new_tokens: int, reference_logits, ur
         logits = [session.forward(prompt, stats)]
         times = [time.perf_counter()]
         prefill = (stats.bytes_up, stats.bytes_down, stats.round_trips, stats.client_cpu_s)
+        prefill_by_kind = dict(stats.bytes_by_kind)
         ops0 = server_op_seconds(url) if protected and url else {}
         tokens = [int(logits[-1].argmax())]
         while len(tokens) < new_tokens:
@@ -139,6 +143,8 @@ def run_session(client, prompt: list[int], new_tokens: int, reference_logits, ur
         "ttft_s": times[0] - t0, "tpot_s": distribution(gaps), "itl_s": distribution(gaps),
         "e2el_s": times[-1] - t0,
         "bytes_up_per_token": up / n, "bytes_down_per_token": down / n, "bytes_per_token": (up + down) / n,
+        "bytes_per_token_by_kind": {kind: (b - prefill_by_kind.get(kind, 0)) / n
+                                    for kind, b in sorted(stats.bytes_by_kind.items())},
         "prefill_bytes": prefill[0] + prefill[1], "prefill_round_trips": prefill[2],
         "round_trips_per_token": (stats.round_trips - prefill[2]) / n,
         "client_cpu_s_per_token": (stats.client_cpu_s - prefill[3]) / n,

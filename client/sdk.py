@@ -42,6 +42,7 @@ class GenerationStats:
     token_times: list[float] = field(default_factory=list)  # perf_counter of each sampled token
     bytes_up: int = 0
     bytes_down: int = 0
+    bytes_by_kind: dict[str, int] = field(default_factory=dict)  # protected: "up.<kind>"/"down.<kind>"
     round_trips: int = 0
     setup_bytes: int = 0  # evaluation keys uploaded for this generation (0 when already cached)
     client_cpu_s: float = 0.0  # CPU time of the calling thread spent on local work

@@ -157,6 +157,9 @@ class ProtectedSession(SplitSession):
             reply = ProtectedMessage.from_bytes(r.content, max_bytes=1 << 30)
             if reply.step != msg.step:
                 raise VeilError(502, "bad_reply", "the server's reply does not match the step")
+            if stats is not None:  # where the bytes go: each message kind, each direction
+                for key, n in ((f"up.{msg.kind}", len(body)), (f"down.{reply.kind}", len(r.content))):
+                    stats.bytes_by_kind[key] = stats.bytes_by_kind.get(key, 0) + n
             nxt = self.state.handle(reply)
             if isinstance(nxt, np.ndarray):
                 if stats is not None:

@@ -44,6 +44,11 @@ def test_schema_and_every_path(quick_run):
     prot = res["paths"]["protected"]["ctx16"]
     assert prot["bytes_per_token"] > 1e6 and prot["setup_bytes"] > 1e8 and prot["round_trips_per_token"] == 3
     assert prot["server_s"]["matvec"] > 0 and prot["greedy_agreement"] == 1.0
+    # one protected layer: three round trips, no refresh (it runs between layers)
+    by_kind = prot["bytes_per_token_by_kind"]
+    assert set(by_kind) == {"up.token", "up.weights", "up.mlp_in", "down.scores", "down.mlp", "down.final"}
+    assert sum(by_kind.values()) == pytest.approx(prot["bytes_per_token"])
+    assert by_kind["up.token"] > 1e5 and by_kind["down.final"] > 1e5
     plain = res["paths"]["split-plain"]["ctx16"]
     assert plain["kl_mean"] < 1e-6 and plain["greedy_agreement"] == 1.0
     assert res["paths"]["fast"]["ctx16"]["greedy_agreement"] == 1.0
