@@ -1,8 +1,7 @@
 """``torch.compile`` of the native backend's hot loops gives the same residues as eager.
 
-Opt-in (``VEIL_TEST_COMPILE=1``): compiling the whole transforms of each shape from a cold
-cache takes several minutes on the 2-core CI machine (15 min beside another heavy test), more
-than the whole native suite. ``benchmarks/he_ops.py --compile``
+Opt-in (``VEIL_TEST_COMPILE=1``): compiling the stage kernels from a cold cache takes ~3 min
+on the 2-core CI machine, more than the whole native suite. ``benchmarks/he_ops.py --compile``
 checks the same equality on every operation it times.
 """
 

@@ -90,10 +90,11 @@ def _reduce(x: torch.Tensor, q: torch.Tensor, qinv: torch.Tensor, canonical: boo
 
 @functools.cache
 def compiled(fn):
-    """``torch.compile`` of a hot function with dynamic shapes; the integer results equal eager
-    ones (tests compare them). Sizes of 1 (one limb, one polynomial) and the two product schemes
-    each get their own graph, more than Dynamo's default of 8 per function, hence the higher
-    limit while these run."""
+    """``torch.compile`` of a hot function with dynamic shapes. On the CPU it fuses a butterfly
+    stage's dozen elementwise operations into one pass over memory; the integer results equal
+    eager ones (tests compare them). Sizes of 1 (one limb, one polynomial, the first and last
+    stage's group sizes) and the two product schemes each get their own graph, more than
+    Dynamo's default of 8 per function, hence the higher limit while these run."""
     fn_c = torch.compile(fn, dynamic=True)
 
     @functools.wraps(fn)
@@ -104,41 +105,13 @@ def compiled(fn):
     return call
 
 
-def _forward(x: torch.Tensor, fw: _PartConst, q: torch.Tensor, qinv: torch.Tensor, n: int,
-             limit: float, qmax: float) -> torch.Tensor:
-    """The forward network, lazy (see ``_RunNtt``); ends canonical."""
-    bound, m = qmax, 1
-    while m < n:
-        if bound >= limit:
-            x, bound = _reduce(x, q, qinv, False), qmax
-        x = _fw_stage(x, fw.map(lambda w, m=m: w[:, m : 2 * m]), m)
-        bound += qmax
-        m *= 2
-    return _reduce(x, q, qinv, True)
-
-
-def _inverse(x: torch.Tensor, inv: _PartConst, last_lo: _PartConst, last_hi: _PartConst, q: torch.Tensor,
-             qinv: torch.Tensor, n: int, limit: float, qmax: float) -> torch.Tensor:
-    """The inverse network, lazy; its last stage folds in ``1/N`` and ends canonical."""
-    bound, h = qmax, n // 2
-    while h >= 1:
-        if 2 * bound >= limit:
-            x, bound = _reduce(x, q, qinv, False), qmax
-        x = _inv_stage(x, inv.map(lambda w, h=h: w[:, h : 2 * h]), h) if h > 1 else _inv_last(x, last_lo, last_hi)
-        bound *= 2
-        h //= 2
-    return x
-
-
 class _RunNtt:
     """The transforms of one run of limbs (one product scheme), with lazy butterflies: sums are
     not reduced; a value's bound grows by ``q`` per forward stage and doubles per inverse stage,
     and the whole array is brought back to ``(-q, q)`` only when the next stage's product would
     leave its precondition (``limit``, see ``modarith``). For the 36-bit primes that is never in
     a forward transform and once in an inverse one; for the 57-bit primes every 31 stages.
-    Input and output ``[B, L, N]``. ``compile`` compiles a whole transform as one graph: on the
-    CPU, Inductor fuses each stage's dozen elementwise operations into one loop, and one call
-    (one set of guards) per transform instead of one per stage is ~15-20% faster again."""
+    Input and output ``[B, L, N]``; each stage is one function (``compile``: one fused kernel)."""
 
     def __init__(self, fw: MulConst, inv: MulConst, last_lo: MulConst, last_hi: MulConst,
                  q: torch.Tensor, qinv: torch.Tensor, limit: float, qmax: int) -> None:
@@ -147,12 +120,30 @@ class _RunNtt:
         self.q, self.qinv, self.limit, self.qmax = q, qinv, limit, float(qmax)  # q: [L, 1]
 
     def forward(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
-        f = compiled(_forward) if compile else _forward
-        return f(x, self.fw, self.q, self.qinv, n, self.limit, self.qmax)
+        stage, reduce = (compiled(_fw_stage), compiled(_reduce)) if compile else (_fw_stage, _reduce)
+        bound, m = self.qmax, 1
+        while m < n:
+            if bound >= self.limit:
+                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+            x = stage(x, self.fw.map(lambda w, m=m: w[:, m : 2 * m]), m)
+            bound += self.qmax
+            m *= 2
+        return reduce(x, self.q, self.qinv, True)
 
     def inverse(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
-        f = compiled(_inverse) if compile else _inverse
-        return f(x, self.inv, self.last_lo, self.last_hi, self.q, self.qinv, n, self.limit, self.qmax)
+        stage, reduce = (compiled(_inv_stage), compiled(_reduce)) if compile else (_inv_stage, _reduce)
+        last = compiled(_inv_last) if compile else _inv_last
+        bound, h = self.qmax, n // 2
+        while h >= 1:
+            if 2 * bound >= self.limit:
+                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+            if h > 1:
+                x = stage(x, self.inv.map(lambda w, h=h: w[:, h : 2 * h]), h)
+            else:
+                x = last(x, self.last_lo, self.last_hi)
+            bound *= 2
+            h //= 2
+        return x
 
 
 class NttTables:
