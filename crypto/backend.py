@@ -130,10 +130,12 @@ class HEBackend(abc.ABC):
     @abc.abstractmethod
     def has_secret_key(self) -> bool: ...
 
+    _steps: tuple[int, ...] = ()  # set by generate_keys / import_public_material
+
     @property
-    @abc.abstractmethod
     def rotation_steps(self) -> tuple[int, ...]:
         """Steps this backend holds Galois keys for."""
+        return self._steps
 
     @abc.abstractmethod
     def export_public_material(self) -> PublicMaterial:

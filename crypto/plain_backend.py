@@ -85,10 +85,6 @@ class PlainBackend(HEBackend):
     def has_secret_key(self) -> bool:
         return self._secret
 
-    @property
-    def rotation_steps(self) -> tuple[int, ...]:
-        return self._steps
-
     def export_public_material(self) -> PublicMaterial:
         if not self._secret:
             raise HEError("no keys generated")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from veil.crypto.backend import HEError, make_backend
+from veil.crypto.backend import HEError
 from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
 from veil.crypto.native import keys as K
 from veil.crypto.native import rns
@@ -28,12 +28,8 @@ STEPS = sorted({1, 3, -5, 100, -1000, 2048} | set(PRODUCT.rotation_steps))
 
 
 @pytest.fixture(scope="module")
-def pair():
-    client = make_backend(P, "native", allow_test_backends=True)
-    client.generate_keys(STEPS)
-    server = make_backend(P, "native", allow_test_backends=True)
-    server.import_public_material(client.export_public_material())
-    return client, server
+def pair(he_pair):
+    return he_pair("native", P, STEPS)
 
 
 @pytest.fixture()

@@ -17,12 +17,8 @@ STEPS = [1, 2, -3]
 
 
 @pytest.fixture(scope="module")
-def pair():
-    client = make_backend(P, "native", allow_test_backends=True)
-    client.generate_keys(STEPS)
-    server = make_backend(P, "native", allow_test_backends=True)
-    server.import_public_material(client.export_public_material())
-    return client, server
+def pair(he_pair):
+    return he_pair("native", P, STEPS)
 
 
 def test_round_trips_and_seeded_upload(pair):

@@ -109,10 +109,6 @@ class NativeBackend(Evaluator, HEBackend):
     def has_secret_key(self) -> bool:
         return self._sk is not None
 
-    @property
-    def rotation_steps(self) -> tuple[int, ...]:
-        return self._steps
-
     def export_public_material(self) -> PublicMaterial:
         if self._sk is None:
             raise HEError("no keys generated")
