@@ -15,7 +15,9 @@ FFN shuffle (the executor shuffles its first protected layer only).
 
 Prints the server time split by operation kind (matvec, ctct, rotations, refresh, flooding,
 serialization, other), the client time, bytes up and down for the layer, the output error
-against the plaintext blocks, one ``figure protected.<metric> <value>`` line per number.
+against the plaintext blocks, one ``figure protected.<backend>.<metric> <value>`` line per
+number. ``--he-backend seal,native`` measures both backends in one run, on the same inputs (the
+client and the server of a run use the same backend).
 """
 
 from __future__ import annotations
@@ -46,12 +48,12 @@ PROMPT = (
 ) * 6
 
 
-FIGURES: dict[str, float] = {}
+FIGURES: dict[str, dict[str, float]] = {}
 
 
-def fig(name: str, value: float) -> None:
-    FIGURES[name] = float(value)
-    print(f"figure protected.{name} {value:.6g}", flush=True)
+def fig(backend: str, name: str, value: float) -> None:
+    FIGURES.setdefault(backend, {})[name] = float(value)
+    print(f"figure protected.{backend}.{name} {value:.6g}", flush=True)
 
 
 def _plain_inputs(model, tok, layer: int, ctx: int):
@@ -95,41 +97,25 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--layer", type=int, default=10)
-    ap.add_argument("--contexts", default="16,64")
-    ap.add_argument("--layers", type=int, default=28, help="protected layers for the extrapolation")
-    ap.add_argument("--he-backend", default="seal", choices=backend_names())
-    ap.add_argument("--device", default="cpu", help="where the native backend computes (SEAL: CPU only)")
-    ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
-    ap.add_argument("--out", type=Path, default=Path("bench_out/protected_bench.json"), help="JSON of the figures")
-    args = ap.parse_args(argv)
-
-    from veil.engine.loader import build_model, load_checkpoint
-
-    ckpt = load_checkpoint(args.model)
-    opts = {"device": args.device} if args.he_backend == "native" else {}
-    if opts == {} and args.device != "cpu":
-        ap.error(f"--device {args.device}: only the native backend runs off the CPU")
-    model, cfg = build_model(ckpt), ckpt.config
-    dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
+def bench_backend(name: str, device: str, args, ckpt, model, cfg, dims) -> None:
+    """Keys, two encoded layers and the timed decode step of every context, on one backend."""
+    opts = {"device": device} if name == "native" else {}
     steps = required_rotation_steps(dims)
     t = time.perf_counter()
-    client_be = make_backend(PROTECTED_PARAMS, args.he_backend, **opts)
+    client_be = make_backend(PROTECTED_PARAMS, name, **opts)
     client_be.generate_keys(steps)
     material = client_be.export_public_material()
-    fig("keygen_s", time.perf_counter() - t)
-    fig("galois_keys", len(steps))
-    fig("setup_bytes", material.nbytes)
-    server_be = make_backend(PROTECTED_PARAMS, args.he_backend, **opts)
+    fig(name, "keygen_s", time.perf_counter() - t)
+    fig(name, "galois_keys", len(steps))
+    fig(name, "setup_bytes", material.nbytes)
+    server_be = make_backend(PROTECTED_PARAMS, name, **opts)
     server_be.import_public_material(material)
     t = time.perf_counter()
     layers = (args.layer, args.layer + 1)
     weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i, dims) for i in layers]
     ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
-    fig("encode_layer_s", (time.perf_counter() - t) / 2)
-    fig("encoded_bytes_per_layer", ex.encoded_bytes / 2)
+    fig(name, "encode_layer_s", (time.perf_counter() - t) / 2)
+    fig(name, "encoded_bytes_per_layer", ex.encoded_bytes / 2)
 
     for ctx in (int(c) for c in args.contexts.split(",")):
         h0, h1, ref = _plain_inputs(model, ckpt.tokenizer, args.layer, ctx)
@@ -166,35 +152,59 @@ def main(argv: list[str] | None = None) -> None:
         t_client = sum(r[3] for r in cycle)
         up_layer, down_layer = sum(r[4] for r in cycle), sum(r[5] for r in cycle)
         tag = f"ctx{ctx}"
-        fig(f"layer_server_s.{tag}", server)
+        fig(name, f"layer_server_s.{tag}", server)
         for kind in ("matvec", "ctct", "rotations", "refresh", "flooding", "shuffle", "serialization", "other"):
-            fig(f"layer_server_s.{kind}.{tag}", per_op.get(kind, 0.0))
-        fig(f"layer_client_s.{tag}", t_client)
-        fig(f"layer_bytes_up.{tag}", up_layer)
-        fig(f"layer_bytes_down.{tag}", down_layer)
-        fig(f"two_layer_wall_s.{tag}", wall)
-        fig(f"two_layer_rel_err.{tag}", err)
-        fig(f"kv_bytes_per_layer.{tag}", session.kv_bytes / 2)
-        fig(f"rotations_per_layer.{tag}", counts.get("rotate", 0))
+            fig(name, f"layer_server_s.{kind}.{tag}", per_op.get(kind, 0.0))
+        fig(name, f"layer_client_s.{tag}", t_client)
+        fig(name, f"layer_bytes_up.{tag}", up_layer)
+        fig(name, f"layer_bytes_down.{tag}", down_layer)
+        fig(name, f"two_layer_wall_s.{tag}", wall)
+        fig(name, f"two_layer_rel_err.{tag}", err)
+        fig(name, f"kv_bytes_per_layer.{tag}", session.kv_bytes / 2)
+        fig(name, f"rotations_per_layer.{tag}", counts.get("rotate", 0))
         n = args.layers
         step_s = sum(r[2] + r[3] for r in trips)
         step_bytes = sum(r[4] + r[5] for r in trips)
         # the FFN shuffle is the first protected layer's alone: the middle layers do not repeat it
         middle = server - per_op.get("shuffle", 0.0) + t_client
-        fig(f"tpot_s.extrapolated.{tag}", step_s + (n - 2) * middle)
-        fig(f"bytes_per_token.extrapolated.{tag}", step_bytes + (n - 2) * (up_layer + down_layer))
-        fig(f"round_trips_per_token.{tag}", len(trips) + (n - 2) * len(cycle))
+        fig(name, f"tpot_s.extrapolated.{tag}", step_s + (n - 2) * middle)
+        fig(name, f"bytes_per_token.extrapolated.{tag}", step_bytes + (n - 2) * (up_layer + down_layer))
+        fig(name, f"round_trips_per_token.{tag}", len(trips) + (n - 2) * len(cycle))
         for shape, dt in by_shape.items():
-            print(f"# ctx {ctx}: matvec {shape}: {dt:.3f} s", flush=True)
-        print(f"# ctx {ctx}: counts {counts}", flush=True)
-    fig("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    if args.device.startswith("cuda"):
-        import torch
+            print(f"# {name} ctx {ctx}: matvec {shape}: {dt:.3f} s", flush=True)
+        print(f"# {name} ctx {ctx}: counts {counts}", flush=True)
 
-        fig("device_peak_bytes", torch.cuda.max_memory_allocated())
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--layer", type=int, default=10)
+    ap.add_argument("--contexts", default="16,64")
+    ap.add_argument("--layers", type=int, default=28, help="protected layers for the extrapolation")
+    ap.add_argument("--he-backend", default="seal",
+                    help=f"comma-separated, each measured in turn: {', '.join(backend_names())}")
+    ap.add_argument("--device", default="cpu", help="where the native backend computes (SEAL always on the CPU)")
+    ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
+    ap.add_argument("--out", type=Path, default=Path("bench_out/protected_bench.json"), help="JSON of the figures")
+    args = ap.parse_args(argv)
+    backends = args.he_backend.split(",")
+    for name in backends:
+        if name not in backend_names():
+            ap.error(f"unknown HE backend {name!r}")
+
+    from veil.engine.loader import build_model, load_checkpoint
+
+    ckpt = load_checkpoint(args.model)
+    model, cfg = build_model(ckpt), ckpt.config
+    dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
+    for name in backends:
+        bench_backend(name, args.device, args, ckpt, model, cfg, dims)
+    # ru_maxrss is the process's peak over every backend measured so far
+    fig("process", "peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if args.device.startswith("cuda"):
+        fig("native", "device_peak_bytes", torch.cuda.max_memory_allocated())
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"he_backend": args.he_backend, "device": args.device, "model": ckpt.source,
-                                    "layers": list(layers), "figures": FIGURES},
+    args.out.write_text(json.dumps({"he_backends": backends, "device": args.device, "model": ckpt.source,
+                                    "layers": [args.layer, args.layer + 1], "figures": FIGURES},
                                    indent=2))
 
 

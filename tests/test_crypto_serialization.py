@@ -215,8 +215,8 @@ def test_public_material_has_no_secret_key(pair):
     }
     assert mat.params_id == P.id and mat.rotation_steps == (-1, 1, 3)
     blobs = [mat.public_key, mat.relin_keys, mat.galois_keys]
-    for b in blobs:
-        seal_format.parse_header(b)
+    assert seal_packing.is_packed(mat.public_key)
+    assert seal_packing.is_packed_keys(mat.relin_keys) and seal_packing.is_packed_keys(mat.galois_keys)
     export = b"".join(blobs)
     # the secret key's raw residue words (read from SEAL) occur nowhere in the export
     sk_plain = client._sk.data()
@@ -251,6 +251,8 @@ def test_public_material_import_validation(pair):
     with pytest.raises(KeyMaterialError):
         fresh.import_public_material(dataclasses.replace(mat, relin_keys=mat.relin_keys[:-10]))
     with pytest.raises(KeyMaterialError, match="step"):
+        fresh.import_public_material(dataclasses.replace(mat, rotation_steps=(1, 2, 3)))
+    with pytest.raises(KeyMaterialError, match="too many keys"):  # more keys than named steps
         fresh.import_public_material(dataclasses.replace(mat, rotation_steps=(1, 2)))
     with pytest.raises(KeyMaterialError):
         fresh.import_public_material("not material")  # type: ignore[arg-type]
@@ -265,3 +267,47 @@ def test_public_material_import_validation(pair):
             )
         )
     assert not fresh.has_secret_key and fresh.rotation_steps == ()
+
+
+def test_keys_travel_packed_and_smaller(pair):
+    """Keys are bit-packed at their primes' widths: smaller than SEAL's own (zstd) save, and
+    what the server loads is SEAL's object, bit for bit."""
+    client, server = pair
+    mat = client.export_public_material()
+    kg = client._keygen
+    seal_gk = client._c.io.save(kg.create_galois_keys([pow(3, s % (P.poly_modulus_degree // 2),
+                                                            2 * P.poly_modulus_degree) for s in mat.rotation_steps]))
+    assert len(mat.galois_keys) < 0.9 * len(seal_gk)
+    assert len(mat.public_key) < 0.9 * len(client._c.io.save(client._pk))
+    # SEAL's own form still loads (it is validated the same way)
+    fresh = SealBackend(P)
+    fresh.import_public_material(dataclasses.replace(mat, galois_keys=seal_gk))
+    x = np.linspace(-1, 1, SLOTS)
+    got = client.decrypt(fresh.rotate(client.encrypt(x), 3))
+    assert np.abs(got - np.roll(x, -3)).max() < 1e-3
+    # unpack(pack(keys)) is SEAL's uncompressed serialization of the same keys
+    widths = client._c.key_prime_widths
+    raw = seal_packing.unpack_keys(mat.relin_keys, widths, client._c.version, client._c.n, 1, 8)
+    assert seal_packing.pack_keys(raw, widths, 1 << 30) == mat.relin_keys
+
+
+def test_packed_keys_are_validated(pair):
+    client, _ = pair
+    mat = client.export_public_material()
+    gk = mat.galois_keys
+    cases = {
+        "truncated": gk[:-100],
+        "trailing": gk + b"\0",
+        "too many keys": gk[:44] + (2**20).to_bytes(4, "little") + gk[48:],
+        "bad index": gk[:48] + (2**31).to_bytes(4, "little") + gk[52:],
+        "zero components": gk[:52] + (0).to_bytes(4, "little") + gk[56:],
+        "wrong magic": b"VPK9" + gk[4:],
+    }
+    for name, blob in cases.items():
+        fresh = SealBackend(P)
+        with pytest.raises(KeyMaterialError):
+            fresh.import_public_material(dataclasses.replace(mat, galois_keys=blob))
+        assert fresh.rotation_steps == (), name
+    # a packed Galois key in the relinearization slot has more keys than one
+    with pytest.raises(KeyMaterialError):
+        SealBackend(P).import_public_material(dataclasses.replace(mat, relin_keys=gk))

@@ -103,16 +103,28 @@ class SealBackend(HEBackend):
     def has_secret_key(self) -> bool:
         return self._sk is not None
 
+    @property
+    def _dnum(self) -> int:
+        """Key-switching decomposition size: SEAL uses one component per data prime."""
+        return len(self.params.coeff_modulus_bits) - 1
+
+    def _key_limit(self, n_steps: int) -> int:
+        """Largest inflated key object accepted: every step's components plus the index table."""
+        return max(1, n_steps) * self._dnum * self._c.key_raw_size() + 8 * self._c.n + 4096
+
     def export_public_material(self) -> PublicMaterial:
         if self._sk is None:
             raise HEError("no keys generated")
         if self._export_cache is None:
             kg = self._keygen
-            pk_bytes = self._c.io.save(self._pk)
-            rk_bytes = self._c.io.save(kg.create_relin_keys())  # seeded (half size)
+            # every key bit-packed at its primes' widths (``seal.packing``); relinearization and
+            # Galois keys seeded (half size)
+            widths, limit = self._c.key_prime_widths, self._key_limit(len(self._steps))
+            pk_bytes = seal_packing.pack(self._c.io.save(self._pk), widths)
+            rk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_relin_keys()), widths, limit)
             if self._steps:
                 elts = [galois_element(s, self._c.n) for s in self._steps]
-                gk_bytes = self._c.io.save(kg.create_galois_keys(elts))  # seeded
+                gk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_galois_keys(elts)), widths, limit)
             else:
                 gk_bytes = b""
             self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, self._steps)
@@ -129,12 +141,12 @@ class SealBackend(HEBackend):
         rk = sealapi.RelinKeys()
         gk = sealapi.GaloisKeys()
         one = self._c.key_raw_size()
-        dnum = len(self.params.coeff_modulus_bits) - 1  # key-switching decomposition size
+        dnum = self._dnum
         n_steps = len(material.rotation_steps)
-        for name, obj, data, raw_limit in (
-            ("public key", pk, material.public_key, one),
-            ("relin keys", rk, material.relin_keys, dnum * one),
-            ("Galois keys", gk, material.galois_keys, max(1, n_steps) * dnum * one),
+        for name, obj, data, raw_limit, keys in (
+            ("public key", pk, material.public_key, one, 0),
+            ("relin keys", rk, material.relin_keys, dnum * one, 1),
+            ("Galois keys", gk, material.galois_keys, max(1, n_steps) * dnum * one, n_steps),
         ):
             if name == "Galois keys" and not data and not material.rotation_steps:
                 gk = None
@@ -143,6 +155,11 @@ class SealBackend(HEBackend):
                 data = bytes(data)
                 if len(data) > 2 * raw_limit:
                     raise seal_format.SealFormatError("larger than the expected key size")
+                if keys and seal_packing.is_packed_keys(data):
+                    data = seal_packing.unpack_keys(data, self._c.key_prime_widths, self._c.version, self._c.n,
+                                                    keys, dnum)
+                elif not keys and seal_packing.is_packed(data):
+                    data = seal_packing.unpack(data, self._c.key_prime_widths, self._c.version, self._c.n)
                 seal_format.parse_header(data)
                 self._c.check_inflated(data, raw_limit)
                 self._c.io.load(obj, self._c.ctx, data)

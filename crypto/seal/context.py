@@ -125,6 +125,7 @@ class SealContext:
             cd = cd.next_context_data()
         if max(self.levels) != params.top_level or self.levels[params.top_level].primes != list(params.primes[:-1]):
             raise HEError("SEAL modulus chain does not match the parameter set")
+        self.key_parms_id = tuple(self.ctx.key_parms_id())
         header = seal_format.parse_header(self.io.save(sealapi.Modulus(3)))
         self.version = header.version_major, header.version_minor
         self._unit_cache: dict[tuple[int, float], object] = {}
@@ -160,6 +161,11 @@ class SealContext:
 
     def pack(self, blob: bytes) -> bytes:
         return seal_packing.pack(blob, self.prime_widths)
+
+    def key_prime_widths(self, parms_id: tuple[int, ...]) -> list[int] | None:
+        """Bit widths of the key level's primes (data primes and the special prime): keys
+        travel bit-packed too. Only key material is read at this level."""
+        return [q.bit_length() for q in self.params.primes] if parms_id == self.key_parms_id else None
 
     def max_blob_size(self, size: int) -> int:
         raw = 16 + 32 + 1 + 8 * 5 + 16 + 8 + 8 * size * self.n * len(self.levels[self.params.top_level].primes)

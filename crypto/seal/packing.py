@@ -17,6 +17,16 @@ Packed form (little endian)::
 
 ``pack`` takes a blob from SEAL's ``save`` (any compression); ``unpack`` rebuilds an
 uncompressed SEAL blob for ``load``. Both refuse anything whose sizes do not add up exactly.
+
+Key-switching keys (relinearization and Galois keys) travel the same way: SEAL's ``KSwitchKeys``
+members are a parms_id, ``u64 dim1`` and, per index, ``u64 dim2`` and ``dim2`` seeded
+ciphertexts at the key level (one per decomposition prime); for Galois keys ``dim1`` is N and
+only the indices of the generated rotations hold keys. Packed form::
+
+    b"VPK1" | 4 zero bytes | parms_id (32 bytes) | u64 dim1 | u32 indices holding keys
+    | per such index: u32 index, u32 dim2, then dim2 times (u32 length, a packed ciphertext)
+
+At N=16384 this is 14% smaller than SEAL's zstd output (the keys are one-off setup bytes).
 """
 
 from __future__ import annotations
@@ -141,3 +151,82 @@ def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: in
     arr = seal_format.dynarray_blob(np.concatenate(runs), version)
     body = members + arr + trailing
     return seal_format._header(version, len(body)) + body
+
+
+KEYS_MAGIC = b"VPK1"
+_KEYS_PREFIX = struct.Struct("<4s4x32sQI")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+def is_packed_keys(data: bytes) -> bool:
+    return data[:4] == KEYS_MAGIC
+
+
+def pack_keys(blob: bytes, widths_of: WidthsOf, limit: int) -> bytes:
+    """SEAL ``save`` output of relinearization or Galois keys -> packed key form."""
+    members = _members(blob, limit=limit)
+    if len(members) < 40:
+        raise SealFormatError("key members too short")
+    (dim1,) = _U64.unpack_from(members, 32)
+    pos, entries = 40, []
+    for index in range(dim1):
+        if pos + 8 > len(members):
+            raise SealFormatError("key members truncated")
+        (dim2,) = _U64.unpack_from(members, pos)
+        pos += 8
+        cts = []
+        for _ in range(dim2):
+            h = seal_format.SealHeader(*seal_format._HEADER.unpack_from(members, pos))
+            if h.magic != seal_format.SEAL_MAGIC or pos + h.size > len(members):
+                raise SealFormatError("bad key component")
+            cts.append(pack(members[pos : pos + h.size], widths_of))
+            pos += h.size
+        if cts:
+            entries.append((index, cts))
+    if pos != len(members):
+        raise SealFormatError("trailing bytes after the keys")
+    out = [_KEYS_PREFIX.pack(KEYS_MAGIC, members[:32], dim1, len(entries))]
+    for index, cts in entries:
+        out.append(_U32.pack(index) + _U32.pack(len(cts)))
+        out += [_U32.pack(len(c)) + c for c in cts]
+    return b"".join(out)
+
+
+def unpack_keys(data: bytes, widths_of: WidthsOf, version: tuple[int, int], n: int, max_keys: int,
+                max_digits: int) -> bytes:
+    """Packed key form -> uncompressed SEAL ``KSwitchKeys`` blob (SEAL's ``load`` then validates
+    it). At most ``max_keys`` indices of ``max_digits`` components each, indices below N."""
+    if len(data) < _KEYS_PREFIX.size or not is_packed_keys(data):
+        raise SealFormatError("not packed keys")
+    _, pid, dim1, count = _KEYS_PREFIX.unpack_from(data, 0)
+    if dim1 > n or count > min(max_keys, dim1):
+        raise SealFormatError("packed keys: too many keys")
+    pos, by_index = _KEYS_PREFIX.size, {}
+    for _ in range(count):
+        if pos + 8 > len(data):
+            raise SealFormatError("packed keys truncated")
+        (index,), (dim2,) = _U32.unpack_from(data, pos), _U32.unpack_from(data, pos + 4)
+        pos += 8
+        if index >= dim1 or index in by_index or not 0 < dim2 <= max_digits:
+            raise SealFormatError("packed keys: bad key index or component count")
+        cts = []
+        for _ in range(dim2):
+            if pos + 4 > len(data):
+                raise SealFormatError("packed keys truncated")
+            (length,) = _U32.unpack_from(data, pos)
+            end = pos + 4 + length
+            if end > len(data):
+                raise SealFormatError("packed keys truncated")
+            cts.append(unpack(data[pos + 4 : end], widths_of, version, n))
+            pos = end
+        by_index[index] = cts
+    if pos != len(data):
+        raise SealFormatError("trailing bytes after the packed keys")
+    body = [pid, _U64.pack(dim1)]
+    for index in range(dim1):
+        cts = by_index.get(index, [])
+        body.append(_U64.pack(len(cts)))
+        body += cts
+    members = b"".join(body)
+    return seal_format._header(version, len(members)) + members
