@@ -250,7 +250,11 @@ class HEBackend(abc.ABC):
 
     # ---- serialization -----------------------------------------------------------------------
     @abc.abstractmethod
-    def serialize(self, ct: Ciphertext) -> bytes: ...
+    def serialize(self, ct: Ciphertext, noise_log2: float | None = None) -> bytes:
+        """The wire form. ``noise_log2``: the ciphertext already carries noise of std
+        ``2^noise_log2`` coefficient units (a flooded download), so its coefficients are sent
+        rounded to the bits above that floor (``veil.crypto.rounding``); ``deserialize``
+        accepts both forms."""
 
     @abc.abstractmethod
     def deserialize(self, data: bytes, *, level: int | None = None, size: int = 2,

@@ -271,7 +271,8 @@ class PlainBackend(HEBackend):
         return self._wrap(v.copy(), x.level, x.scale)
 
     # ---- serialization -----------------------------------------------------------------------
-    def serialize(self, ct) -> bytes:
+    def serialize(self, ct, noise_log2=None) -> bytes:
+        # slot vectors have no coefficients: nothing to round (noise_log2 is ignored)
         x = self._unwrap(ct)
         return _HEADER.pack(_MAGIC, self._tag, x.level, x.size, x.scale) + x.values.astype("<f8").tobytes()
 

@@ -52,6 +52,10 @@ DOWNLOAD_SCALE = 2.0**56
 #: Flooding std in coefficient units = scale * 2^-FLOOD_BELOW_SCALE (equals the parameter set's
 #: flood_log2_sigma = 18 at scale 2^36).
 FLOOD_BELOW_SCALE = 18.0
+#: The masked refresh is not flooded; it is sent rounded to 2^-REFRESH_ROUND_BELOW_SCALE of its
+#: scale (rounding error std under 2^10 coefficient units at scale 2^36: below the noise the
+#: key switches of the layer already left in h'', ~2^-22 of the scale).
+REFRESH_ROUND_BELOW_SCALE = 24.0
 
 
 class Constants:
@@ -160,8 +164,13 @@ class Circuit:
         """Switched to ``level``, re-randomized and flooded, serialized: ready to leave."""
         be = self.be
         ct = be.mod_switch_to(ct, level) if be.level(ct) > level else ct
-        ct = be.rerandomize(ct, float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE)
-        return be.serialize(ct)
+        flood = float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE
+        # the flooding noise is the floor: the coefficients travel rounded to the bits above it
+        return be.serialize(be.rerandomize(ct, flood), noise_log2=flood)
+
+    def masked_download(self, masked: Ciphertext) -> bytes:
+        """A masked refresh (already re-randomized), rounded as ``REFRESH_ROUND_BELOW_SCALE`` says."""
+        return self.be.serialize(masked, noise_log2=float(np.log2(self.be.scale(masked))) - REFRESH_ROUND_BELOW_SCALE)
 
     # ---- TOKEN / REFRESHED -> SCORES -----------------------------------------------------------
     def qkv(self, layer: EncodedLayer, h: Ciphertext, t: int, want_q: bool):

@@ -242,7 +242,7 @@ class ProtectedExecutor:
             payloads, masks = [], {}
             for i, down in downs.items():
                 masked, masks[i] = c.be.mask_for_refresh(c.residual(st.h[i], down))  # re-randomized
-                payloads.append(CtPayload(Tag.MASKED_H, c.be.level(masked), c.be.serialize(masked), i))
+                payloads.append(CtPayload(Tag.MASKED_H, c.be.level(masked), c.masked_download(masked), i))
             return _Advance(self._reply(MsgKind.REFRESH, msg, st.layer, payloads),
                             replace(st, h={}, shuffled_down={}, refresh_mask=masks, expect=EXPECT[MsgKind.REFRESH]))
         payloads = [CtPayload(Tag.H_FINAL, self.levels.final_download,

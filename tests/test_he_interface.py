@@ -189,6 +189,32 @@ def test_serialization_validates(pair, rng):
             server.deserialize(bad)
 
 
+def test_rounded_download(pair, rng, he_backend):
+    """A flooded ciphertext sent rounded to the bits above its flooding noise: smaller, and the
+    decrypted error grows by a few percent of the flooding noise at most (``crypto.rounding``)."""
+    client, server = pair
+    x = rng.standard_normal(SLOTS)
+    flood = np.log2(P.scale) - 16  # 2^24 coefficient units
+    for level in (0, 1, 2):
+        ct = server.rerandomize(client.encrypt(x, level=level), flood)
+        full, rounded = server.serialize(ct), server.serialize(ct, noise_log2=flood)
+        back = client.deserialize(rounded, level=level, scale=P.scale)
+        exact = client.decrypt(ct)
+        if he_backend == "plain":  # slot vectors: nothing to round, the same bytes
+            assert rounded == full and np.array_equal(client.decrypt(back), exact)
+            continue
+        assert len(rounded) < 0.95 * len(full)
+        flood_err = np.std(exact - x)
+        round_err = np.std(client.decrypt(back) - exact)
+        assert 0 < round_err < 0.35 * flood_err, (level, round_err, flood_err)
+        for bad in (rounded[:-1], rounded + b"\0", rounded[:4] + bytes([9]) + rounded[5:],
+                    rounded[:6] + bytes([255]) + rounded[7:]):
+            with pytest.raises(CiphertextError):
+                client.deserialize(bad)
+        with pytest.raises(CiphertextError):
+            client.deserialize(rounded, level=level + 1)
+
+
 def test_key_import_validates(pair, he_backend):
     client, _ = pair
     mat = client.export_public_material()

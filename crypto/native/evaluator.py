@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from veil.crypto import rounding
 from veil.crypto.backend import Ciphertext, CiphertextError, HEError, Plaintext, RefreshMask
 from veil.crypto.native import keys as K
 from veil.crypto.native import keyswitch, rns, serial
@@ -233,14 +234,43 @@ class Evaluator:
         return self._wrap(out, c.level, c.scale)
 
     # ------------------------------------------------------------------ serialization
-    def serialize(self, ct: Ciphertext) -> bytes:
+    def serialize(self, ct: Ciphertext, noise_log2: float | None = None) -> bytes:
         c = self._unwrap(ct)
-        return serial.ct_to_bytes(self._ctx, c.data, c.level, c.scale)
+        if noise_log2 is None:
+            return serial.ct_to_bytes(self._ctx, c.data, c.level, c.scale)
+        if c.data.shape[0] != 2:
+            raise HEError("only a size-2 ciphertext is sent rounded")
+        primes = self._ctx.data_primes[: c.level + 1]
+        _, ntt = self._ctx.data(c.level)
+        coeffs = ntt.inverse(c.data).cpu().numpy().astype(np.uint64)
+        return rounding.round_to_bytes(coeffs, primes, c.level, c.scale, rounding.bits_for(primes, noise_log2))
+
+    def _load_rounded(self, data: bytes, level: int | None, scale: float | None) -> Ciphertext:
+        top = self.params.top_level
+        try:
+            got_level, polys, bits, got_scale, body = rounding.parse(
+                data, self._n, lambda lv: self._ctx.data_primes[: lv + 1] if lv <= top else None)
+        except rounding.RoundedError as e:
+            raise CiphertextError(str(e)) from e
+        if level is not None and got_level != level:
+            raise CiphertextError(f"ciphertext at level {got_level}, expected {level}")
+        if scale is not None and not math.isclose(got_scale, scale, rel_tol=1e-9):
+            raise CiphertextError(f"ciphertext scale {got_scale}, expected {scale}")
+        if got_scale >= self._ctx.level_modulus(got_level):
+            raise CiphertextError(f"ciphertext scale {got_scale} out of range")
+        coeffs = rounding.unround(body, polys, self._n, self._ctx.data_primes[: got_level + 1], bits)
+        _, ntt = self._ctx.data(got_level)
+        data_t = ntt.forward(torch.from_numpy(coeffs.astype(np.int64)).to(self.device))
+        return self._wrap(data_t, got_level, got_scale)
 
     def deserialize(self, data: bytes, *, level: int | None = None, size: int = 2,
                     scale: float | None = None) -> Ciphertext:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise CiphertextError("ciphertext must be bytes")
+        if rounding.is_rounded(bytes(data[:4])):
+            if size != 2:
+                raise CiphertextError(f"a rounded ciphertext has size 2, expected {size}")
+            return self._load_rounded(bytes(data), level, scale)
         try:
             polys, seed, got_level, got_scale = serial.ct_from_bytes(
                 self._ctx, bytes(data), level=level, size=size, scale=scale)

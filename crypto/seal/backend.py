@@ -33,6 +33,7 @@ from veil.crypto.backend import (
     PublicMaterial,
     RefreshMask,
 )
+from veil.crypto import rounding
 from veil.crypto.params import CkksParams
 from veil.crypto.sampling import gaussian_int_poly, uniform_int_poly
 from veil.crypto.seal import format as seal_format
@@ -430,8 +431,31 @@ class SealBackend(HEBackend):
         return self._wrap(out)
 
     # ------------------------------------------------------------------ serialization
-    def serialize(self, ct) -> bytes:
-        return self._c.pack(self._c.io.save(self._unwrap(ct)))
+    def serialize(self, ct, noise_log2: float | None = None) -> bytes:
+        obj = self._unwrap(ct)
+        if noise_log2 is None:
+            return self._c.pack(self._c.io.save(obj))
+        if obj.size() != 2:
+            raise HEError("only a size-2 ciphertext is sent rounded")
+        lvl = self._c.levels[self._c.level_of(obj)]
+        bits = rounding.bits_for(lvl.primes, noise_log2)
+        return rounding.round_to_bytes(self._c.coeff_residues(obj), lvl.primes, lvl.index, float(obj.scale), bits)
+
+    def _load_rounded(self, data: bytes):
+        levels = self._c.levels
+        try:
+            level, polys, bits, scale, body = rounding.parse(
+                data, self._c.n, lambda lv: levels[lv].primes if lv in levels else None)
+        except rounding.RoundedError as e:
+            raise CiphertextError(str(e)) from e
+        lvl = levels[level]
+        coeffs = rounding.unround(body, polys, self._c.n, lvl.primes, bits)
+        try:
+            obj = self._c.load_ct_blob(seal_format.ciphertext_blob(coeffs, lvl.parms_id, scale, False, self._c.version))
+            self._c.ev.transform_to_ntt_inplace(obj)
+        except Exception as e:  # SEAL refuses what its own checks do not accept (scale, sizes)
+            raise CiphertextError(f"invalid rounded ciphertext for {self.params.id}: {e}") from e
+        return obj
 
     def deserialize(self, data, *, level=None, size: int = 2, scale=None) -> Ciphertext:
         if not isinstance(data, bytes | bytearray | memoryview):
@@ -441,18 +465,10 @@ class SealBackend(HEBackend):
             raise CiphertextError(f"unsupported expected size {size}")
         if len(data) > self._c.max_blob_size(size):
             raise CiphertextError("ciphertext too large for this parameter set")
-        try:
-            if seal_packing.is_packed(data):
-                data = seal_packing.unpack(data, self._c.prime_widths, self._c.version, self._c.n)
-            seal_format.parse_header(data)
-            self._c.check_inflated(data, self._c.max_blob_size(size))
-        except seal_format.SealFormatError as e:
-            raise CiphertextError(f"not a ciphertext: {e}") from e
-        obj = self._c.new_ct()
-        try:
-            self._c.io.load(obj, self._c.ctx, data)
-        except Exception as e:  # SEAL: RuntimeError / ValueError for bad or foreign data
-            raise CiphertextError(f"invalid ciphertext for {self.params.id}: {e}") from e
+        if rounding.is_rounded(data):
+            obj = self._load_rounded(data)
+        else:
+            obj = self._load_blob(data, size)
         pid = tuple(obj.parms_id())
         if pid not in self._c.level_by_pid or not sealapi.is_valid_for(obj, self._c.ctx):
             raise CiphertextError(f"ciphertext not valid for {self.params.id}")
@@ -470,3 +486,18 @@ class SealBackend(HEBackend):
         if scale is not None and not math.isclose(s, scale, rel_tol=1e-9):
             raise CiphertextError(f"ciphertext scale {s}, expected {scale}")
         return self._wrap(obj)
+
+    def _load_blob(self, data: bytes, size: int):
+        try:
+            if seal_packing.is_packed(data):
+                data = seal_packing.unpack(data, self._c.prime_widths, self._c.version, self._c.n)
+            seal_format.parse_header(data)
+            self._c.check_inflated(data, self._c.max_blob_size(size))
+        except seal_format.SealFormatError as e:
+            raise CiphertextError(f"not a ciphertext: {e}") from e
+        obj = self._c.new_ct()
+        try:
+            self._c.io.load(obj, self._c.ctx, data)
+        except Exception as e:  # SEAL: RuntimeError / ValueError for bad or foreign data
+            raise CiphertextError(f"invalid ciphertext for {self.params.id}: {e}") from e
+        return obj
