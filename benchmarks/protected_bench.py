@@ -34,7 +34,7 @@ import torch
 
 from veil.crypto.backend import backend_names, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import required_rotation_steps
+from veil.protected.circuits import rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import BLOCK, dims_of
 from veil.protected.protocol import MsgKind
@@ -100,7 +100,7 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
 def bench_backend(name: str, device: str, args, ckpt, model, cfg, dims) -> None:
     """Keys, two encoded layers and the timed decode step of every context, on one backend."""
     opts = {"device": device} if name == "native" else {}
-    steps = required_rotation_steps(dims)
+    steps = rotation_key_levels(dims)  # each key for the levels it serves
     t = time.perf_counter()
     client_be = make_backend(PROTECTED_PARAMS, name, **opts)
     client_be.generate_keys(steps)

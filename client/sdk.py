@@ -201,10 +201,10 @@ class VeilClient:
 
         from veil.crypto.backend import make_backend
         from veil.crypto.params import PROTECTED_PARAMS
-        from veil.protected.circuits import required_rotation_steps
+        from veil.protected.circuits import rotation_key_levels
         from veil.protected.layouts import dims_of
 
-        steps = required_rotation_steps(dims_of(self.cfg, PROTECTED_PARAMS.slot_count))
+        steps = rotation_key_levels(dims_of(self.cfg, PROTECTED_PARAMS.slot_count))  # each key for its levels
         with tqdm(total=3, desc="CKKS keys", unit="phase", disable=not progress) as bar:
             bar.set_postfix_str(f"secret + public key, {len(steps)} Galois keys ({PROTECTED_PARAMS.id})")
             he = make_backend(PROTECTED_PARAMS, self.he_backend)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,13 +100,20 @@ class RefreshMask:
 @dataclass(frozen=True)
 class PublicMaterial:
     """Everything the server needs to evaluate, and no secret key: each field is the backend's
-    serialized object; ``rotation_steps`` lists the steps ``galois_keys`` holds keys for."""
+    serialized object; ``rotation_steps`` lists the steps ``galois_keys`` holds keys for and
+    ``rotation_levels`` (same order; empty: all at the top) the highest level each key serves."""
 
     params_id: str
     public_key: bytes
     relin_keys: bytes
     galois_keys: bytes
     rotation_steps: tuple[int, ...]
+    rotation_levels: tuple[int, ...] = ()
+
+    def key_levels(self, top_level: int) -> dict[int, int]:
+        """``{step: highest level its key serves}``."""
+        levels = self.rotation_levels or (top_level,) * len(self.rotation_steps)
+        return dict(zip(self.rotation_steps, levels, strict=True))
 
     @property
     def nbytes(self) -> int:
@@ -122,15 +129,34 @@ class HEBackend(abc.ABC):
 
     # ---- keys --------------------------------------------------------------------------------
     @abc.abstractmethod
-    def generate_keys(self, rotation_steps: Sequence[int] = ()) -> None:
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
         """Client: secret key, public key, relinearization key and Galois keys for
-        ``rotation_steps`` (positive = rotate left, negative = right)."""
+        ``rotation_steps`` (positive = rotate left, negative = right). A mapping gives each
+        step the highest level its key must serve: a backend may then send a smaller key, and
+        refuses rotations above that level."""
 
     @property
     @abc.abstractmethod
     def has_secret_key(self) -> bool: ...
 
     _steps: tuple[int, ...] = ()  # set by generate_keys / import_public_material
+    _key_levels: dict[int, int] = {}  # step -> highest level its key serves (absent: the top)
+
+    def _set_steps(self, rotation_steps: Sequence[int] | Mapping[int, int]) -> tuple[int, ...]:
+        """Record the steps (and levels) of ``generate_keys``; returns the sorted steps."""
+        top = self.params.top_level
+        levels = dict(rotation_steps) if isinstance(rotation_steps, Mapping) else dict.fromkeys(rotation_steps, top)
+        levels = {int(s): int(lv) for s, lv in levels.items()}
+        if not all(0 <= lv <= top for lv in levels.values()):
+            raise HEError(f"key levels must lie in [0, {top}]")
+        self._steps, self._key_levels = tuple(sorted(levels)), levels
+        return self._steps
+
+    def _check_key_level(self, step: int, level: int) -> None:
+        """A key made for lower levels lacks the residues a rotation at ``level`` reads."""
+        key_level = self._key_levels.get(step, self.params.top_level)
+        if level > key_level:
+            raise HEError(f"the key of rotation step {step} serves levels <= {key_level}, not {level}")
 
     @property
     def rotation_steps(self) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -74,12 +74,11 @@ class PlainBackend(HEBackend):
         self._half_q = [math.prod(params.primes[: lv + 1]) / 2 for lv in range(params.top_level + 1)]
 
     # ---- keys --------------------------------------------------------------------------------
-    def generate_keys(self, rotation_steps: Sequence[int] = ()) -> None:
-        steps = tuple(sorted({int(s) for s in rotation_steps}))
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
+        steps = self._set_steps(rotation_steps)
         if any(s == 0 or abs(s) >= self._slots for s in steps):
             raise ValueError(f"rotation steps must be non-zero and in (-{self._slots}, {self._slots})")
         self._secret = self._public = self._relin = True
-        self._steps = steps
 
     @property
     def has_secret_key(self) -> bool:
@@ -89,7 +88,7 @@ class PlainBackend(HEBackend):
         if not self._secret:
             raise HEError("no keys generated")
         return PublicMaterial(self.params.id, b"plain-public-key", b"plain-relin-keys", b"plain-galois-keys",
-                              self._steps)
+                              self._steps, tuple(self._key_levels[s] for s in self._steps))
 
     def import_public_material(self, material: PublicMaterial) -> None:
         if not isinstance(material, PublicMaterial) or material.params_id != self.params.id:
@@ -97,8 +96,12 @@ class PlainBackend(HEBackend):
         if (material.public_key, material.relin_keys, material.galois_keys) != (
                 b"plain-public-key", b"plain-relin-keys", b"plain-galois-keys"):
             raise KeyMaterialError("not plain-backend key material")
+        try:
+            levels = material.key_levels(self.params.top_level)
+            self._set_steps(levels)
+        except (TypeError, ValueError, HEError) as e:
+            raise KeyMaterialError(f"rotation levels do not match the rotation steps: {e}") from None
         self._public = self._relin = True
-        self._steps = tuple(int(s) for s in material.rotation_steps)
 
     # ---- helpers -----------------------------------------------------------------------------
     def _wrap(self, values: np.ndarray, level: int, scale: float, size: int = 2) -> Ciphertext:
@@ -236,6 +239,7 @@ class PlainBackend(HEBackend):
             signed = step if step in self._steps else step - self._slots
             if signed not in self._steps:
                 raise HEError(f"no Galois key for rotation step {step}")
+            self._check_key_level(signed, x.level)  # as a real backend's smaller keys would
         return self._wrap(np.roll(x.values, -step), x.level, x.scale, x.size)
 
     # ---- server: refresh and circuit privacy -------------------------------------------------

@@ -34,7 +34,7 @@ from veil.crypto.linear import (
     window_sum,
 )
 from veil.protected.layouts import BLOCK, SIGMA2_DIV, LayoutDims
-from veil.protected.protocol import MAX_SPAN, Levels
+from veil.protected.protocol import LEVELS, MAX_SPAN, Levels
 from veil.protected.timing import TimedBackend
 from veil.protected.weights import (
     MATRIX_LAYOUTS,
@@ -46,7 +46,7 @@ from veil.protected.weights import (
 )
 
 __all__ = ["DOWNLOAD_SCALE", "FLOOD_BELOW_SCALE", "Constants", "Circuit", "score_lane_groups",
-           "required_rotation_steps"]
+           "required_rotation_steps", "rotation_key_levels"]
 
 DOWNLOAD_SCALE = 2.0**56
 #: Flooding std in coefficient units = scale * 2^-FLOOD_BELOW_SCALE (equals the parameter set's
@@ -363,21 +363,37 @@ def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]
     return best
 
 
-def required_rotation_steps(dims: LayoutDims) -> list[int]:
-    """Every Galois step the circuits use: the client generates exactly these keys."""
-    steps: set[int] = set()
+def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS) -> dict[int, int]:
+    """Every Galois step the circuits use, with the highest level any of its rotations runs at.
+    The client generates each key for that level only: a key for level l holds (l+1)(l+2) of
+    the 8 x 9 residue runs of a top-level key, and the backend refuses a rotation above it (so
+    a wrong entry here fails loudly; ``tests/test_protected_protocol.py`` runs every step)."""
+    need: dict[int, int] = {}
+
+    def use(steps, level: int) -> None:
+        for st in rotation_steps_of(list(steps), dims.slots):
+            need[st] = max(need.get(st, 0), level)
+
     spans = input_spans(dims)
     for name, (rows, cols) in matrix_shapes(dims).items():
-        steps |= set(plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], N1).rotation_steps)
+        plan = plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], N1)
+        baby = set(range(1, plan.n1))
+        use(baby, lv.matrices[name])  # the baby steps rotate the input
+        use(set(plan.rotation_steps) - baby, lv.matrices[name] - 1)  # giant steps, folds: after the rescale
     hd = dims.head_dim
-    steps |= {hd // 2, -(hd // 2)}  # RoPE
-    steps |= {dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}  # KV lanes -> head slots, alignment
-    steps |= {-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}  # value blocks
-    steps |= {-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}  # blocks
-    steps |= {1 << i for i in range(hd.bit_length() - 1)}  # lane sums, weight broadcast
-    steps |= {-(1 << i) for i in range(hd.bit_length() - 1)}  # weight broadcast, score lanes
-    steps |= {1 << i for i in range(BLOCK.bit_length() - 1)}  # cyclic slot sums (with -BLOCK*2^i)
-    steps |= {1 << i for i in range(dims.d.bit_length())}  # σ window sum (window_sum of width d)
-    steps |= set(replicate_rotation_steps(dims.d, dims.copies))
-    steps |= set(replicate_rotation_steps(BLOCK, dims.per_chunk))
-    return rotation_steps_of(steps, dims.slots)
+    use({hd // 2, -(hd // 2)}, lv.w)  # RoPE on y
+    use({dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}, lv.kv)  # KV lanes -> head slots (k̂ at 4, v̂ at 5)
+    use({-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}, lv.kv)  # value blocks, â shifts
+    use({-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}, lv.keys)  # key blocks, q̂ copies
+    use({1 << i for i in range(hd.bit_length() - 1)}, lv.kv)  # lane sums (3), weight broadcast (5)
+    use({-(1 << i) for i in range(hd.bit_length() - 1)}, lv.kv)  # weight broadcast (5), score lanes (1)
+    use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ' cyclic slot sum
+    use({1 << i for i in range(dims.d.bit_length())}, lv.h_prime)  # σ window sum (window_sum of width d)
+    use(replicate_rotation_steps(dims.d, dims.copies), lv.h_prime)  # o and W_down m replicated
+    use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
+    return dict(sorted(need.items()))
+
+
+def required_rotation_steps(dims: LayoutDims) -> list[int]:
+    """Every Galois step the circuits use: the client generates exactly these keys."""
+    return list(rotation_key_levels(dims))

@@ -249,7 +249,8 @@ def public_material_to_bytes(material: PublicMaterial) -> bytes:
     keys, never the secret key) as one msgpack map: the body of ``POST /v1/keys``."""
     return pack({"v": PROTOCOL_VERSION, "kind": "public_material", "params": material.params_id,
                  "public_key": material.public_key, "relin_keys": material.relin_keys,
-                 "galois_keys": material.galois_keys, "rotation_steps": list(material.rotation_steps)})
+                 "galois_keys": material.galois_keys, "rotation_steps": list(material.rotation_steps),
+                 "rotation_levels": list(material.rotation_levels)})
 
 
 def public_material_from_bytes(data: bytes, *, max_bytes: int) -> PublicMaterial:
@@ -261,7 +262,11 @@ def public_material_from_bytes(data: bytes, *, max_bytes: int) -> PublicMaterial
     steps = msg.get("rotation_steps")
     if not isinstance(params, str) or not all(isinstance(b, bytes | bytearray) for b in blobs):
         raise WireError("public material needs 'params' and the three key blobs")
-    if not isinstance(steps, list) or len(steps) > 4096 or not all(
-            isinstance(s, int) and not isinstance(s, bool) for s in steps):
-        raise WireError("'rotation_steps' must be a list of integers")
-    return PublicMaterial(params, bytes(blobs[0]), bytes(blobs[1]), bytes(blobs[2]), tuple(steps))
+    levels = msg.get("rotation_levels", [])
+    for name, vals in (("rotation_steps", steps), ("rotation_levels", levels)):
+        if not isinstance(vals, list) or len(vals) > 4096 or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in vals):
+            raise WireError(f"{name!r} must be a list of integers")
+    if levels and len(levels) != len(steps):
+        raise WireError("'rotation_levels' must name one level per rotation step")
+    return PublicMaterial(params, bytes(blobs[0]), bytes(blobs[1]), bytes(blobs[2]), tuple(steps), tuple(levels))

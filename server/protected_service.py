@@ -26,7 +26,7 @@ from veil.crypto.backend import HEBackend, KeyMaterialError, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.crypto.wire import WireError
 from veil.engine.split import ServerHalf
-from veil.protected.circuits import required_rotation_steps
+from veil.protected.circuits import rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import ProtectedMessage, public_material_from_bytes
 from veil.protected.server import ProtectedExecutor, ProtectedSession
@@ -59,7 +59,8 @@ class ProtectedService:
         self.half, self.cfg = half, cfg
         self.params = PROTECTED_PARAMS
         make_backend(self.params, cfg.he_backend)  # refuses an unknown or test-only backend now
-        self.required_steps = tuple(required_rotation_steps(dims_of(half.config, self.params.slot_count)))
+        #: step -> the highest level the circuits rotate by it at
+        self.required_levels = rotation_key_levels(dims_of(half.config, self.params.slot_count))
         self.keys: dict[tuple[str, str], KeySet] = {}
         self._keys_lock = threading.Lock()
         self._build_lock = threading.Lock()
@@ -102,9 +103,17 @@ class ProtectedService:
         if material.params_id != self.params.id:
             raise KeysError(400, "wrong_params", f"keys are for {material.params_id!r}; "
                                                  f"this server runs {self.params.id!r}")
-        missing = set(self.required_steps) - set(material.rotation_steps)
+        missing = set(self.required_levels) - set(material.rotation_steps)
         if missing:
             raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps {sorted(missing)[:8]}")
+        try:
+            held = material.key_levels(self.params.top_level)
+        except ValueError:
+            raise KeysError(400, "bad_keys", "rotation levels do not match the rotation steps") from None
+        low = sorted(s for s, lv in self.required_levels.items() if held[s] < lv)
+        if low:
+            raise KeysError(400, "missing_rotations", f"Galois keys of steps {low[:8]} serve too few levels "
+                                                      f"(step {low[0]} needs level {self.required_levels[low[0]]})")
         be = make_backend(self.params, self.cfg.he_backend)
         try:
             be.import_public_material(material)

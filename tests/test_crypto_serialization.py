@@ -212,6 +212,7 @@ def test_public_material_has_no_secret_key(pair):
         "relin_keys",
         "galois_keys",
         "rotation_steps",
+        "rotation_levels",
     }
     assert mat.params_id == P.id and mat.rotation_steps == (-1, 1, 3)
     blobs = [mat.public_key, mat.relin_keys, mat.galois_keys]
@@ -253,6 +254,9 @@ def test_public_material_import_validation(pair):
     with pytest.raises(KeyMaterialError, match="step"):
         fresh.import_public_material(dataclasses.replace(mat, rotation_steps=(1, 2, 3)))
     with pytest.raises(KeyMaterialError, match="too many keys"):  # more keys than named steps
+        fresh.import_public_material(dataclasses.replace(mat, rotation_steps=(1, 2),
+                                                         rotation_levels=mat.rotation_levels[:2]))
+    with pytest.raises(KeyMaterialError, match="levels"):  # one level per step
         fresh.import_public_material(dataclasses.replace(mat, rotation_steps=(1, 2)))
     with pytest.raises(KeyMaterialError):
         fresh.import_public_material("not material")  # type: ignore[arg-type]
@@ -287,7 +291,8 @@ def test_keys_travel_packed_and_smaller(pair):
     assert np.abs(got - np.roll(x, -3)).max() < 1e-3
     # unpack(pack(keys)) is SEAL's uncompressed serialization of the same keys
     widths = client._c.key_prime_widths
-    raw = seal_packing.unpack_keys(mat.relin_keys, widths, client._c.version, client._c.n, 1, 8)
+    raw, levels = seal_packing.unpack_keys(mat.relin_keys, widths, client._c.version, client._c.n, 1, 8)
+    assert levels == {0: seal_packing.FULL}
     assert seal_packing.pack_keys(raw, widths, 1 << 30) == mat.relin_keys
 
 
@@ -311,3 +316,32 @@ def test_packed_keys_are_validated(pair):
     # a packed Galois key in the relinearization slot has more keys than one
     with pytest.raises(KeyMaterialError):
         SealBackend(P).import_public_material(dataclasses.replace(mat, relin_keys=gk))
+
+
+def test_keys_for_their_levels_only():
+    """A Galois key generated for levels <= l carries (l+1)(l+2) of the 8 x 9 residue runs of a
+    top-level key; the server rotates with it at those levels and refuses any higher one, and
+    material that declares more levels than its keys hold is refused."""
+    levels = {1: P.top_level, -1: 0, 3: 1}
+    client = SealBackend(P)
+    client.generate_keys(levels)
+    mat = client.export_public_material()
+    assert mat.rotation_steps == (-1, 1, 3) and mat.rotation_levels == (0, P.top_level, 1)
+    full = SealBackend(P)
+    full.generate_keys(list(levels))
+    assert len(mat.galois_keys) < 0.7 * len(full.export_public_material().galois_keys)
+    server = SealBackend(P)
+    server.import_public_material(mat)
+    x = np.linspace(-1, 1, SLOTS)
+    for step, level in levels.items():
+        for lv in range(level + 1):
+            got = client.decrypt(server.rotate(client.encrypt(x, level=lv), step))
+            assert np.abs(got - np.roll(x, -step)).max() < 1e-3, (step, lv)
+        if level < P.top_level:
+            with pytest.raises(HEError, match="serves levels"):
+                server.rotate(client.encrypt(x, level=level + 1), step)
+    for bad in ((P.top_level, P.top_level, 1), (0, 1), (0, P.top_level, P.top_level + 1)):
+        fresh = SealBackend(P)
+        with pytest.raises(KeyMaterialError):
+            fresh.import_public_material(dataclasses.replace(mat, rotation_levels=bad))
+        assert fresh.rotation_steps == ()

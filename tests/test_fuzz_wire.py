@@ -183,3 +183,20 @@ def test_key_import_on_mutated_material(seal_pair):
                 server.import_public_material(bad)
 
     run()
+
+
+def test_public_material_levels_are_validated():
+    """``rotation_levels``: one integer per rotation step, or none at all (every key full)."""
+    from veil.crypto.backend import PublicMaterial
+
+    mat = PublicMaterial("p", b"pk", b"rk", b"gk", (1, -2), (3, 1))
+    assert public_material_from_bytes(public_material_to_bytes(mat), max_bytes=1 << 20) == mat
+    legacy = msgpack.unpackb(public_material_to_bytes(mat))
+    del legacy["rotation_levels"]
+    got = public_material_from_bytes(msgpack.packb(legacy), max_bytes=1 << 20)
+    assert got.rotation_levels == () and got.key_levels(7) == {1: 7, -2: 7}
+    for bad in ([3], [3, "1"], [3, True], "3,1", [0] * 5000):
+        msg = msgpack.unpackb(public_material_to_bytes(mat))
+        msg["rotation_levels"] = bad
+        with pytest.raises(WireError):
+            public_material_from_bytes(msgpack.packb(msg), max_bytes=1 << 20)

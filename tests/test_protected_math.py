@@ -8,7 +8,7 @@ import torch
 from veil.crypto.backend import make_backend
 from veil.crypto.linear import broadcast_lane, window_sum
 from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128, PROTECTED_PARAMS
-from veil.protected.circuits import Circuit, Constants, required_rotation_steps, score_lane_groups
+from veil.protected.circuits import Circuit, Constants, rotation_key_levels, score_lane_groups
 from veil.protected.client import softmax_weights, swiglu_from_u
 from veil.protected.layouts import (
     BLOCK,
@@ -29,7 +29,7 @@ def slots():
     """(client, server): plain backends with exactly the protocol's Galois keys; the server is
     timed, so its ``counts["rotate"]`` counts rotations."""
     client = make_backend(PROTECTED_PARAMS, "plain", allow_test_backends=True)
-    client.generate_keys(required_rotation_steps(DIMS))
+    client.generate_keys(rotation_key_levels(DIMS))
     server = make_backend(PROTECTED_PARAMS, "plain", allow_test_backends=True)
     server.import_public_material(client.export_public_material())
     return client, TimedBackend(server)
@@ -98,7 +98,8 @@ def test_weights_layout_expands_like_the_server(slots):
                     for h in range(DIMS.heads):
                         mask[DIMS.value_base(b) + 64 * h + lanes[lanes % period == c % period]] = 1
             server.reset()
-            e = client.decrypt(broadcast_lane(server, client.encrypt(packed * mask), c, period))
+            # at the level the server broadcasts at (the keys serve no higher level)
+            e = client.decrypt(broadcast_lane(server, client.encrypt(packed * mask, level=LEVELS.kv), c, period))
             assert server.counts["rotate"] == period.bit_length() - 1
             want = np.zeros(DIMS.slots)
             for b in range(DIMS.per_chunk):
@@ -177,7 +178,7 @@ def test_window_sum_rotations_and_sigma_slot(slots, width):
     rng = np.random.default_rng(width)
     server.reset()
     x = rng.standard_normal(DIMS.slots)
-    got = client.decrypt(window_sum(server, client.encrypt(x), width))
+    got = client.decrypt(window_sum(server, client.encrypt(x, level=LEVELS.h_prime), width))  # σ's level
     np.testing.assert_allclose(got, sum(_rot(x, s) for s in range(width)), atol=1e-9)
     assert server.counts["rotate"] == (width.bit_length() - 1) + (bin(width).count("1") - 1)
     if width == DIMS.d:
@@ -185,7 +186,7 @@ def test_window_sum_rotations_and_sigma_slot(slots, width):
         h = rng.standard_normal(DIMS.d)
         sq = np.zeros(DIMS.slots)
         sq[: DIMS.copies * DIMS.d] = np.tile(h, DIMS.copies) ** 2
-        assert np.isclose(client.decrypt(window_sum(server, client.encrypt(sq), width))[DIMS.sigma_slot],
+        assert np.isclose(client.decrypt(window_sum(server, client.encrypt(sq, level=LEVELS.h_prime), width))[DIMS.sigma_slot],
                           (h**2).sum())
 
 

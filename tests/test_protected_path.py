@@ -4,6 +4,7 @@
 position costs ~2 x 3.5 s of server HE time on the 2-core CI machine.
 """
 
+import dataclasses
 import os
 
 import httpx
@@ -16,7 +17,13 @@ from veil.crypto.wire import CONTENT_TYPE
 from veil.engine.generate import generate_local
 from veil.engine.split import client_half_from
 from veil.protected.client import ProtectedClientState
-from veil.protected.protocol import ALLOWED_KINDS, CtPayload, ProtectedMessage
+from veil.protected.protocol import (
+    ALLOWED_KINDS,
+    CtPayload,
+    ProtectedMessage,
+    public_material_from_bytes,
+    public_material_to_bytes,
+)
 
 pytestmark = pytest.mark.he_heavy
 
@@ -179,6 +186,12 @@ def test_key_and_session_errors(server, client):
     assert r.status_code == 400
     r = httpx.post(f"{url}/v1/keys", content=b"x", headers={"Authorization": f"Bearer {server.keys['alice']}"})
     assert r.status_code == 403  # plaintext-only tenant
+    # keys declared for fewer levels than the circuits rotate at are refused before any import
+    client.ensure_keys()
+    mat = public_material_from_bytes(client._material, max_bytes=len(client._material))
+    low = dataclasses.replace(mat, rotation_levels=(0,) * len(mat.rotation_steps))
+    r = httpx.post(f"{url}/v1/keys", content=public_material_to_bytes(low), headers=h, timeout=120)
+    assert r.status_code == 400 and "levels" in r.text
     body = {"path": "protected", "k": K, "keys_id": "0" * 64, "param_set": PROTECTED_PARAMS.id}
     assert httpx.post(f"{url}/v1/sessions", json=body, headers=h).status_code == 404
     body["keys_id"] = client.ensure_keys()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import required_rotation_steps
+from veil.protected.circuits import rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import dims_of, score_slot, unpack_mlp
 from veil.protected.protocol import (
@@ -50,7 +50,7 @@ LIMITS = ServerConfig().protected_limits()
 
 @pytest.fixture(scope="module")
 def keys(ckpt, he_backend, he_pair):
-    return he_pair(he_backend, PROTECTED_PARAMS, required_rotation_steps(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count)))
+    return he_pair(he_backend, PROTECTED_PARAMS, rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count)))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -93,7 +93,9 @@ class NativeBackend(Evaluator, HEBackend):
         return scale
 
     # ------------------------------------------------------------------ keys
-    def generate_keys(self, rotation_steps: Sequence[int] = ()) -> None:
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
+        # native keys always serve every level (a level-specific key format is not built yet):
+        # levels given in a mapping are accepted and the export says "all levels"
         steps = tuple(sorted({int(s) for s in rotation_steps}))
         elements = sorted({galois_element(s, self._n) for s in steps})  # validates the steps
         ctx = self._ctx

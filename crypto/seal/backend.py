@@ -18,11 +18,12 @@ ciphertexts), and every file name is unique.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tenseal.sealapi as sealapi
 
+from veil.crypto import rounding
 from veil.crypto.backend import (
     Ciphertext,
     CiphertextError,
@@ -33,7 +34,6 @@ from veil.crypto.backend import (
     PublicMaterial,
     RefreshMask,
 )
-from veil.crypto import rounding
 from veil.crypto.params import CkksParams
 from veil.crypto.sampling import gaussian_int_poly, uniform_int_poly
 from veil.crypto.seal import format as seal_format
@@ -85,16 +85,14 @@ class SealBackend(HEBackend):
             raise HEError("no public key")
 
     # ------------------------------------------------------------------ keys
-    def generate_keys(self, rotation_steps: Sequence[int] = ()) -> None:
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
         kg = sealapi.KeyGenerator(self._c.ctx)
         self._sk = kg.secret_key()
         self._pk = sealapi.PublicKey()
         kg.create_public_key(self._pk)
         self._keygen = kg
-        steps = tuple(sorted({int(s) for s in rotation_steps}))
-        for s in steps:
+        for s in self._set_steps(rotation_steps):
             galois_element(s, self._c.n)  # validates
-        self._steps = steps
         self._encryptor_sk = sealapi.Encryptor(self._c.ctx, self._pk, self._sk)
         self._encryptor_pk = self._encryptor_sk
         self._decryptor = sealapi.Decryptor(self._c.ctx, self._sk)
@@ -125,10 +123,13 @@ class SealBackend(HEBackend):
             rk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_relin_keys()), widths, limit)
             if self._steps:
                 elts = [galois_element(s, self._c.n) for s in self._steps]
-                gk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_galois_keys(elts)), widths, limit)
+                # each Galois key travels for the levels it serves only (SEAL keeps its index at elt >> 1)
+                by_index = {e >> 1: self._key_levels[s] for s, e in zip(self._steps, elts, strict=True)}
+                gk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_galois_keys(elts)), widths, limit, by_index)
             else:
                 gk_bytes = b""
-            self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, self._steps)
+            levels = tuple(self._key_levels[s] for s in self._steps)
+            self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, self._steps, levels)
         return self._export_cache
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -144,6 +145,11 @@ class SealBackend(HEBackend):
         one = self._c.key_raw_size()
         dnum = self._dnum
         n_steps = len(material.rotation_steps)
+        try:
+            key_levels = material.key_levels(self.params.top_level)
+        except (TypeError, ValueError) as e:
+            raise KeyMaterialError(f"rotation levels do not match the rotation steps: {e}") from None
+        packed_levels: dict[int, int] = {}
         for name, obj, data, raw_limit, keys in (
             ("public key", pk, material.public_key, one, 0),
             ("relin keys", rk, material.relin_keys, dnum * one, 1),
@@ -157,8 +163,12 @@ class SealBackend(HEBackend):
                 if len(data) > 2 * raw_limit:
                     raise seal_format.SealFormatError("larger than the expected key size")
                 if keys and seal_packing.is_packed_keys(data):
-                    data = seal_packing.unpack_keys(data, self._c.key_prime_widths, self._c.version, self._c.n,
-                                                    keys, dnum)
+                    data, found = seal_packing.unpack_keys(data, self._c.key_prime_widths, self._c.version,
+                                                           self._c.n, keys, dnum)
+                    if name == "Galois keys":
+                        packed_levels = found
+                    elif any(lv != seal_packing.FULL for lv in found.values()):
+                        raise seal_format.SealFormatError("the relinearization key must serve every level")
                 elif not keys and seal_packing.is_packed(data):
                     data = seal_packing.unpack(data, self._c.key_prime_widths, self._c.version, self._c.n)
                 seal_format.parse_header(data)
@@ -173,6 +183,7 @@ class SealBackend(HEBackend):
             if name == "relin keys" and (obj.size() != 1 or not obj.has_key(2)):
                 raise KeyMaterialError("relin keys must hold exactly the key for s^2")
         steps = tuple(int(s) for s in material.rotation_steps)
+        top = self.params.top_level
         for s in steps:
             try:
                 elt = galois_element(s, self._c.n)
@@ -180,7 +191,13 @@ class SealBackend(HEBackend):
                 raise KeyMaterialError(str(e)) from e
             if gk is None or not gk.has_key(elt):
                 raise KeyMaterialError(f"Galois keys lack rotation step {s}")
-        self._pk, self._rk, self._gk, self._steps = pk, rk, gk, steps
+            # what the key holds is what it serves: a declared level above it would compute garbage
+            held = packed_levels.get(elt >> 1, seal_packing.FULL)
+            held = top if held == seal_packing.FULL else held
+            if not 0 <= key_levels[s] <= held:
+                raise KeyMaterialError(f"the key of rotation step {s} holds level {held}, declared {key_levels[s]}")
+        self._pk, self._rk, self._gk = pk, rk, gk
+        self._steps, self._key_levels = steps, key_levels
         if self._sk is not None:
             self._encryptor_sk = sealapi.Encryptor(self._c.ctx, pk, self._sk)
             self._encryptor_pk = self._encryptor_sk
@@ -340,6 +357,7 @@ class SealBackend(HEBackend):
         signed = step if step in self._steps else step - self._c.slots
         if signed not in self._steps:
             raise HEError(f"no Galois key for rotation step {step}")
+        self._check_key_level(signed, self._c.level_of(obj))
         out = self._c.new_ct()
         self._c.ev.rotate_vector(obj, signed, self._gk, out)
         return out

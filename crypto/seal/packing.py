@@ -20,13 +20,18 @@ uncompressed SEAL blob for ``load``. Both refuse anything whose sizes do not add
 
 Key-switching keys (relinearization and Galois keys) travel the same way: SEAL's ``KSwitchKeys``
 members are a parms_id, ``u64 dim1`` and, per index, ``u64 dim2`` and ``dim2`` seeded
-ciphertexts at the key level (one per decomposition prime); for Galois keys ``dim1`` is N and
-only the indices of the generated rotations hold keys. Packed form::
+ciphertexts at the key level (component ``j`` for data prime ``q_j``); for Galois keys
+``dim1`` is N and only the indices of the generated rotations hold keys. Packed form::
 
     b"VPK1" | 4 zero bytes | parms_id (32 bytes) | u64 dim1 | u32 indices holding keys
-    | per such index: u32 index, u32 dim2, then dim2 times (u32 length, a packed ciphertext)
+    | per such index: u32 index, u16 dim2, u8 level (255: all), 1 zero byte,
+      then dim2 times (u32 length, a packed ciphertext)
 
-At N=16384 this is 14% smaller than SEAL's zstd output (the keys are one-off setup bytes).
+A key for ``level`` l < L is used only on ciphertexts at level <= l, where SEAL's key switch
+reads components ``0..l`` and, of each, the residues of ``q_0..q_l`` and the special prime: only
+those runs travel (the others, and every run of the components above l, are loaded as zeros;
+the seeds of all components travel, 81 bytes each). At N=16384 the bit packing alone is 14%
+smaller than SEAL's zstd output; a level-4 key is 30/72 of a full one.
 """
 
 from __future__ import annotations
@@ -87,9 +92,10 @@ def _run_bytes(n: int, width: int) -> int:
 _MAX_MEMBERS = 64 << 20
 
 
-def pack(blob: bytes, widths_of: WidthsOf) -> bytes:
+def pack(blob: bytes, widths_of: WidthsOf, keep: Sequence[int] | None = None) -> bytes:
     """SEAL ``save`` output of a ciphertext -> packed form. (``tenseal.sealapi`` binds no choice
-    of compression mode, so SEAL's zstd output is inflated here first.)"""
+    of compression mode, so SEAL's zstd output is inflated here first.) ``keep``: the prime
+    indices whose runs are stored (default all; key components use fewer, see ``pack_keys``)."""
     members = _members(blob, limit=_MAX_MEMBERS)
     if len(members) < _MEMBERS + HEADER_SIZE + 8:
         raise SealFormatError("ciphertext members too short")
@@ -110,15 +116,17 @@ def pack(blob: bytes, widths_of: WidthsOf) -> bytes:
         raise SealFormatError("unexpected ciphertext data layout")
     runs = data.reshape(polys, k, n)
     out = [_PREFIX.pack(MAGIC, flags), members[:_MEMBERS]]
-    out += [_bits(runs[p, j], widths[j]) for p in range(polys) for j in range(k)]
+    out += [_bits(runs[p, j], widths[j]) for p in range(polys) for j in (range(k) if keep is None else keep)]
     if flags & _SEEDED:
         out.append(trailing)
     return b"".join(out)
 
 
-def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: int) -> bytes:
+def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: int,
+           keep: Sequence[int] | None = None) -> bytes:
     """Packed form -> uncompressed SEAL blob (SEAL's ``load`` then validates residues, ids and
-    the seed). Refuses wrong magic, unknown levels and any size mismatch."""
+    the seed). Refuses wrong magic, unknown levels and any size mismatch. The primes outside
+    ``keep`` (default: none) were not stored and read zero."""
     if len(data) < _PREFIX.size + _MEMBERS or not is_packed(data):
         raise SealFormatError("not a packed ciphertext")
     _, flags = _PREFIX.unpack_from(data, 0)
@@ -137,9 +145,13 @@ def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: in
         raise SealFormatError("unsupported ciphertext size")
     polys = 1 if seeded else size
     pos = _PREFIX.size + _MEMBERS
+    stored = set(range(k) if keep is None else keep)
     runs = []
     for _ in range(polys):
-        for w in widths:
+        for j, w in enumerate(widths):
+            if j not in stored:
+                runs.append(np.zeros(n, dtype="<u8"))
+                continue
             end = pos + _run_bytes(n, w)
             if end > len(data):
                 raise SealFormatError("packed ciphertext truncated")
@@ -155,70 +167,89 @@ def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: in
 
 KEYS_MAGIC = b"VPK1"
 _KEYS_PREFIX = struct.Struct("<4s4x32sQI")
+_ENTRY = struct.Struct("<IHBx")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+FULL = 255
+
+
+def key_runs(level: int, primes: int, component: int) -> list[int]:
+    """The prime indices a key component stores when its key serves levels <= ``level``
+    (``primes``: data primes plus the special prime)."""
+    if level == FULL or level >= primes - 2:
+        return list(range(primes))
+    return [*range(level + 1), primes - 1] if component <= level else []
 
 
 def is_packed_keys(data: bytes) -> bool:
     return data[:4] == KEYS_MAGIC
 
 
-def pack_keys(blob: bytes, widths_of: WidthsOf, limit: int) -> bytes:
-    """SEAL ``save`` output of relinearization or Galois keys -> packed key form."""
+def pack_keys(blob: bytes, widths_of: WidthsOf, limit: int, levels: dict[int, int] | None = None) -> bytes:
+    """SEAL ``save`` output of relinearization or Galois keys -> packed key form. ``levels``:
+    the highest level each index's key serves (default: every level)."""
     members = _members(blob, limit=limit)
     if len(members) < 40:
         raise SealFormatError("key members too short")
     (dim1,) = _U64.unpack_from(members, 32)
-    pos, entries = 40, []
+    pos, entries, levels = 40, [], levels or {}
     for index in range(dim1):
         if pos + 8 > len(members):
             raise SealFormatError("key members truncated")
         (dim2,) = _U64.unpack_from(members, pos)
         pos += 8
-        cts = []
-        for _ in range(dim2):
+        cts, level = [], levels.get(index, FULL)
+        n_primes = len(widths_of(tuple(struct.unpack_from("<4Q", members, 0))) or ())
+        for j in range(dim2):
             h = seal_format.SealHeader(*seal_format._HEADER.unpack_from(members, pos))
             if h.magic != seal_format.SEAL_MAGIC or pos + h.size > len(members):
                 raise SealFormatError("bad key component")
-            cts.append(pack(members[pos : pos + h.size], widths_of))
+            cts.append(pack(members[pos : pos + h.size], widths_of, key_runs(level, n_primes, j)))
             pos += h.size
         if cts:
-            entries.append((index, cts))
+            entries.append((index, level, cts))
     if pos != len(members):
         raise SealFormatError("trailing bytes after the keys")
     out = [_KEYS_PREFIX.pack(KEYS_MAGIC, members[:32], dim1, len(entries))]
-    for index, cts in entries:
-        out.append(_U32.pack(index) + _U32.pack(len(cts)))
+    for index, level, cts in entries:
+        out.append(_ENTRY.pack(index, len(cts), level))
         out += [_U32.pack(len(c)) + c for c in cts]
     return b"".join(out)
 
 
 def unpack_keys(data: bytes, widths_of: WidthsOf, version: tuple[int, int], n: int, max_keys: int,
-                max_digits: int) -> bytes:
-    """Packed key form -> uncompressed SEAL ``KSwitchKeys`` blob (SEAL's ``load`` then validates
-    it). At most ``max_keys`` indices of ``max_digits`` components each, indices below N."""
+                max_digits: int) -> tuple[bytes, dict[int, int]]:
+    """Packed key form -> (uncompressed SEAL ``KSwitchKeys`` blob, the level each index's key
+    serves). SEAL's ``load`` then validates the blob. At most ``max_keys`` indices of
+    ``max_digits`` components each, indices below N."""
     if len(data) < _KEYS_PREFIX.size or not is_packed_keys(data):
         raise SealFormatError("not packed keys")
     _, pid, dim1, count = _KEYS_PREFIX.unpack_from(data, 0)
     if dim1 > n or count > min(max_keys, dim1):
         raise SealFormatError("packed keys: too many keys")
-    pos, by_index = _KEYS_PREFIX.size, {}
+    n_primes = len(widths_of(struct.unpack("<4Q", pid)) or ())
+    if not n_primes:
+        raise SealFormatError("packed keys of an unknown parameter set")
+    pos, by_index, levels = _KEYS_PREFIX.size, {}, {}
     for _ in range(count):
-        if pos + 8 > len(data):
+        if pos + _ENTRY.size > len(data):
             raise SealFormatError("packed keys truncated")
-        (index,), (dim2,) = _U32.unpack_from(data, pos), _U32.unpack_from(data, pos + 4)
-        pos += 8
+        index, dim2, level = _ENTRY.unpack_from(data, pos)
+        pos += _ENTRY.size
         if index >= dim1 or index in by_index or not 0 < dim2 <= max_digits:
             raise SealFormatError("packed keys: bad key index or component count")
+        if level != FULL and level >= n_primes - 1:
+            raise SealFormatError(f"packed keys: key level {level} out of range")
+        levels[index] = level
         cts = []
-        for _ in range(dim2):
+        for j in range(dim2):
             if pos + 4 > len(data):
                 raise SealFormatError("packed keys truncated")
             (length,) = _U32.unpack_from(data, pos)
             end = pos + 4 + length
             if end > len(data):
                 raise SealFormatError("packed keys truncated")
-            cts.append(unpack(data[pos + 4 : end], widths_of, version, n))
+            cts.append(unpack(data[pos + 4 : end], widths_of, version, n, key_runs(level, n_primes, j)))
             pos = end
         by_index[index] = cts
     if pos != len(data):
@@ -229,4 +260,4 @@ def unpack_keys(data: bytes, widths_of: WidthsOf, version: tuple[int, int], n: i
         body.append(_U64.pack(len(cts)))
         body += cts
     members = b"".join(body)
-    return seal_format._header(version, len(members)) + members
+    return seal_format._header(version, len(members)) + members, levels
