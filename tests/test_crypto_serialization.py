@@ -317,31 +317,3 @@ def test_packed_keys_are_validated(pair):
     with pytest.raises(KeyMaterialError):
         SealBackend(P).import_public_material(dataclasses.replace(mat, relin_keys=gk))
 
-
-def test_keys_for_their_levels_only():
-    """A Galois key generated for levels <= l carries (l+1)(l+2) of the 8 x 9 residue runs of a
-    top-level key; the server rotates with it at those levels and refuses any higher one, and
-    material that declares more levels than its keys hold is refused."""
-    levels = {1: P.top_level, -1: 0, 3: 1}
-    client = SealBackend(P)
-    client.generate_keys(levels)
-    mat = client.export_public_material()
-    assert mat.rotation_steps == (-1, 1, 3) and mat.rotation_levels == (0, P.top_level, 1)
-    full = SealBackend(P)
-    full.generate_keys(list(levels))
-    assert len(mat.galois_keys) < 0.7 * len(full.export_public_material().galois_keys)
-    server = SealBackend(P)
-    server.import_public_material(mat)
-    x = np.linspace(-1, 1, SLOTS)
-    for step, level in levels.items():
-        for lv in range(level + 1):
-            got = client.decrypt(server.rotate(client.encrypt(x, level=lv), step))
-            assert np.abs(got - np.roll(x, -step)).max() < 1e-3, (step, lv)
-        if level < P.top_level:
-            with pytest.raises(HEError, match="serves levels"):
-                server.rotate(client.encrypt(x, level=level + 1), step)
-    for bad in ((P.top_level, P.top_level, 1), (0, 1), (0, P.top_level, P.top_level + 1)):
-        fresh = SealBackend(P)
-        with pytest.raises(KeyMaterialError):
-            fresh.import_public_material(dataclasses.replace(mat, rotation_levels=bad))
-        assert fresh.rotation_steps == ()

@@ -215,6 +215,34 @@ def test_rounded_download(pair, rng, he_backend):
             client.deserialize(rounded, level=level + 1)
 
 
+def test_keys_for_their_levels_only(he_backend, he_pair, rng):
+    """Galois keys generated for the levels their rotations run at: smaller (SEAL, native), used
+    at those levels, refused above them; material declaring more than its keys hold is refused."""
+    levels = {1: P.top_level, -1: 0, 3: 1}
+    client, server = he_pair(he_backend, P, levels)
+    mat = client.export_public_material()
+    assert mat.rotation_steps == (-1, 1, 3) and mat.rotation_levels == (0, P.top_level, 1)
+    x = rng.standard_normal(SLOTS)
+    for step, level in levels.items():
+        for lv in range(level + 1):
+            got = client.decrypt(server.rotate(client.encrypt(x, level=lv), step))
+            np.testing.assert_allclose(got, np.roll(x, -step), atol=1e-3)
+        if level < P.top_level:
+            with pytest.raises(HEError, match="serves levels"):
+                server.rotate(client.encrypt(x, level=level + 1), step)
+            with pytest.raises(HEError, match="serves levels"):
+                server.rotate_many(client.encrypt(x, level=level + 1), [step])
+    if he_backend == "plain":  # no key bytes: the declared levels are all there is
+        return
+    full, _ = he_pair(he_backend, P, list(levels))
+    assert len(mat.galois_keys) < 0.7 * len(full.export_public_material().galois_keys)
+    for bad in ((P.top_level, P.top_level, 1), (0, 1), (0, P.top_level, P.top_level + 1)):
+        fresh = make_backend(P, he_backend, allow_test_backends=True)
+        with pytest.raises(KeyMaterialError):
+            fresh.import_public_material(dataclasses.replace(mat, rotation_levels=bad))
+        assert fresh.rotation_steps == ()
+
+
 def test_key_import_validates(pair, he_backend):
     client, _ = pair
     mat = client.export_public_material()

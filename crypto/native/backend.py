@@ -94,9 +94,7 @@ class NativeBackend(Evaluator, HEBackend):
 
     # ------------------------------------------------------------------ keys
     def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
-        # native keys always serve every level (a level-specific key format is not built yet):
-        # levels given in a mapping are accepted and the export says "all levels"
-        steps = tuple(sorted({int(s) for s in rotation_steps}))
+        steps = self._set_steps(rotation_steps)
         elements = sorted({galois_element(s, self._n) for s in steps})  # validates the steps
         ctx = self._ctx
         sk = K.gen_secret(ctx)
@@ -105,7 +103,7 @@ class NativeBackend(Evaluator, HEBackend):
         self._rlk = K.gen_switch_key(ctx, sk, basis.mul(sk.s, sk.s))
         self._gks = {g: K.gen_switch_key(ctx, sk, sk.s.index_select(-1, ctx.galois_index(g)))
                      for g in elements}
-        self._steps, self._export = steps, None
+        self._export = None
 
     @property
     def has_secret_key(self) -> bool:
@@ -122,10 +120,12 @@ class NativeBackend(Evaluator, HEBackend):
             gk = b""
             if self._gks:
                 elements = tuple(sorted(self._gks))
+                level_of = {galois_element(st, self._n): lv for st, lv in self._key_levels.items()}
                 gk = serial.keys_to_bytes(ctx, serial.KIND_GALOIS,
                                           [(self._gks[g].seed, self._gks[g].data[0]) for g in elements],
-                                          master, elements)
-            self._export = PublicMaterial(self.params.id, pk, rk, gk, self._steps)
+                                          master, elements, tuple(level_of[g] for g in elements))
+            levels = tuple(self._key_levels[st] for st in self._steps)
+            self._export = PublicMaterial(self.params.id, pk, rk, gk, self._steps, levels)
         return self._export
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -139,17 +139,22 @@ class NativeBackend(Evaluator, HEBackend):
             steps = tuple(sorted({int(s) for s in material.rotation_steps}))
             if len(steps) != len(material.rotation_steps):
                 raise ValueError("repeated rotation steps")
+            declared = material.key_levels(self.params.top_level)
             elements = sorted({galois_element(s, self._n) for s in steps})
-            _, [(pk_seed, pk_b)] = serial.keys_from_bytes(
+            _, _, [(pk_seed, pk_b)] = serial.keys_from_bytes(
                 ctx, bytes(material.public_key), serial.KIND_PUBLIC, 1, 1, ctx.data_primes)
-            _, [(rk_seed, rk_b)] = serial.keys_from_bytes(
+            _, _, [(rk_seed, rk_b)] = serial.keys_from_bytes(
                 ctx, bytes(material.relin_keys), serial.KIND_RELIN, 1, digits, ctx.master_primes)
             gks = {}
             if elements:
-                got, raw = serial.keys_from_bytes(ctx, bytes(material.galois_keys), serial.KIND_GALOIS,
-                                                  len(elements), digits, ctx.master_primes)
+                got, held, raw = serial.keys_from_bytes(ctx, bytes(material.galois_keys), serial.KIND_GALOIS,
+                                                        len(elements), digits, ctx.master_primes)
                 if list(got) != elements:
                     raise ValueError("Galois keys do not match the rotation steps")
+                held_by = dict(zip(got, held, strict=True))
+                for st, lv in declared.items():  # what a key holds is what it serves
+                    if not 0 <= lv <= held_by[galois_element(st, self._n)]:
+                        raise ValueError(f"the key of rotation step {st} holds fewer levels than {lv}")
                 gks = {g: self._switch_key(seed, b) for g, (seed, b) in zip(got, raw, strict=True)}
             elif material.galois_keys:
                 raise ValueError("Galois keys without rotation steps")
@@ -157,11 +162,13 @@ class NativeBackend(Evaluator, HEBackend):
             raise KeyMaterialError(f"invalid public material: {e}") from e
         pk_a = K.expand_a(ctx, pk_seed, ctx.top, K.TAG_PK)
         self._pk = K.PublicKey(pk_b[0], pk_a, pk_seed)
-        self._rlk, self._gks, self._steps = self._switch_key(rk_seed, rk_b), gks, steps
+        self._rlk, self._gks = self._switch_key(rk_seed, rk_b), gks
+        self._steps, self._key_levels = steps, declared
         self._export = None
 
     def _switch_key(self, seed: bytes, b: torch.Tensor) -> K.SwitchKey:
-        a = K.key_a(self._ctx, seed, b.shape[0])
+        """``b`` ``[digits, limbs, N]``: a key for lower levels has fewer of both (a prefix)."""
+        a = K.key_a(self._ctx, seed, b.shape[0])[:, : b.shape[1]]
         return K.SwitchKey(torch.stack((b, a)), seed)
 
     # ------------------------------------------------------------------ encode / encrypt

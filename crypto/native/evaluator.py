@@ -141,7 +141,7 @@ class Evaluator:
             raise HEError(f"no {what}: import public material first")
         return key
 
-    def _galois_key(self, step: int) -> tuple[int, K.SwitchKey] | None:
+    def _galois_key(self, step: int, level: int) -> tuple[int, K.SwitchKey] | None:
         step = int(step) % self._slots
         if step == 0:
             return None
@@ -149,11 +149,12 @@ class Evaluator:
         key = self._gks.get(g)
         if key is None:
             raise HEError(f"no Galois key for rotation step {step}")
+        self._check_key_level(step if step in self._key_levels else step - self._slots, level)
         return g, key
 
     def rotate(self, ct: Ciphertext, step: int) -> Ciphertext:
         c = self._unwrap(ct)
-        gk = self._galois_key(step)
+        gk = self._galois_key(step, c.level)
         if gk is None:
             return self._wrap(c.data.clone(), c.level, c.scale)
         if c.data.shape[0] != 2:
@@ -163,7 +164,7 @@ class Evaluator:
     def rotate_many(self, ct: Ciphertext, steps: Sequence[int]) -> list[Ciphertext]:
         """Hoisted: one decomposition of ``c1`` for all steps (``keyswitch.rotate_hoisted``)."""
         c = self._unwrap(ct)
-        found = [self._galois_key(s) for s in steps]  # validates every step first
+        found = [self._galois_key(s, c.level) for s in steps]  # validates every step first
         if c.data.shape[0] != 2:
             raise HEError("rotate expects a relinearized (size 2) ciphertext")
         out: list[Ciphertext | None] = [None] * len(found)

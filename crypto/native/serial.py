@@ -12,9 +12,13 @@ Ciphertext (little endian)::
 
 Key material::
 
-    b"VNK1" | u8 version 1 | u8 kind (1 public, 2 relinearization, 3 Galois) | 2 zero bytes
-    | 8-byte parameter tag | u32 keys | u32 digits | u32 limbs | Galois only: u32 element per key
+    b"VNK1" | u8 version 2 | u8 kind (1 public, 2 relinearization, 3 Galois) | 2 zero bytes
+    | 8-byte parameter tag | u32 keys | u32 digits | u32 limbs | Galois only: u32 element per key,
+      then u32 level per key
     | per key: 32-byte seed of the a-halves | residues of the b-halves [digit][limb][coeff]
+
+A Galois key of level ``l`` carries digits ``0..l`` over limbs ``p, q_0..q_l`` only: what a key
+switch at levels ``<= l`` reads (``keys.SwitchKey.at``).
 
 Parsing trusts nothing: every size is derived from the parameter set and compared with the
 exact length before anything is unpacked, and every residue is checked below its prime.
@@ -35,7 +39,7 @@ from veil.crypto.native.sampling import SEED_BYTES
 __all__ = ["SerialError", "params_tag", "pack", "unpack", "ct_to_bytes", "ct_from_bytes",
            "keys_to_bytes", "keys_from_bytes", "KIND_PUBLIC", "KIND_RELIN", "KIND_GALOIS"]
 
-CT_MAGIC, KEY_MAGIC, VERSION = b"VNC1", b"VNK1", 1
+CT_MAGIC, KEY_MAGIC, VERSION, KEY_VERSION = b"VNC1", b"VNK1", 1, 2
 _CT_HEAD = struct.Struct("<4sBBBB8sd")
 _KEY_HEAD = struct.Struct("<4sBB2x8sIII")
 FLAG_SEEDED = 1
@@ -137,39 +141,55 @@ def ct_from_bytes(ctx: RnsContext, buf: bytes, *, level: int | None, size: int,
 
 
 def keys_to_bytes(ctx: RnsContext, kind: int, keys: list[tuple[bytes, torch.Tensor]],
-                  primes: tuple[int, ...], elements: tuple[int, ...] = ()) -> bytes:
-    """``keys``: ``(seed, b)`` with ``b`` ``[digits, limbs, N]``."""
+                  primes: tuple[int, ...], elements: tuple[int, ...] = (),
+                  levels: tuple[int, ...] = ()) -> bytes:
+    """``keys``: ``(seed, b)`` with ``b`` ``[digits, limbs, N]``; Galois keys: their
+    ``elements`` and the ``levels`` they serve (only those digits and limbs are written)."""
     digits = keys[0][1].shape[0]
-    head = _KEY_HEAD.pack(KEY_MAGIC, VERSION, kind, params_tag(ctx), len(keys), digits, len(primes))
-    parts = [head, struct.pack(f"<{len(elements)}I", *elements)]
-    for seed, b in keys:
-        parts += [seed, pack(b, primes)]
+    head = _KEY_HEAD.pack(KEY_MAGIC, KEY_VERSION, kind, params_tag(ctx), len(keys), digits, len(primes))
+    parts = [head, struct.pack(f"<{len(elements)}I", *elements), struct.pack(f"<{len(levels)}I", *levels)]
+    for i, (seed, b) in enumerate(keys):
+        if levels:
+            lv = levels[i]
+            b, kept = b[: lv + 1, : lv + 2], primes[: lv + 2]
+        else:
+            kept = primes
+        parts += [seed, pack(b, kept)]
     return b"".join(parts)
 
 
 def keys_from_bytes(ctx: RnsContext, buf: bytes, kind: int, count: int, digits: int,
-                    primes: tuple[int, ...]) -> tuple[tuple[int, ...], list[tuple[bytes, torch.Tensor]]]:
+                    primes: tuple[int, ...]
+                    ) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[bytes, torch.Tensor]]]:
     """Validate and parse ``count`` keys of ``digits x len(primes)`` limbs: ``(elements,
-    [(seed, b)])``. Expected counts come from the caller, never from the bytes."""
+    levels, [(seed, b)])``; a Galois key of level ``l`` comes back as ``b`` ``[l+1, l+2, N]``.
+    Expected counts come from the caller, never from the bytes."""
     if len(buf) < _KEY_HEAD.size:
         raise SerialError("shorter than a key header")
     magic, version, got_kind, tag, got_count, got_digits, limbs = _KEY_HEAD.unpack_from(buf, 0)
-    if magic != KEY_MAGIC or version != VERSION or got_kind != kind:
+    if magic != KEY_MAGIC or version != KEY_VERSION or got_kind != kind:
         raise SerialError("not native key material of the expected kind")
     if tag != params_tag(ctx):
         raise SerialError(f"key material of another parameter set than {ctx.params.id}")
     if (got_count, got_digits, limbs) != (count, digits, len(primes)):
         raise SerialError("key material has other dimensions than this parameter set needs")
-    n_elements = count if kind == KIND_GALOIS else 0
-    one = SEED_BYTES + digits * _limb_bytes(ctx.n, primes)
-    pos = _KEY_HEAD.size + 4 * n_elements
-    if len(buf) != pos + count * one:
+    galois = kind == KIND_GALOIS
+    n_elements = count if galois else 0
+    pos = _KEY_HEAD.size + 8 * n_elements
+    if len(buf) < pos:
         raise SerialError("key material length does not match its header")
     elements = struct.unpack_from(f"<{n_elements}I", buf, _KEY_HEAD.size)
+    levels = struct.unpack_from(f"<{n_elements}I", buf, _KEY_HEAD.size + 4 * n_elements)
+    if any(lv > digits - 1 for lv in levels):
+        raise SerialError("a Galois key level beyond the parameter set's levels")
+    shapes = [(lv + 1, primes[: lv + 2]) for lv in levels] if galois else [(digits, primes)] * count
+    sizes = [SEED_BYTES + d * _limb_bytes(ctx.n, ps) for d, ps in shapes]
+    if len(buf) != pos + sum(sizes):
+        raise SerialError("key material length does not match its header")
     keys = []
-    for _ in range(count):
+    for (d, ps), one in zip(shapes, sizes, strict=True):
         seed = buf[pos : pos + SEED_BYTES]
-        b = unpack(buf[pos + SEED_BYTES : pos + one], digits, primes, ctx.n, ctx.device)
+        b = unpack(buf[pos + SEED_BYTES : pos + one], d, ps, ctx.n, ctx.device)
         keys.append((seed, b))
         pos += one
-    return elements, keys
+    return elements, levels, keys
