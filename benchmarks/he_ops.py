@@ -4,8 +4,10 @@
 Operations at the top level of the parameter set (default the protected path's,
 ckks-n16384-l7-v1): encode, encrypt (the seeded upload), decrypt, ct x pt (no rescale),
 ct x ct + relinearize (no rescale), rescale, rotate, hoisted rotate x k (``rotate_many``, total
-and per rotation) and the NTT of one polynomial's limbs (SEAL: ``transform_to_ntt`` of a
-two-polynomial ciphertext, halved). Median wall-clock milliseconds of ``--repeat`` runs after one
+and per rotation), the NTT of one polynomial's limbs (SEAL: ``transform_to_ntt`` of a
+two-polynomial ciphertext, halved), and a download's rounded wire form (``crypto/rounding.py``:
+``round_download``, the server's ``serialize`` of a flooded level-1 ciphertext, and
+``unround_download``, the client's ``deserialize`` of it). Median wall-clock milliseconds of ``--repeat`` runs after one
 warm-up; one ``figure he.<op>_ms.<backend>.<device> <value>`` line each, and JSON to ``--out``.
 SEAL runs on the CPU whatever ``--device`` says (its figures say ``cpu``). ``--compile`` adds a
 ``native_compiled`` run (``torch.compile`` of the hot loops; the warm-up compiles, minutes from
@@ -111,6 +113,11 @@ def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile
     out[f"rotate_many{hoist}_per_rotation"] = out[f"rotate_many{hoist}"] / hoist
     fn, share = _ntt_op(name, server, ct, repeat)
     out["ntt"] = _median_ms(fn, repeat, sync) * share
+    down = server.rerandomize(server.mod_switch_to(ct, 1))  # like the scores download
+    floor = float(np.log2(server.scale(down))) - 18
+    blob = server.serialize(down, noise_log2=floor)
+    out["round_download"] = _median_ms(lambda: server.serialize(down, noise_log2=floor), repeat, sync)
+    out["unround_download"] = _median_ms(lambda: client.deserialize(blob), repeat, sync)
     return out
 
 
