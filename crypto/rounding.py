@@ -29,7 +29,7 @@ import struct
 
 import numpy as np
 
-__all__ = ["MAGIC", "MARGIN_BITS", "RoundedError", "bits_for", "is_rounded", "round_to_bytes", "parse",
+__all__ = ["MAGIC", "MARGIN_BITS", "RoundedError", "bits_for", "crt", "is_rounded", "round_to_bytes", "parse",
            "unround"]
 
 MAGIC = b"VRC1"
@@ -53,14 +53,16 @@ def bits_for(primes: tuple[int, ...] | list[int], noise_log2: float) -> int:
     return max(1, min(q_bits, q_bits - math.floor(noise_log2) + MARGIN_BITS))
 
 
-def _crt(residues: np.ndarray, primes) -> np.ndarray:
-    """(L, count) residues -> their CRT values in [0, Q) as Python ints (object array)."""
+def crt(residues: np.ndarray, primes, centered: bool = False) -> np.ndarray:
+    """(L, count) residues -> their CRT values as Python ints (object array): in [0, Q), or
+    centred in (-Q/2, Q/2]."""
     q = math.prod(primes)
     acc = np.zeros(residues.shape[-1], dtype=object)
     for r, qi in zip(residues, primes, strict=True):
         m = q // qi
         acc = acc + r.astype(object) * (m * pow(m, -1, qi))
-    return acc % q
+    acc = acc % q
+    return np.where(acc > q // 2, acc - q, acc) if centered else acc
 
 
 def _pack_bits(values: np.ndarray, bits: int) -> bytes:
@@ -93,7 +95,7 @@ def round_to_bytes(coeffs: np.ndarray, primes, level: int, scale: float, bits: i
     if limbs != len(primes) or not 1 <= bits <= math.prod(primes).bit_length():
         raise ValueError("residues do not match the primes, or bits out of range")
     q = math.prod(primes)
-    c = _crt(coeffs.transpose(1, 0, 2).reshape(limbs, polys * n), primes)
+    c = crt(coeffs.transpose(1, 0, 2).reshape(limbs, polys * n), primes)
     r = ((c << bits) + q // 2) // q % (1 << bits)
     return _HEAD.pack(MAGIC, level, polys, bits, scale) + _pack_bits(r, bits)
 

@@ -16,6 +16,7 @@ from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis
 from veil.crypto.native.ntt import NttTables, automorphism_index, coeff_automorphism
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
+from veil.crypto.rounding import crt
 
 TEST_P = get_params(TEST_PARAMS_ID, allow_test_params=True)
 PRIMES = sorted(set(PROTECTED_PARAMS.primes) | set(TEST_P.primes)
@@ -185,13 +186,7 @@ def _random_level(ctx, level, rng):
 
 
 def _crt(res: np.ndarray, primes) -> np.ndarray:
-    big = math.prod(primes)
-    acc = np.zeros(res.shape[-1], dtype=object)
-    for r, q in zip(res, primes, strict=True):
-        m = big // q
-        acc = acc + r.astype(object) * (m * pow(m, -1, q))
-    acc = acc % big
-    return np.where(acc > big // 2, acc - big, acc)
+    return crt(res, primes, centered=True)
 
 
 def test_balanced_digits_compose_the_centred_integer(ctx):

@@ -29,6 +29,7 @@ import tenseal.sealapi as sealapi
 
 from veil.crypto.backend import HEError
 from veil.crypto.params import CkksParams
+from veil.crypto.rounding import crt
 from veil.crypto.seal import format as seal_format
 from veil.crypto.seal import packing as seal_packing
 
@@ -198,15 +199,7 @@ class SealContext:
 
     def centered_ints(self, residues: np.ndarray, lvl: Level) -> np.ndarray:
         """CRT-compose (primes, N) residues into centred Python ints (object array)."""
-        q = lvl.q_product
-        acc = np.zeros(self.n, dtype=object)
-        for i, qi in enumerate(lvl.primes):
-            m = q // qi
-            coef = m * pow(m, -1, qi)
-            acc = acc + residues[i].astype(object) * coef
-        acc = acc % q
-        half = q // 2
-        return np.where(acc > half, acc - q, acc)
+        return crt(residues, lvl.primes, centered=True)
 
     def load_ct_blob(self, blob: bytes):
         ct = self.new_ct()
