@@ -35,8 +35,8 @@ HEAVY_MODULES = $(BIN)/python -m pytest -q --collect-only -m he_heavy 2>/dev/nul
 
 test: $(STAMP) $(CLUSTER_STAMP)
 	@rc=0; \
-	$(BIN)/python -m pytest -q -m "not he_heavy" || rc=1; \
-	for f in $$($(HEAVY_MODULES)); do echo "== $$f (he_heavy)"; $(BIN)/python -m pytest -q -m he_heavy $$f || rc=1; done; \
+	$(BIN)/python -m pytest -q --durations=15 -m "not he_heavy" || rc=1; \
+	for f in $$($(HEAVY_MODULES)); do echo "== $$f (he_heavy)"; $(BIN)/python -m pytest -q --durations=5 -m he_heavy $$f || rc=1; done; \
 	exit $$rc
 
 lint: $(STAMP)
