@@ -193,13 +193,13 @@ def pack_keys(blob: bytes, widths_of: WidthsOf, limit: int, levels: dict[int, in
         raise SealFormatError("key members too short")
     (dim1,) = _U64.unpack_from(members, 32)
     pos, entries, levels = 40, [], levels or {}
+    n_primes = len(widths_of(tuple(struct.unpack_from("<4Q", members, 0))) or ())
     for index in range(dim1):
         if pos + 8 > len(members):
             raise SealFormatError("key members truncated")
         (dim2,) = _U64.unpack_from(members, pos)
         pos += 8
         cts, level = [], levels.get(index, FULL)
-        n_primes = len(widths_of(tuple(struct.unpack_from("<4Q", members, 0))) or ())
         for j in range(dim2):
             h = seal_format.SealHeader(*seal_format._HEADER.unpack_from(members, pos))
             if h.magic != seal_format.SEAL_MAGIC or pos + h.size > len(members):
