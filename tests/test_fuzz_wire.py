@@ -97,9 +97,14 @@ def seal_pair():
     return client, server, ct
 
 
-def test_ciphertext_parser_on_mutations(seal_pair):
-    """Bit flips, byte overwrites, truncations and extensions of a valid serialized ciphertext."""
+@pytest.mark.parametrize("form", ["packed", "rounded"])
+def test_ciphertext_parser_on_mutations(seal_pair, form):
+    """Bit flips, byte overwrites, truncations and extensions of a valid serialized ciphertext:
+    the packed upload form, and the rounded download form (``crypto/rounding.py``)."""
     _, server, good = seal_pair
+    if form == "rounded":
+        flooded = server.rerandomize(server.deserialize(good, level=1))
+        good = server.serialize(flooded, noise_log2=float(np.log2(server.scale(flooded))) - 18)
 
     @FUZZ
     @given(st.data())
