@@ -99,7 +99,8 @@ def test_server_holds_no_secret_key(server, client, generations):
     from veil.crypto.wire import unpack
 
     sent = unpack(client._material, max_bytes=len(client._material))
-    assert set(sent) == {"v", "kind", "params", "public_key", "relin_keys", "galois_keys", "rotation_steps"}
+    assert set(sent) == {"v", "kind", "params", "public_key", "relin_keys", "galois_keys", "rotation_steps",
+                         "rotation_levels"}
     assert sent["params"] == PROTECTED_PARAMS.id
 
 
