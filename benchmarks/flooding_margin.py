@@ -33,7 +33,7 @@ import torch
 from veil.crypto.backend import make_backend
 from veil.crypto.params import PROTECTED_PARAMS, get_params
 from veil.protected import circuits, server
-from veil.protected.circuits import FLOOD_BELOW_SCALE, required_rotation_steps
+from veil.protected.circuits import FLOOD_BELOW_SCALE, rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import dims_of, score_slot
 from veil.protected.protocol import MsgKind
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     params = get_params(args.params)
     dims = dims_of(cfg, params.slot_count)
     client_be = make_backend(params, "seal")
-    client_be.generate_keys(required_rotation_steps(dims))
+    client_be.generate_keys(rotation_key_levels(dims))
     server_be = make_backend(params, "seal")
     server_be.import_public_material(client_be.export_public_material())
     std = flood_std(dims)

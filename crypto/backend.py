@@ -113,7 +113,7 @@ class PublicMaterial:
     def key_levels(self, top_level: int) -> dict[int, int]:
         """``{step: highest level its key serves}``."""
         levels = self.rotation_levels or (top_level,) * len(self.rotation_steps)
-        return dict(zip(self.rotation_steps, levels, strict=True))
+        return {int(s): int(lv) for s, lv in zip(self.rotation_steps, levels, strict=True)}
 
     @property
     def nbytes(self) -> int:
@@ -139,8 +139,9 @@ class HEBackend(abc.ABC):
     @abc.abstractmethod
     def has_secret_key(self) -> bool: ...
 
-    _steps: tuple[int, ...] = ()  # set by generate_keys / import_public_material
-    _key_levels: dict[int, int] = {}  # step -> highest level its key serves (absent: the top)
+    #: step -> the highest level its Galois key serves; set by ``generate_keys`` (``_set_steps``)
+    #: and ``import_public_material``
+    _key_levels: dict[int, int] = {}
 
     def _set_steps(self, rotation_steps: Sequence[int] | Mapping[int, int]) -> tuple[int, ...]:
         """Record the steps (and levels) of ``generate_keys``; returns the sorted steps."""
@@ -149,19 +150,27 @@ class HEBackend(abc.ABC):
         levels = {int(s): int(lv) for s, lv in levels.items()}
         if not all(0 <= lv <= top for lv in levels.values()):
             raise HEError(f"key levels must lie in [0, {top}]")
-        self._steps, self._key_levels = tuple(sorted(levels)), levels
-        return self._steps
+        self._key_levels = levels
+        return self.rotation_steps
 
-    def _check_key_level(self, step: int, level: int) -> None:
-        """A key made for lower levels lacks the residues a rotation at ``level`` reads."""
-        key_level = self._key_levels.get(step, self.params.top_level)
+    def _key_step(self, step: int, level: int) -> int:
+        """The Galois key of a left rotation by ``step`` (non-zero mod the slots) at ``level``,
+        by the name it was generated under (left or right); refuses a step without a key and a
+        level above what the key serves (a key made for lower levels lacks the residues)."""
+        slots = self.params.slot_count
+        s = int(step) % slots
+        signed = s if s in self._key_levels else s - slots
+        key_level = self._key_levels.get(signed)
+        if key_level is None:
+            raise HEError(f"no Galois key for rotation step {s}")
         if level > key_level:
-            raise HEError(f"the key of rotation step {step} serves levels <= {key_level}, not {level}")
+            raise HEError(f"the key of rotation step {signed} serves levels <= {key_level}, not {level}")
+        return signed
 
     @property
     def rotation_steps(self) -> tuple[int, ...]:
         """Steps this backend holds Galois keys for."""
-        return self._steps
+        return tuple(sorted(self._key_levels))
 
     @abc.abstractmethod
     def export_public_material(self) -> PublicMaterial:

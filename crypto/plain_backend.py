@@ -70,7 +70,6 @@ class PlainBackend(HEBackend):
         self._tag = hashlib.sha256(params.id.encode()).digest()[:8]
         self._secret = False
         self._public = self._relin = False
-        self._steps: tuple[int, ...] = ()
         self._half_q = [math.prod(params.primes[: lv + 1]) / 2 for lv in range(params.top_level + 1)]
 
     # ---- keys --------------------------------------------------------------------------------
@@ -87,8 +86,9 @@ class PlainBackend(HEBackend):
     def export_public_material(self) -> PublicMaterial:
         if not self._secret:
             raise HEError("no keys generated")
+        steps = self.rotation_steps
         return PublicMaterial(self.params.id, b"plain-public-key", b"plain-relin-keys", b"plain-galois-keys",
-                              self._steps, tuple(self._key_levels[s] for s in self._steps))
+                              steps, tuple(self._key_levels[s] for s in steps))
 
     def import_public_material(self, material: PublicMaterial) -> None:
         if not isinstance(material, PublicMaterial) or material.params_id != self.params.id:
@@ -236,10 +236,7 @@ class PlainBackend(HEBackend):
         if step:
             if x.size != 2:
                 raise HEError("rotate needs a relinearized (two-polynomial) ciphertext")
-            signed = step if step in self._steps else step - self._slots
-            if signed not in self._steps:
-                raise HEError(f"no Galois key for rotation step {step}")
-            self._check_key_level(signed, x.level)  # as a real backend's smaller keys would
+            self._key_step(step, x.level)  # refuses as a real backend's (smaller) keys would
         return self._wrap(np.roll(x.values, -step), x.level, x.scale, x.size)
 
     # ---- server: refresh and circuit privacy -------------------------------------------------

@@ -46,7 +46,7 @@ from veil.protected.weights import (
 )
 
 __all__ = ["DOWNLOAD_SCALE", "FLOOD_BELOW_SCALE", "Constants", "Circuit", "score_lane_groups",
-           "required_rotation_steps", "rotation_key_levels"]
+           "rotation_key_levels"]
 
 DOWNLOAD_SCALE = 2.0**56
 #: Flooding std in coefficient units = scale * 2^-FLOOD_BELOW_SCALE (equals the parameter set's
@@ -392,8 +392,3 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS) -> dict[int, int]
     use(replicate_rotation_steps(dims.d, dims.copies), lv.h_prime)  # o and W_down m replicated
     use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
     return dict(sorted(need.items()))
-
-
-def required_rotation_steps(dims: LayoutDims) -> list[int]:
-    """Every Galois step the circuits use: the client generates exactly these keys."""
-    return list(rotation_key_levels(dims))

@@ -103,17 +103,15 @@ class ProtectedService:
         if material.params_id != self.params.id:
             raise KeysError(400, "wrong_params", f"keys are for {material.params_id!r}; "
                                                  f"this server runs {self.params.id!r}")
-        missing = set(self.required_levels) - set(material.rotation_steps)
-        if missing:
-            raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps {sorted(missing)[:8]}")
         try:
             held = material.key_levels(self.params.top_level)
-        except ValueError:
+        except (TypeError, ValueError):
             raise KeysError(400, "bad_keys", "rotation levels do not match the rotation steps") from None
-        low = sorted(s for s, lv in self.required_levels.items() if held[s] < lv)
-        if low:
-            raise KeysError(400, "missing_rotations", f"Galois keys of steps {low[:8]} serve too few levels "
-                                                      f"(step {low[0]} needs level {self.required_levels[low[0]]})")
+        short = sorted(s for s, lv in self.required_levels.items() if held.get(s, -1) < lv)
+        if short:
+            raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps, or levels of them: "
+                                                      f"{[(s, self.required_levels[s]) for s in short[:8]]} "
+                                                      "(step, level needed)")
         be = make_backend(self.params, self.cfg.he_backend)
         try:
             be.import_public_material(material)

@@ -62,7 +62,6 @@ class NativeBackend(Evaluator, HEBackend):
         self._pk: K.PublicKey | None = None
         self._rlk: K.SwitchKey | None = None
         self._gks: dict[int, K.SwitchKey] = {}
-        self._steps: tuple[int, ...] = ()
         self._export: PublicMaterial | None = None
 
     @property
@@ -124,8 +123,8 @@ class NativeBackend(Evaluator, HEBackend):
                 gk = serial.keys_to_bytes(ctx, serial.KIND_GALOIS,
                                           [(self._gks[g].seed, self._gks[g].data[0]) for g in elements],
                                           master, elements, tuple(level_of[g] for g in elements))
-            levels = tuple(self._key_levels[st] for st in self._steps)
-            self._export = PublicMaterial(self.params.id, pk, rk, gk, self._steps, levels)
+            steps = self.rotation_steps
+            self._export = PublicMaterial(self.params.id, pk, rk, gk, steps, tuple(self._key_levels[st] for st in steps))
         return self._export
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -163,7 +162,7 @@ class NativeBackend(Evaluator, HEBackend):
         pk_a = K.expand_a(ctx, pk_seed, ctx.top, K.TAG_PK)
         self._pk = K.PublicKey(pk_b[0], pk_a, pk_seed)
         self._rlk, self._gks = self._switch_key(rk_seed, rk_b), gks
-        self._steps, self._key_levels = steps, declared
+        self._key_levels = declared
         self._export = None
 
     def _switch_key(self, seed: bytes, b: torch.Tensor) -> K.SwitchKey:

@@ -142,15 +142,10 @@ class Evaluator:
         return key
 
     def _galois_key(self, step: int, level: int) -> tuple[int, K.SwitchKey] | None:
-        step = int(step) % self._slots
-        if step == 0:
+        if int(step) % self._slots == 0:
             return None
-        g = galois_element(step, self._n)
-        key = self._gks.get(g)
-        if key is None:
-            raise HEError(f"no Galois key for rotation step {step}")
-        self._check_key_level(step if step in self._key_levels else step - self._slots, level)
-        return g, key
+        g = galois_element(self._key_step(step, level), self._n)
+        return g, self._gks[g]
 
     def rotate(self, ct: Ciphertext, step: int) -> Ciphertext:
         c = self._unwrap(ct)
@@ -246,19 +241,14 @@ class Evaluator:
         coeffs = ntt.inverse(c.data).cpu().numpy().astype(np.uint64)
         return rounding.round_to_bytes(coeffs, primes, c.level, c.scale, rounding.bits_for(primes, noise_log2))
 
-    def _load_rounded(self, data: bytes, level: int | None, scale: float | None) -> Ciphertext:
+    def _load_rounded(self, data: bytes, level: int | None, size: int, scale: float | None) -> Ciphertext:
         top = self.params.top_level
         try:
             got_level, polys, bits, got_scale, body = rounding.parse(
                 data, self._n, lambda lv: self._ctx.data_primes[: lv + 1] if lv <= top else None)
-        except rounding.RoundedError as e:
+            serial.check_header(self._ctx, got_level, polys, got_scale, level=level, size=size, scale=scale)
+        except (rounding.RoundedError, serial.SerialError) as e:
             raise CiphertextError(str(e)) from e
-        if level is not None and got_level != level:
-            raise CiphertextError(f"ciphertext at level {got_level}, expected {level}")
-        if scale is not None and not math.isclose(got_scale, scale, rel_tol=1e-9):
-            raise CiphertextError(f"ciphertext scale {got_scale}, expected {scale}")
-        if got_scale >= self._ctx.level_modulus(got_level):
-            raise CiphertextError(f"ciphertext scale {got_scale} out of range")
         coeffs = rounding.unround(body, polys, self._n, self._ctx.data_primes[: got_level + 1], bits)
         _, ntt = self._ctx.data(got_level)
         data_t = ntt.forward(torch.from_numpy(coeffs.astype(np.int64)).to(self.device))
@@ -269,9 +259,7 @@ class Evaluator:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise CiphertextError("ciphertext must be bytes")
         if rounding.is_rounded(bytes(data[:4])):
-            if size != 2:
-                raise CiphertextError(f"a rounded ciphertext has size 2, expected {size}")
-            return self._load_rounded(bytes(data), level, scale)
+            return self._load_rounded(bytes(data), level, size, scale)
         try:
             polys, seed, got_level, got_scale = serial.ct_from_bytes(
                 self._ctx, bytes(data), level=level, size=size, scale=scale)

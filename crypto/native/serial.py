@@ -36,7 +36,7 @@ import torch
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import SEED_BYTES
 
-__all__ = ["SerialError", "params_tag", "pack", "unpack", "ct_to_bytes", "ct_from_bytes",
+__all__ = ["SerialError", "params_tag", "pack", "unpack", "check_header", "ct_to_bytes", "ct_from_bytes",
            "keys_to_bytes", "keys_from_bytes", "KIND_PUBLIC", "KIND_RELIN", "KIND_GALOIS"]
 
 CT_MAGIC, KEY_MAGIC, VERSION, KEY_VERSION = b"VNC1", b"VNK1", 1, 2
@@ -107,6 +107,21 @@ def ct_to_bytes(ctx: RnsContext, data: torch.Tensor, level: int, scale: float,
     return head + pack(data, ctx.data_primes[: level + 1]) + (seed or b"")
 
 
+def check_header(ctx: RnsContext, got_level: int, got_size: int, got_scale: float, *, level: int | None,
+                 size: int, scale: float | None) -> None:
+    """A ciphertext's level, size and scale against the parameter set and the caller's
+    expectations (``None``: any); shared by every wire form (``crypto/rounding.py`` too)."""
+    if got_level > ctx.top or (level is not None and got_level != level):
+        raise SerialError(f"ciphertext at level {got_level}, expected {level}")
+    if got_size != size or not 2 <= got_size <= MAX_SIZE:
+        raise SerialError(f"ciphertext has size {got_size}, expected {size}")
+    q_level = float(ctx.level_modulus(got_level))
+    if not (math.isfinite(got_scale) and 1.0 <= got_scale < q_level):
+        raise SerialError(f"ciphertext scale {got_scale} out of range")
+    if scale is not None and not math.isclose(got_scale, scale, rel_tol=1e-9):
+        raise SerialError(f"ciphertext scale {got_scale}, expected {scale}")
+
+
 def ct_from_bytes(ctx: RnsContext, buf: bytes, *, level: int | None, size: int,
                   scale: float | None) -> tuple[torch.Tensor | None, bytes | None, int, float]:
     """Validate and parse: ``(polys, seed, level, scale)``; a seeded ciphertext returns ``c0`` as
@@ -120,16 +135,10 @@ def ct_from_bytes(ctx: RnsContext, buf: bytes, *, level: int | None, size: int,
         raise SerialError("unknown flags")
     if tag != params_tag(ctx):
         raise SerialError(f"ciphertext of another parameter set than {ctx.params.id}")
-    if got_level > ctx.top or (level is not None and got_level != level):
-        raise SerialError(f"ciphertext at level {got_level}, expected {level}")
     seeded = bool(flags & FLAG_SEEDED)
-    if got_size != size or not 2 <= got_size <= MAX_SIZE or (seeded and got_size != 2):
-        raise SerialError(f"ciphertext has size {got_size}, expected {size}")
-    q_level = float(ctx.level_modulus(got_level))
-    if not (math.isfinite(got_scale) and 1.0 <= got_scale < q_level):
-        raise SerialError(f"ciphertext scale {got_scale} out of range")
-    if scale is not None and not math.isclose(got_scale, scale, rel_tol=1e-9):
-        raise SerialError(f"ciphertext scale {got_scale}, expected {scale}")
+    if seeded and got_size != 2:
+        raise SerialError(f"a seeded ciphertext has size 2, not {got_size}")
+    check_header(ctx, got_level, got_size, got_scale, level=level, size=size, scale=scale)
     primes = ctx.data_primes[: got_level + 1]
     polys = 1 if seeded else got_size
     body = polys * _limb_bytes(ctx.n, primes)

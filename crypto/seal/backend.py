@@ -59,7 +59,6 @@ class SealBackend(HEBackend):
         self._pk = None
         self._rk = None
         self._gk = None
-        self._steps: tuple[int, ...] = ()
         self._encryptor_sk = None
         self._encryptor_pk = None
         self._decryptor = None
@@ -118,18 +117,19 @@ class SealBackend(HEBackend):
             kg = self._keygen
             # every key bit-packed at its primes' widths (``seal.packing``); relinearization and
             # Galois keys seeded (half size)
-            widths, limit = self._c.key_prime_widths, self._key_limit(len(self._steps))
+            steps = self.rotation_steps
+            widths, limit = self._c.key_prime_widths, self._key_limit(len(steps))
             pk_bytes = seal_packing.pack(self._c.io.save(self._pk), widths)
             rk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_relin_keys()), widths, limit)
-            if self._steps:
-                elts = [galois_element(s, self._c.n) for s in self._steps]
+            if steps:
+                elts = [galois_element(s, self._c.n) for s in steps]
                 # each Galois key travels for the levels it serves only (SEAL keeps its index at elt >> 1)
-                by_index = {e >> 1: self._key_levels[s] for s, e in zip(self._steps, elts, strict=True)}
+                by_index = {e >> 1: self._key_levels[s] for s, e in zip(steps, elts, strict=True)}
                 gk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_galois_keys(elts)), widths, limit, by_index)
             else:
                 gk_bytes = b""
-            levels = tuple(self._key_levels[s] for s in self._steps)
-            self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, self._steps, levels)
+            levels = tuple(self._key_levels[s] for s in steps)
+            self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, steps, levels)
         return self._export_cache
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -182,9 +182,8 @@ class SealBackend(HEBackend):
             # "relin keys" (found by fuzzing). Relinearization keys hold exactly the s^2 key.
             if name == "relin keys" and (obj.size() != 1 or not obj.has_key(2)):
                 raise KeyMaterialError("relin keys must hold exactly the key for s^2")
-        steps = tuple(int(s) for s in material.rotation_steps)
         top = self.params.top_level
-        for s in steps:
+        for s in key_levels:
             try:
                 elt = galois_element(s, self._c.n)
             except ValueError as e:
@@ -197,7 +196,7 @@ class SealBackend(HEBackend):
             if not 0 <= key_levels[s] <= held:
                 raise KeyMaterialError(f"the key of rotation step {s} holds level {held}, declared {key_levels[s]}")
         self._pk, self._rk, self._gk = pk, rk, gk
-        self._steps, self._key_levels = steps, key_levels
+        self._key_levels = key_levels
         if self._sk is not None:
             self._encryptor_sk = sealapi.Encryptor(self._c.ctx, pk, self._sk)
             self._encryptor_pk = self._encryptor_sk
@@ -354,10 +353,7 @@ class SealBackend(HEBackend):
         if step == 0:
             return self._c.copy(obj)
         self._require_eval_keys("galois")
-        signed = step if step in self._steps else step - self._c.slots
-        if signed not in self._steps:
-            raise HEError(f"no Galois key for rotation step {step}")
-        self._check_key_level(signed, self._c.level_of(obj))
+        signed = self._key_step(step, self._c.level_of(obj))
         out = self._c.new_ct()
         self._c.ev.rotate_vector(obj, signed, self._gk, out)
         return out

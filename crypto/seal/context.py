@@ -260,11 +260,10 @@ class SealContext:
         return read_flat(c, 0, len(lvl.primes) * self.n).reshape(len(lvl.primes), self.n)
 
     def coeff_residues(self, obj) -> np.ndarray:
-        """(size, primes, N) residues of a ciphertext in coefficient form (of a copy)."""
-        c = self.copy(obj)
-        self.ev.transform_from_ntt_inplace(c)
-        k = len(self.levels[self.level_of(obj)].primes)
-        return read_flat(c, 0, obj.size() * k * self.n).reshape(obj.size(), k, self.n)
+        """(size, primes, N) residues of a ciphertext in coefficient form (``obj`` unchanged)."""
+        c = self.new_ct()
+        self.ev.transform_from_ntt(obj, c)
+        return seal_packing.residues(self.io.save(c))
 
     def plaintext_from_coeffs(self, coeffs: np.ndarray, lvl: Level, scale: float):
         carrier = self.carrier_from_coeffs(self.residues(coeffs, lvl), lvl, scale)

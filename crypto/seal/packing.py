@@ -92,29 +92,47 @@ def _run_bytes(n: int, width: int) -> int:
 _MAX_MEMBERS = 64 << 20
 
 
+def _parse(blob: bytes) -> tuple[bytes, np.ndarray, bytes]:
+    """A SEAL ciphertext blob (any compression) -> (its members, residues ``(polys, primes, N)``,
+    the seed trailer: empty unless seeded, where ``polys`` is 1)."""
+    members = _members(blob, limit=_MAX_MEMBERS)
+    if len(members) < _MEMBERS + HEADER_SIZE + 8:
+        raise SealFormatError("ciphertext members too short")
+    size, n, k = struct.unpack_from("<QQQ", members, 33)
+    (count,) = struct.unpack_from("<Q", members, _MEMBERS + HEADER_SIZE)
+    start = _MEMBERS + HEADER_SIZE + 8
+    if count > (len(members) - start) // 8:
+        raise SealFormatError("ciphertext data truncated")
+    data = np.frombuffer(members, dtype="<u8", count=count, offset=start)
+    trailing = members[start + 8 * count :]
+    if count == size * n * k and not trailing:
+        polys = size
+    elif size == 2 and count == n * k and 0 < len(trailing) <= _MAX_PRNG_INFO:
+        polys = 1
+    else:
+        raise SealFormatError("unexpected ciphertext data layout")
+    return members, data.reshape(polys, k, n), trailing
+
+
+def residues(blob: bytes) -> np.ndarray:
+    """The residues ``(size, primes, N)`` of an unseeded SEAL ciphertext blob, read at numpy
+    speed (``obj[i]`` costs a Python call per word)."""
+    _, runs, trailing = _parse(blob)
+    if trailing:
+        raise SealFormatError("a seeded ciphertext has no second polynomial to read")
+    return runs
+
+
 def pack(blob: bytes, widths_of: WidthsOf, keep: Sequence[int] | None = None) -> bytes:
     """SEAL ``save`` output of a ciphertext -> packed form. (``tenseal.sealapi`` binds no choice
     of compression mode, so SEAL's zstd output is inflated here first.) ``keep``: the prime
     indices whose runs are stored (default all; key components use fewer, see ``pack_keys``)."""
-    members = _members(blob, limit=_MAX_MEMBERS)
-    if len(members) < _MEMBERS + HEADER_SIZE + 8:
-        raise SealFormatError("ciphertext members too short")
-    pid = struct.unpack_from("<4Q", members, 0)
-    size, n, k = struct.unpack_from("<QQQ", members, 33)
-    widths = widths_of(tuple(pid))
+    members, runs, trailing = _parse(blob)
+    polys, k, _ = runs.shape
+    widths = widths_of(tuple(struct.unpack_from("<4Q", members, 0)))
     if widths is None or len(widths) != k:
         raise SealFormatError("ciphertext of an unknown level")
-    (count,) = struct.unpack_from("<Q", members, _MEMBERS + HEADER_SIZE)
-    start = _MEMBERS + HEADER_SIZE + 8
-    data = np.frombuffer(members, dtype="<u8", count=count, offset=start)
-    trailing = members[start + 8 * count :]
-    if count == size * n * k and not trailing:
-        flags, polys = 0, size
-    elif size == 2 and count == n * k and 0 < len(trailing) <= _MAX_PRNG_INFO:
-        flags, polys = _SEEDED, 1
-    else:
-        raise SealFormatError("unexpected ciphertext data layout")
-    runs = data.reshape(polys, k, n)
+    flags = _SEEDED if trailing else 0
     out = [_PREFIX.pack(MAGIC, flags), members[:_MEMBERS]]
     out += [_bits(runs[p, j], widths[j]) for p in range(polys) for j in (range(k) if keep is None else keep)]
     if flags & _SEEDED:
