@@ -97,9 +97,9 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]
 
 
-def bench_backend(name: str, device: str, args, ckpt, model, cfg, dims) -> None:
+def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
     """Keys, two encoded layers and the timed decode step of every context, on one backend."""
-    opts = {"device": device} if name == "native" else {}
+    opts = {"device": args.device} if name == "native" else {}
     steps = rotation_key_levels(dims)  # each key for the levels it serves
     t = time.perf_counter()
     client_be = make_backend(PROTECTED_PARAMS, name, **opts)
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     model, cfg = build_model(ckpt), ckpt.config
     dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
     for name in backends:
-        bench_backend(name, args.device, args, ckpt, model, cfg, dims)
+        bench_backend(name, args, ckpt, model, cfg, dims)
     # ru_maxrss is the process's peak over every backend measured so far
     fig("process", "peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     if args.device.startswith("cuda"):
