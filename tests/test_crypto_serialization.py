@@ -300,17 +300,21 @@ def test_packed_keys_are_validated(pair):
     client, _ = pair
     mat = client.export_public_material()
     gk = mat.galois_keys
+    # layout: magic 0:4, pad 4:8, parms_id 8:40, u64 dim1 40:48, u32 count 48:52, then the first
+    # entry: u32 index 52:56, u16 components 56:58, u8 level 58
     cases = {
-        "truncated": gk[:-100],
-        "trailing": gk + b"\0",
-        "too many keys": gk[:44] + (2**20).to_bytes(4, "little") + gk[48:],
-        "bad index": gk[:48] + (2**31).to_bytes(4, "little") + gk[52:],
-        "zero components": gk[:52] + (0).to_bytes(4, "little") + gk[56:],
-        "wrong magic": b"VPK9" + gk[4:],
+        "truncated": (gk[:-100], "truncated"),
+        "trailing": (gk + b"\0", "trailing"),
+        "dim1 beyond N": (gk[:40] + (2**40).to_bytes(8, "little") + gk[48:], "too many keys"),
+        "too many keys": (gk[:48] + (2**20).to_bytes(4, "little") + gk[52:], "too many keys"),
+        "bad index": (gk[:52] + (2**31).to_bytes(4, "little") + gk[56:], "bad key index"),
+        "zero components": (gk[:56] + (0).to_bytes(2, "little") + gk[58:], "component count"),
+        "level out of range": (gk[:58] + bytes([200]) + gk[59:], "key level"),
+        "wrong magic": (b"VPK9" + gk[4:], ""),
     }
-    for name, blob in cases.items():
+    for name, (blob, why) in cases.items():
         fresh = SealBackend(P)
-        with pytest.raises(KeyMaterialError):
+        with pytest.raises(KeyMaterialError, match=why):
             fresh.import_public_material(dataclasses.replace(mat, galois_keys=blob))
         assert fresh.rotation_steps == (), name
     # a packed Galois key in the relinearization slot has more keys than one
