@@ -35,11 +35,11 @@ class Evaluator:
         if not math.isclose(x.scale, y.scale, rel_tol=1e-9):
             raise HEError(f"scale mismatch: {x.scale} vs {y.scale}")
         basis, _ = self._ctx.data(x.level)
-        if x.data.shape[0] < y.data.shape[0]:
+        if x.data.shape[-3] < y.data.shape[-3]:
             x, y = y, x
         out = x.data.clone()
-        k = y.data.shape[0]
-        out[:k] = basis.add(x.data[:k], y.data)
+        k = y.data.shape[-3]
+        out[..., :k, :, :] = basis.add(x.data[..., :k, :, :], y.data)
         return self._wrap(out, x.level, x.scale)
 
     def _product_scale(self, scale: float, level: int) -> float:
@@ -74,14 +74,14 @@ class Evaluator:
         if len(cts) != len(pts) or not cts:
             raise HEError(f"dot_plain of {len(cts)} ciphertexts and {len(pts)} plaintexts")
         first = self._unwrap(cts[0])
-        level, scale, size = first.level, first.scale * pts[0].scale, first.data.shape[0]
+        level, scale, size = first.level, first.scale * pts[0].scale, first.data.shape[-3]
         basis, _ = self._ctx.data(level)
         per_reduce = max(1, (2**63 - 1) // max(basis.primes) - 1)
         acc, terms = None, 0
         for ct, pt in zip(cts, pts, strict=True):
             c = self._unwrap(ct)
             m = self._plain_operand(pt, c)
-            if c.level != level or c.data.shape[0] != size:
+            if c.level != level or c.data.shape[-3] != size:
                 raise HEError(f"level or size mismatch in dot_plain: {c.level} vs {level}")
             if not math.isclose(c.scale * pt.scale, scale, rel_tol=1e-9):
                 raise HEError(f"scale mismatch in dot_plain: {c.scale * pt.scale} vs {scale}")
@@ -99,15 +99,15 @@ class Evaluator:
             self._require(self._rlk, "relinearization keys")
         if x.level != y.level:
             raise HEError(f"level mismatch: {x.level} vs {y.level}")
-        if x.data.shape[0] != 2 or y.data.shape[0] != 2:
+        if x.data.shape[-3] != 2 or y.data.shape[-3] != 2:
             raise HEError("multiply needs relinearized (two-polynomial) operands")
         if rescale and x.level == 0:
             raise HEError("no level left to rescale")
         scale = self._product_scale(x.scale * y.scale, x.level)
         basis, _ = self._ctx.data(x.level)
-        (a0, a1), (b0, b1) = x.data, y.data
+        (a0, a1), (b0, b1) = x.data.unbind(-3), y.data.unbind(-3)
         cross = basis.reduce(basis.mul_lazy(a0, b1) + basis.mul_lazy(a1, b0))
-        out = torch.stack((basis.mul(a0, b0), cross, basis.mul(a1, b1)))
+        out = torch.stack((basis.mul(a0, b0), cross, basis.mul(a1, b1)), dim=-3)
         if relinearize:
             out = keyswitch.relinearize(out, self._rlk, self._ctx, x.level)
         out = self._wrap(out, x.level, scale)
@@ -116,7 +116,7 @@ class Evaluator:
     def relinearize(self, ct: Ciphertext) -> Ciphertext:
         self._require(self._rlk, "relinearization keys")
         c = self._unwrap(ct)
-        if c.data.shape[0] == 2:
+        if c.data.shape[-3] == 2:
             return self._wrap(c.data.clone(), c.level, c.scale)
         return self._wrap(keyswitch.relinearize(c.data, self._rlk, self._ctx, c.level), c.level, c.scale)
 
@@ -132,7 +132,7 @@ class Evaluator:
         level = self._level(level)
         if level > c.level:
             raise HEError(f"cannot switch up from level {c.level} to {level}")
-        return self._wrap(c.data[:, : level + 1].clone(), level, c.scale)
+        return self._wrap(c.data[..., : level + 1, :].clone(), level, c.scale)
 
     # ------------------------------------------------------------------ rotations
     @staticmethod
@@ -152,7 +152,7 @@ class Evaluator:
         gk = self._galois_key(step, c.level)
         if gk is None:
             return self._wrap(c.data.clone(), c.level, c.scale)
-        if c.data.shape[0] != 2:
+        if c.data.shape[-3] != 2:
             raise HEError("rotate expects a relinearized (size 2) ciphertext")
         return self._wrap(keyswitch.rotate(c.data, *gk, self._ctx, c.level), c.level, c.scale)
 
@@ -160,7 +160,7 @@ class Evaluator:
         """Hoisted: one decomposition of ``c1`` for all steps (``keyswitch.rotate_hoisted``)."""
         c = self._unwrap(ct)
         found = [self._galois_key(s, c.level) for s in steps]  # validates every step first
-        if c.data.shape[0] != 2:
+        if c.data.shape[-3] != 2:
             raise HEError("rotate expects a relinearized (size 2) ciphertext")
         out: list[Ciphertext | None] = [None] * len(found)
         todo = [i for i, gk in enumerate(found) if gk is not None]
@@ -176,17 +176,26 @@ class Evaluator:
         return out
 
     # ------------------------------------------------------------------ refresh and privacy
+    #: Leading dims of this backend's ciphertexts: ``()`` for one key set, ``(B,)`` for a
+    #: ``NativeBatch`` of B sessions (row b under row b's keys).
+    _rows: tuple[int, ...] = ()
+
+    def _public_zero(self, level: int) -> torch.Tensor:
+        """A fresh public-key encryption of zero ``[*rows, 2, level+1, N]``."""
+        zero = torch.zeros((level + 1, self._n), dtype=torch.int64, device=self.device)
+        return K.encrypt_public(self._ctx, self._require(self._pk, "public key"), zero, level)
+
     def _add_integer(self, data: torch.Tensor, level: int, coeffs: torch.Tensor) -> torch.Tensor:
-        """``data + (m, 0)`` for residues ``coeffs`` ``[level+1, N]`` of an integer polynomial."""
+        """``data + (m, 0)`` for residues ``coeffs`` ``[*rows, level+1, N]`` of integer polynomials."""
         basis, ntt = self._ctx.data(level)
         out = data.clone()
-        out[0] = basis.add(out[0], ntt.forward(coeffs))
+        out[..., 0, :, :] = basis.add(out[..., 0, :, :], ntt.forward(coeffs))
         return out
 
     def _mask_residues(self, digits: np.ndarray, bits: int, level: int) -> torch.Tensor:
-        """Residues of ``rho = sum_k d_k 2^(40k) - 2^bits`` at ``level``."""
-        y = torch.from_numpy(np.concatenate([digits, -np.ones((1, digits.shape[1]), np.int64)]))
-        radices = tuple(1 << (DIGIT_BITS * k) for k in range(digits.shape[0])) + (1 << bits,)
+        """Residues of ``rho = sum_k d_k 2^(40k) - 2^bits`` at ``level`` (digits ``[*rows, K, N]``)."""
+        y = torch.from_numpy(np.concatenate([digits, -np.ones(digits.shape[:-2] + (1, self._n), np.int64)], axis=-2))
+        radices = tuple(1 << (DIGIT_BITS * k) for k in range(digits.shape[-2])) + (1 << bits,)
         basis, _ = self._ctx.data(level)
         return rns.digits_to_residues(y.to(self.device), self._ctx.radix_residues(level, radices), basis)
 
@@ -194,14 +203,16 @@ class Evaluator:
         """Server: ``ct + (rho, 0)``, rho uniform on ``[-2^bits, 2^bits)`` per coefficient
         (``bits = params.mask_bits(scale)``), after a re-randomization without flooding (the
         mask hides the plaintext and its noise statistically; the fresh encryption of zero
-        makes ``c1`` independent of the computation)."""
+        makes ``c1`` independent of the computation). A batch's mask holds one row per session."""
         c = self._unwrap(ct)
         need = self.params.min_mask_level(c.scale)
         if c.level < need:
             raise HEError(f"level {c.level} cannot carry the refresh mask (needs >= {need})")
         c = self._unwrap(self.rerandomize(ct, flood_log2_sigma=float("-inf")))
         bits = self.params.mask_bits(c.scale)
-        digits = Stream().uniform_digits(self._n, bits + 1)
+        rows = int(np.prod(self._rows))
+        digits = np.stack([Stream().uniform_digits(self._n, bits + 1) for _ in range(rows)])
+        digits = digits.reshape(self._rows + digits.shape[1:])
         masked = self._add_integer(c.data, c.level, self._mask_residues(digits, bits, c.level))
         return self._wrap(masked, c.level, c.scale), RefreshMask(self.params.id, bits, digits, c.scale)
 
@@ -211,27 +222,30 @@ class Evaluator:
             raise HEError("mask from another parameter set")
         if not math.isclose(c.scale, mask.scale, rel_tol=1e-12):
             raise HEError("re-encrypted ciphertext has another scale than the masked one")
+        if mask.coeffs.shape[:-2] != self._rows:
+            raise HEError(f"mask rows {mask.coeffs.shape[:-2]} do not match the ciphertext's {self._rows}")
         basis, _ = self._ctx.data(c.level)
         neg = basis.neg(self._mask_residues(mask.coeffs, mask.bits, c.level))
         return self._wrap(self._add_integer(c.data, c.level, neg), c.level, c.scale)
 
     def rerandomize(self, ct: Ciphertext, flood_log2_sigma: float | None = None) -> Ciphertext:
-        pk = self._require(self._pk, "public key")
         c = self._unwrap(ct)
-        if c.data.shape[0] != 2:
+        if c.data.shape[-3] != 2:
             raise HEError("rerandomize expects a size-2 ciphertext")
         basis, _ = self._ctx.data(c.level)
-        zero = torch.zeros_like(c.data[0])
-        out = basis.add(c.data, K.encrypt_public(self._ctx, pk, zero, c.level))
+        out = basis.add(c.data, self._public_zero(c.level))
         log_sigma = self.params.flood_log2_sigma if flood_log2_sigma is None else flood_log2_sigma
         if math.isfinite(log_sigma):
-            noise = torch.from_numpy(Stream().gaussian(self._n, 2.0**log_sigma)).to(self.device)
-            out = self._add_integer(out, c.level, rns.to_residues(noise, basis))
+            rows = int(np.prod(self._rows))
+            noise = Stream().gaussian(self._n * rows, 2.0**log_sigma).reshape(self._rows + (self._n,))
+            out = self._add_integer(out, c.level, rns.to_residues(torch.from_numpy(noise).to(self.device), basis))
         return self._wrap(out, c.level, c.scale)
 
     # ------------------------------------------------------------------ serialization
     def serialize(self, ct: Ciphertext, noise_log2: float | None = None) -> bytes:
         c = self._unwrap(ct)
+        if c.data.dim() != 3:
+            raise HEError("serialize one ciphertext at a time (a batch's rows: NativeBatch.serialize)")
         if noise_log2 is None:
             return serial.ct_to_bytes(self._ctx, c.data, c.level, c.scale)
         if c.data.shape[0] != 2:

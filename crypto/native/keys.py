@@ -26,7 +26,7 @@ from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import Stream, expand_uniform, new_seed
 
-__all__ = ["SecretKey", "PublicKey", "SwitchKey", "gen_secret", "gen_public", "gen_switch_key",
+__all__ = ["SecretKey", "PublicKey", "SwitchKey", "RowKeys", "gen_secret", "gen_public", "gen_switch_key",
            "expand_a", "key_a", "encrypt_symmetric", "encrypt_public", "decrypt_ntt",
            "TAG_PK", "TAG_CT"]
 
@@ -57,6 +57,13 @@ class SwitchKey:
     def at(self, level: int) -> torch.Tensor:
         """The key for digits and limbs of ``level``: a view ``[2, level+1, level+2, N]``."""
         return self.data[:, : level + 1, : level + 2]
+
+
+@dataclass(frozen=True)
+class RowKeys:
+    """One switching key per row of a session batch (``NativeBatch``), in row order."""
+
+    rows: tuple[SwitchKey, ...]
 
 
 def _to_ntt(ctx: RnsContext, coeffs: np.ndarray, basis, ntt) -> torch.Tensor:

@@ -24,16 +24,25 @@ import torch
 
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
-from veil.crypto.native.keys import SwitchKey
+from veil.crypto.native.keys import RowKeys, SwitchKey
 
 __all__ = ["switch", "relinearize", "rotate", "rotate_hoisted"]
 
 
-def switch(d: torch.Tensor, key: SwitchKey, ctx: RnsContext, level: int) -> torch.Tensor:
-    """``[..., level+1, N]`` -> ``[..., 2, level+1, N]``: the key switch of ``d``."""
+def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int) -> torch.Tensor:
+    """The key inner product of ``digits`` ``[*rows, K, L, N]``; with ``RowKeys`` (a batch of
+    sessions) row b meets row b's key. Everything around it (the NTTs of ModUp and ModDown) runs
+    on the whole batch at once; only this product reads per-row key material."""
     ext_basis, _ = ctx.ext(level)
-    digits = rns.decompose(d, ctx, level)
-    return rns.mod_down(rns.key_inner(digits, key.at(level), ext_basis, ctx.compile), ctx, level)
+    if isinstance(key, RowKeys):
+        return torch.stack([rns.key_inner(d, k.at(level), ext_basis, ctx.compile)
+                            for d, k in zip(digits.unbind(0), key.rows, strict=True)])
+    return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile)
+
+
+def switch(d: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int) -> torch.Tensor:
+    """``[..., level+1, N]`` -> ``[..., 2, level+1, N]``: the key switch of ``d``."""
+    return rns.mod_down(_inner(rns.decompose(d, ctx, level), key, ctx, level), ctx, level)
 
 
 def relinearize(c: torch.Tensor, key: SwitchKey, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -52,18 +61,17 @@ def rotate(c: torch.Tensor, g: int, key: SwitchKey, ctx: RnsContext, level: int)
     return ks
 
 
-def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[SwitchKey],
+def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[SwitchKey | RowKeys],
                    ctx: RnsContext, level: int) -> torch.Tensor:
-    """Rotations of one ciphertext ``[2, l+1, N]`` by several Galois elements sharing one
-    decomposition: ``[len(elements), 2, l+1, N]``."""
+    """Rotations of a ciphertext ``[*rows, 2, l+1, N]`` by several Galois elements sharing one
+    decomposition: ``[len(elements), *rows, 2, l+1, N]``."""
     basis, _ = ctx.data(level)
-    ext_basis, _ = ctx.ext(level)
-    digits = rns.decompose(c[1], ctx, level)  # [l+1, l+2, N]
+    digits = rns.decompose(c[..., 1, :, :], ctx, level)  # [*rows, l+1, l+2, N]
     acc, c0s = [], []
     for g, key in zip(elements, keys, strict=True):
         idx = ctx.galois_index(g)
-        acc.append(rns.key_inner(digits.index_select(-1, idx), key.at(level), ext_basis, ctx.compile))
-        c0s.append(c[0].index_select(-1, idx))
+        acc.append(_inner(digits.index_select(-1, idx), key, ctx, level))
+        c0s.append(c[..., 0, :, :].index_select(-1, idx))
     out = rns.mod_down(torch.stack(acc), ctx, level)
-    out[:, 0] = basis.add(out[:, 0], torch.stack(c0s))
+    out[..., 0, :, :] = basis.add(out[..., 0, :, :], torch.stack(c0s))
     return out

@@ -1,0 +1,102 @@
+"""``NativeBatch``: several sessions' ciphertexts evaluated as one, each row under its own keys.
+
+The protected server runs the same step of the same layer for many sessions; the circuits are
+written over the backend interface, so a backend whose ciphertexts are ``[B, size, L, N]``
+(row b = session b) runs them for all B sessions at once. Operations without keys (additions,
+ct×pt, ct×ct, rescale, the NTTs inside every key switch) are one batched computation, and a
+plaintext shared by every session — a weight diagonal, a mask — is read once per batch instead
+of once per session. Only the key inner product reads per-row material (``keys.RowKeys``); the
+fresh encryptions of zero, flooding noise and refresh masks are drawn per row from the OS
+CSPRNG like a single session's.
+
+The batch holds no key of its own: it refers to the rows' imported public material, so it is
+cheap to build per step. ``stack`` and ``unstack`` move ciphertexts between the rows' backends
+and the batch (``unstack`` copies, so a session never keeps the batch's storage alive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from veil.crypto.backend import Ciphertext, HEError, Plaintext, RefreshMask
+from veil.crypto.native import keys as K
+from veil.crypto.native.backend import NativeBackend
+
+__all__ = ["NativeBatch"]
+
+
+class NativeBatch(NativeBackend):
+    name = "native-batch"
+
+    def __init__(self, rows: Sequence[NativeBackend]) -> None:  # noqa: super().__init__ would rebuild the tables
+        rows = tuple(rows)
+        if len(rows) < 2 or not all(isinstance(r, NativeBackend) and not isinstance(r, NativeBatch) for r in rows):
+            raise ValueError("a batch takes two or more native backends")
+        first = rows[0]
+        if any(r.params.id != first.params.id or r.device != first.device for r in rows):
+            raise ValueError("a batch's rows share one parameter set and one device")
+        if any(r.has_secret_key for r in rows):
+            raise ValueError("a server-side batch holds no secret key")
+        self.params, self._ctx, self._encoder = first.params, first._ctx, first._encoder
+        self._n, self._slots = first._n, first._slots
+        self._rows, self.row_backends = (len(rows),), rows
+        self._sk, self._export = None, None
+        for r in rows:
+            self._require(r._pk, "public key")
+        self._pk = [r._pk for r in rows]
+        self._rlk = K.RowKeys(tuple(r._rlk for r in rows)) if all(r._rlk is not None for r in rows) else None
+        # the steps every row holds, each at the level all of them serve
+        steps = set.intersection(*(set(r._key_levels) for r in rows))
+        self._key_levels = {st: min(r._key_levels[st] for r in rows) for st in sorted(steps)}
+        elements = set.intersection(*(set(r._gks) for r in rows))
+        self._gks = {g: K.RowKeys(tuple(r._gks[g] for r in rows)) for g in elements}
+
+    @property
+    def batch_size(self) -> int:
+        return self._rows[0]
+
+    def _public_zero(self, level: int) -> torch.Tensor:
+        zero = torch.zeros((level + 1, self._n), dtype=torch.int64, device=self.device)
+        return torch.stack([K.encrypt_public(self._ctx, pk, zero, level) for pk in self._pk])
+
+    # ---- rows in and out ---------------------------------------------------------------------
+    def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
+        """Row b = ``cts[b]`` (one ciphertext of each row's session, same level, scale, size)."""
+        if len(cts) != self.batch_size:
+            raise HEError(f"{len(cts)} ciphertexts for a batch of {self.batch_size}")
+        cs = [self._unwrap(ct) for ct in cts]
+        c0 = cs[0]
+        if any(c.data.dim() != 3 or c.data.shape != c0.data.shape or c.level != c0.level or c.scale != c0.scale
+               for c in cs):
+            raise HEError("a batch stacks ciphertexts of one level, scale and size")
+        return self._wrap(torch.stack([c.data for c in cs]), c0.level, c0.scale)
+
+    def unstack(self, ct: Ciphertext) -> list[Ciphertext]:
+        c = self._unwrap(ct)
+        return [self._wrap(row.clone(), c.level, c.scale) for row in c.data.unbind(0)]
+
+    def stack_plain(self, pts: Sequence[Plaintext]) -> Plaintext:
+        """Per-row plaintexts (e.g. a weight encoded under each session's own permutation) as one
+        ``[B, 1, L, N]`` operand."""
+        if len(pts) != self.batch_size or len({(p.level, p.scale) for p in pts}) != 1:
+            raise HEError("a batch stacks one plaintext per row, of one level and scale")
+        m = torch.stack([p._obj for p in pts]).unsqueeze(1)
+        return Plaintext(m, self.params.id, pts[0].level, pts[0].scale, m.numel() * 8)
+
+    def stack_masks(self, masks: Sequence[RefreshMask]) -> RefreshMask:
+        if len(masks) != self.batch_size or len({(m.bits, m.scale) for m in masks}) != 1:
+            raise HEError("a batch stacks one refresh mask per row, of one size and scale")
+        return RefreshMask(self.params.id, masks[0].bits, np.stack([m.coeffs for m in masks]), masks[0].scale)
+
+    def unstack_mask(self, mask: RefreshMask) -> list[RefreshMask]:
+        return [RefreshMask(mask.params_id, mask.bits, row, mask.scale) for row in mask.coeffs]
+
+    def serialize(self, ct: Ciphertext, noise_log2: float | None = None) -> list[bytes]:
+        """One serialized ciphertext per row, in row order."""
+        return [NativeBackend.serialize(self, row, noise_log2) for row in self.unstack(ct)]
+
+    def deserialize(self, data, **kw) -> Ciphertext:
+        raise HEError("a batch loads each row with its session's backend, then stacks")
