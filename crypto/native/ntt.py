@@ -6,6 +6,8 @@ butterfly network with twiddles ``psi^brev(k)`` and leaves slot ``j`` holding th
 ``a(psi^(2*brev(j) + 1))`` (bit-reversed order); the inverse is the Gentleman-Sande network
 with ``psi^-brev(k)``, the factor ``1/N`` folded into its last stage. One stage is one batched
 operation over every limb and leading dim (a loop over log N stages, never over coefficients).
+On CUDA tensors the transforms run as Triton kernels (``veil.kernels.ckks_ntt``: the same
+network, tables and lazy-reduction plan, two stages per launch); this torch code is their twin.
 
 In NTT form an automorphism ``X -> X^g`` is a permutation of the evaluation points, the same
 for every prime: ``automorphism_index(g)`` gives the gather index.
@@ -18,6 +20,7 @@ import functools
 import torch
 
 from veil.crypto.native.modarith import Basis, MulConst, _PartConst
+from veil.kernels.ckks_ntt import ntt_triton
 
 __all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "coeff_automorphism"]
 
@@ -119,30 +122,39 @@ class _RunNtt:
         [(_, _, self.last_lo)], [(_, _, self.last_hi)] = last_lo.parts, last_hi.parts
         self.q, self.qinv, self.limit, self.qmax = q, qinv, limit, float(qmax)  # q: [L, 1]
 
+    def plan(self, n: int, inverse: bool) -> list[bool]:
+        """Per stage, in order, whether the array is first reduced to ``(-q, q)``: a forward
+        stage adds ``q`` to the bound, an inverse one doubles it (and multiplies the doubled
+        difference), and a product's operand must stay below ``limit``. The Triton transforms
+        (``veil.kernels.ckks_ntt``) follow the same plan."""
+        out, bound = [], self.qmax
+        for _ in range(n.bit_length() - 1):
+            grown = 2 * bound if inverse else bound
+            out.append(grown >= self.limit)
+            bound = self.qmax if out[-1] else bound
+            bound = 2 * bound if inverse else bound + self.qmax
+        return out
+
     def forward(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
         stage, reduce = (compiled(_fw_stage), compiled(_reduce)) if compile else (_fw_stage, _reduce)
-        bound, m = self.qmax, 1
-        while m < n:
-            if bound >= self.limit:
-                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+        for s, first_reduce in enumerate(self.plan(n, inverse=False)):
+            m = 1 << s
+            if first_reduce:
+                x = reduce(x, self.q, self.qinv, False)
             x = stage(x, self.fw.map(lambda w, m=m: w[:, m : 2 * m]), m)
-            bound += self.qmax
-            m *= 2
         return reduce(x, self.q, self.qinv, True)
 
     def inverse(self, x: torch.Tensor, n: int, compile: bool) -> torch.Tensor:
         stage, reduce = (compiled(_inv_stage), compiled(_reduce)) if compile else (_inv_stage, _reduce)
         last = compiled(_inv_last) if compile else _inv_last
-        bound, h = self.qmax, n // 2
-        while h >= 1:
-            if 2 * bound >= self.limit:
-                x, bound = reduce(x, self.q, self.qinv, False), self.qmax
+        for s, first_reduce in enumerate(self.plan(n, inverse=True)):
+            h = n >> (s + 1)
+            if first_reduce:
+                x = reduce(x, self.q, self.qinv, False)
             if h > 1:
                 x = stage(x, self.inv.map(lambda w, h=h: w[:, h : 2 * h]), h)
             else:
                 x = last(x, self.last_lo, self.last_hi)
-            bound *= 2
-            h //= 2
         return x
 
 
@@ -192,6 +204,8 @@ class NttTables:
 
     def _each(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
         self._check(x)
+        if x.is_cuda:  # the same transform, two stages per Triton launch
+            return ntt_triton(self, x, inverse)
         shape = x.shape
         x = x.reshape(-1, shape[-2], self.n)  # one rank for every caller: one compiled graph
 

@@ -1,7 +1,9 @@
 """RNS basis operations: rescale, key-switching ModUp/ModDown, exact CRT composition.
 
 Each function is one batched torch computation over ``[..., limbs, N]`` tensors (leading dims
-free), the unit a GPU kernel replaces one for one. Ciphertext polynomials are in NTT form.
+free), the unit a GPU kernel replaces one for one. Ciphertext polynomials are in NTT form. On
+CUDA tensors ``key_inner`` and the ``(x - r) * c`` tail of ``rescale`` / ``mod_down`` run as
+Triton kernels (``veil.kernels.ckks_ops``, whose twins compute what the torch code here does).
 
 * ``rescale``: ``round(c / q_l)`` exactly in RNS: the last limb's centred coefficients ``r``
   (``c - r`` is divisible by ``q_l``) are subtracted from the other limbs, which are then
@@ -25,6 +27,7 @@ import torch
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis, MulConst
 from veil.crypto.native.ntt import compiled
+from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const
 
 __all__ = ["to_residues", "rescale", "decompose", "key_inner", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
@@ -42,7 +45,7 @@ def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     r = basis.limbs(slice(level, level + 1)).center(last.inverse(x[..., level:, :]))
     low_basis, low_ntt = ctx.data(level - 1)
     r = low_ntt.forward(low_basis.reduce(r))
-    return ctx.rescale_const(level).mul(low_basis.sub(x[..., :level, :], r))
+    return sub_mul_const(x[..., :level, :], r, ctx.rescale_const(level), low_basis)
 
 
 def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -80,10 +83,17 @@ def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor
     return basis.reduce(acc)
 
 
-def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False) -> torch.Tensor:
+def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False,
+              index: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_j d_j * key_j`` for digits ``d`` ``[..., K, L, N]`` and a key ``[2, K, L, N]``
     (its two halves): ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
-    (``K * q < 2^63``: ``RnsContext`` checks it)."""
+    (``K * q < 2^63``: ``RnsContext`` checks it). ``index`` (``[N]``, e.g. a Galois gather
+    index) is applied to the digits first, ``d.index_select(-1, index)``; on CUDA one Triton
+    kernel gathers as it reads (``veil.kernels.ckks_ops``), and the code below is its twin."""
+    if d.is_cuda:
+        return key_inner_triton(d, key, basis, index)
+    if index is not None:
+        d = d.index_select(-1, index)
     return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
 
 
@@ -93,7 +103,7 @@ def mod_down(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     r = sp_basis.center(sp_ntt.inverse(x[..., :1, :]))
     basis, ntt = ctx.data(level)
     r = ntt.forward(basis.reduce(r))
-    return ctx.p_inv(level).mul(basis.sub(x[..., 1:, :], r))
+    return sub_mul_const(x[..., 1:, :], r, ctx.p_inv(level), basis)
 
 
 def balanced_digits(coeffs: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:

@@ -1,0 +1,246 @@
+"""Fused RNS-CKKS residue kernels in Triton, each with its torch twin.
+
+* ``key_inner_triton``: the key-switch inner product ``out[..., r, i, x] = sum_j d[..., j, i,
+  idx[x]] * key[r, j, i, x] mod q_i`` with the automorphism's gather fused into the loads. A
+  hoisted rotation otherwise gathers all digits into a new tensor first (a full extra pass over
+  them); here each digit element is read once, through the index, and feeds both key halves.
+  Twin: ``rns.key_inner`` (``index_select``, then lazy products summed and reduced once).
+* ``mac``: ``out[..., i, x] = sum_k a[k, ..., i, x] * w[k, i, x] mod q_i``, the ct x pt sums
+  of the BSGS matvec (``evaluator.dot_plain``), one pass over the terms.
+* ``sub_mul_const``: ``(x - r) * c mod q_i`` with a per-limb constant ``c``, the tail of
+  ``rns.rescale`` and ``rns.mod_down`` after their NTT.
+
+Sums of lazy products (each in ``(-q, q)``) are held in int64 and reduced before ``2^63`` is
+reached: ``key_inner`` needs ``K * q < 2^63`` (``RnsContext`` checks it for its chain), ``mac``
+reduces every ``(2^63 - 1) // q - 1`` terms as ``dot_plain`` does. Products and reductions:
+``ckks_arith`` (the bounds of ``modarith``). Outputs are canonical, hence equal to the twins'.
+One launch per run of limbs sharing a product scheme (``Basis.parts``); a program handles one
+``(batch row, limb)`` and ``BLOCK`` coefficients. Inputs may have any strides but a unit one on
+N (others are made contiguous first).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from veil.kernels._utils import check_triton_device
+from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy
+
+__all__ = ["key_inner_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
+           "sub_mul_const_torch", "sub_mul_const_triton"]
+
+_BLOCK = 1024
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _grid(rows: int, n: int) -> tuple[tuple[int, int], int]:
+    block = min(_BLOCK, triton.next_power_of_2(n))
+    return (rows, triton.cdiv(n, block)), block
+
+
+def _col(t: torch.Tensor) -> torch.Tensor:
+    """A per-limb column ``[Lrun]`` / ``[Lrun, 1]`` as a unit-stride vector (a view as built)."""
+    return t.reshape(-1).contiguous()
+
+
+# ---- key switching: sum_j d_j[idx] * key_j ---------------------------------------------------
+@triton.jit
+def _key_inner_kernel(d_ptr, key_ptr, idx_ptr, out_ptr, q_ptr, qinv_ptr,
+                      digits, run_limbs, first_limb, n, sd_b, sd_j, sd_i, sk_r, sk_j, sk_i,
+                      so_b, so_r, so_i,
+                      HAS_INDEX: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    limb = row % run_limbs
+    i = first_limb + limb
+    b = row // run_limbs
+    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = x < n
+    src = x
+    if HAS_INDEX:
+        src = tl.load(idx_ptr + x, mask=mask, other=0)  # the automorphism's gather
+    q = tl.load(q_ptr + limb)
+    qinv = tl.load(qinv_ptr + limb)
+    d_j = d_ptr + b * sd_b + i * sd_i + src
+    k_j = key_ptr + i * sk_i + x
+    acc0 = tl.zeros([BLOCK], dtype=tl.int64)
+    acc1 = tl.zeros([BLOCK], dtype=tl.int64)
+    for _ in range(digits):  # |acc| < digits * q < 2^63 (checked by the launcher)
+        a = tl.load(d_j, mask=mask, other=0)
+        acc0 += mul_lazy(a, tl.load(k_j, mask=mask, other=0), q, qinv, WIDE)
+        acc1 += mul_lazy(a, tl.load(k_j + sk_r, mask=mask, other=0), q, qinv, WIDE)
+        d_j += sd_j
+        k_j += sk_j
+    out = out_ptr + b * so_b + i * so_i + x
+    tl.store(out, fix(reduce_lazy(acc0, q, qinv), q), mask=mask)
+    tl.store(out + so_r, fix(reduce_lazy(acc1, q, qinv), q), mask=mask)
+
+
+def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis, index: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """``rns.key_inner(d.index_select(-1, index), key, basis)``: digits ``[..., K, L, N]``
+    (canonical), key ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``), ``index``
+    ``[N]`` int64 in ``[0, N)`` or None -> ``[..., 2, L, N]``. An index out of range is not
+    detected here (it would cost a device sync); ``index_select`` on the twin's path raises."""
+    check_triton_device(d, key, basis.q, *(() if index is None else (index,)))
+    *lead, k, limbs, n = d.shape
+    if key.shape != (2, k, limbs, n) or d.dtype != torch.int64 or key.dtype != torch.int64:
+        raise ValueError(f"digits {tuple(d.shape)} {d.dtype} and key {tuple(key.shape)} "
+                         f"{key.dtype} do not match [..., K, L, N] / [2, K, L, N] int64")
+    if index is not None and (index.shape != (n,) or index.dtype != torch.int64):
+        raise ValueError(f"index must be int64 [{n}], got {index.dtype} {tuple(index.shape)}")
+    if k * max(basis.primes) >= 2**63:
+        raise ValueError(f"{k} digits overflow the int64 accumulator")
+    d4, key = _unit_last(d.reshape(-1, k, limbs, n)), _unit_last(key)
+    idx = d4 if index is None else index.contiguous()  # a placeholder pointer without an index
+    out = torch.empty((d4.shape[0], 2, limbs, n), dtype=torch.int64, device=d.device)
+    for a, stop, part in basis.parts:
+        grid, block = _grid(d4.shape[0] * (stop - a), n)
+        if grid[0]:
+            _key_inner_kernel[grid](
+                d4, key, idx, out, _col(part.q), _col(part.qinv), k, stop - a, a, n,
+                d4.stride(0), d4.stride(1), d4.stride(2), key.stride(0), key.stride(1),
+                key.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                HAS_INDEX=index is not None, WIDE=part.wide, BLOCK=block, **NO_FMA)
+    return out.view(*lead, 2, limbs, n)
+
+
+# ---- ct x pt multiply-accumulate: sum_k a_k * w_k ----------------------------------------------
+@triton.jit
+def _mac_kernel(a_ptr, w_ptr, out_ptr, q_ptr, qinv_ptr, terms, per_reduce, run_limbs, first_limb,
+                n, sa_k, sa_b, sa_i, sw_k, sw_i, so_b, so_i,
+                WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    limb = row % run_limbs
+    i = first_limb + limb
+    b = row // run_limbs
+    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = x < n
+    q = tl.load(q_ptr + limb)
+    qinv = tl.load(qinv_ptr + limb)
+    a_k = a_ptr + b * sa_b + i * sa_i + x
+    w_k = w_ptr + i * sw_i + x
+    acc = tl.zeros([BLOCK], dtype=tl.int64)
+    held = 0  # lazy terms in acc (a reduced acc counts as one): |acc| < held * q < 2^63
+    for _ in range(terms):
+        if held == per_reduce:
+            acc = reduce_lazy(acc, q, qinv)
+            held = 1
+        acc += mul_lazy(tl.load(a_k, mask=mask, other=0), tl.load(w_k, mask=mask, other=0), q,
+                        qinv, WIDE)
+        held += 1
+        a_k += sa_k
+        w_k += sw_k
+    tl.store(out_ptr + b * so_b + i * so_i + x, fix(reduce_lazy(acc, q, qinv), q), mask=mask)
+
+
+def _per_reduce(basis) -> int:
+    """Lazy terms an int64 sum holds (``evaluator.dot_plain``'s rule)."""
+    return max(1, (2**63 - 1) // max(basis.primes) - 1)
+
+
+def _check_mac(a: torch.Tensor, w: torch.Tensor, basis) -> None:
+    limbs = len(basis)
+    if a.dim() < 3 or w.shape != (a.shape[0], limbs, a.shape[-1]) or a.shape[-2] != limbs:
+        raise ValueError(f"terms {tuple(a.shape)} and weights {tuple(w.shape)} do not match "
+                         f"[K, ..., {limbs}, N] / [K, {limbs}, N]")
+
+
+def mac_torch(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
+    """``sum_k a[k] * w[k]`` in ``[0, q)``: ``a`` ``[K, ..., L, N]``, ``w`` ``[K, L, N]``, both
+    canonical (``w`` is the split operand of the wide scheme) -> ``[..., L, N]``."""
+    _check_mac(a, w, basis)
+    acc, held, per = None, 0, _per_reduce(basis)
+    for k in range(a.shape[0]):
+        if held == per:
+            acc, held = basis.reduce(acc), 1
+        term = basis.mul_lazy(a[k], w[k])
+        acc = term if acc is None else acc.add_(term)
+        held += 1
+    return basis.reduce(acc)
+
+
+def mac_triton(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
+    """Triton launcher; same contract as :func:`mac_torch`."""
+    check_triton_device(a, w, basis.q)
+    _check_mac(a, w, basis)
+    terms, limbs, n = a.shape[0], a.shape[-2], a.shape[-1]
+    a4, w = _unit_last(a.reshape(terms, -1, limbs, n)), _unit_last(w)
+    out = torch.empty(a4.shape[1:], dtype=torch.int64, device=a.device)
+    for start, stop, part in basis.parts:
+        grid, block = _grid(a4.shape[1] * (stop - start), n)
+        if grid[0]:
+            _mac_kernel[grid](
+                a4, w, out, _col(part.q), _col(part.qinv), terms, _per_reduce(basis),
+                stop - start, start, n, a4.stride(0), a4.stride(1), a4.stride(2), w.stride(0),
+                w.stride(1), out.stride(0), out.stride(1), WIDE=part.wide, BLOCK=block, **NO_FMA)
+    return out.view(a.shape[1:])
+
+
+def mac(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
+    """:func:`mac_torch`, in one Triton kernel on CUDA tensors."""
+    return (mac_triton if a.is_cuda else mac_torch)(a, w, basis)
+
+
+# ---- rescale / ModDown tail: (x - r) * c ----------------------------------------------------------
+@triton.jit
+def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr,
+                    run_limbs, first_limb, n, sx_b, sx_i, sr_b, sr_i, so_b, so_i,
+                    WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    limb = row % run_limbs
+    i = first_limb + limb
+    b = row // run_limbs
+    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = x < n
+    q = tl.load(q_ptr + limb)
+    y = fix(tl.load(x_ptr + b * sx_b + i * sx_i + x, mask=mask, other=0)
+            - tl.load(r_ptr + b * sr_b + i * sr_i + x, mask=mask, other=0), q)  # Basis.sub
+    w = tl.load(w_ptr + limb)
+    wq = tl.load(wq_ptr + limb)
+    if WIDE:
+        p = mul_const_lazy(y, w, wq, tl.load(w0_ptr + limb), tl.load(w0q_ptr + limb),
+                           tl.load(c_ptr + limb), q, WIDE)
+    else:
+        p = mul_const_lazy(y, w, wq, w, wq, wq, q, WIDE)
+    tl.store(out_ptr + b * so_b + i * so_i + x, fix(p, q), mask=mask)
+
+
+def _check_sub_mul(x: torch.Tensor, r: torch.Tensor, const) -> None:
+    if x.shape != r.shape or x.dim() < 2 or x.shape[-2] != const.limbs_ or const.ndim != 2:
+        raise ValueError(f"x {tuple(x.shape)}, r {tuple(r.shape)} and a per-limb constant of "
+                         f"{const.limbs_} limbs ({const.ndim} dims) do not match [..., L, N]")
+
+
+def sub_mul_const_torch(x: torch.Tensor, r: torch.Tensor, const, basis) -> torch.Tensor:
+    """``(x - r) * c`` in ``[0, q)``: ``x``, ``r`` ``[..., L, N]`` canonical, ``const`` a
+    ``MulConst`` ``[L, 1]`` of ``basis`` (``RnsContext.rescale_const`` / ``p_inv``)."""
+    _check_sub_mul(x, r, const)
+    return const.mul(basis.sub(x, r))
+
+
+def sub_mul_const_triton(x: torch.Tensor, r: torch.Tensor, const, basis) -> torch.Tensor:
+    """Triton launcher; same contract as :func:`sub_mul_const_torch`."""
+    check_triton_device(x, r, const.q)
+    _check_sub_mul(x, r, const)
+    limbs, n = x.shape[-2:]
+    x3, r3 = _unit_last(x.reshape(-1, limbs, n)), _unit_last(r.reshape(-1, limbs, n))
+    out = torch.empty(x3.shape, dtype=torch.int64, device=x.device)
+    for start, stop, p in const.parts:
+        grid, block = _grid(x3.shape[0] * (stop - start), n)
+        fields = (p.w, p.wq, p.w0, p.w0q, p.c) if p.wide else (p.w, p.wq, p.w, p.wq, p.wq)
+        if grid[0]:
+            _sub_mul_kernel[grid](
+                x3, r3, out, _col(p.q), *(_col(f) for f in fields), stop - start, start, n,
+                x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), out.stride(0),
+                out.stride(1), WIDE=p.wide, BLOCK=block, **NO_FMA)
+    return out.view(x.shape)
+
+
+def sub_mul_const(x: torch.Tensor, r: torch.Tensor, const, basis) -> torch.Tensor:
+    """:func:`sub_mul_const_torch`, in one Triton kernel (per run of limbs) on CUDA tensors."""
+    return (sub_mul_const_triton if x.is_cuda else sub_mul_const_torch)(x, r, const, basis)
