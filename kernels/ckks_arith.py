@@ -21,11 +21,22 @@ results in ``(-q, q)``.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
+from veil.kernels._utils import interpreter_enabled
+
 #: launch options of every CKKS kernel (see the module docstring)
 NO_FMA = {"enable_fp_fusion": False}
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """The dispatch rule of the native backend: the Triton kernels for CUDA tensors, the torch
+    twins otherwise. Under the interpreter (TRITON_INTERPRET=1, which the test suite sets) CUDA
+    tensors take the twins too: interpreted kernels would run as Python on host copies, minutes
+    per key switch at N=16384; the kernel tests call the launchers directly instead."""
+    return t.is_cuda and not interpreter_enabled()
 
 SPLIT: tl.constexpr = tl.constexpr(30)  # modarith.SPLIT: the wide scheme's 30-bit halves
 LOW: tl.constexpr = tl.constexpr((1 << 30) - 1)

@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 
 from veil.kernels._utils import check_triton_device
-from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy
+from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy, use_triton
 
-__all__ = ["key_inner_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
+__all__ = ["key_inner_triton", "use_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
            "sub_mul_const_torch", "sub_mul_const_triton"]
 
 _BLOCK = 1024
@@ -182,8 +182,8 @@ def mac_triton(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
 
 
 def mac(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
-    """:func:`mac_torch`, in one Triton kernel on CUDA tensors."""
-    return (mac_triton if a.is_cuda else mac_torch)(a, w, basis)
+    """:func:`mac_torch`, in one Triton kernel on CUDA tensors (``use_triton``)."""
+    return (mac_triton if use_triton(a) else mac_torch)(a, w, basis)
 
 
 # ---- rescale / ModDown tail: (x - r) * c ----------------------------------------------------------
@@ -242,5 +242,5 @@ def sub_mul_const_triton(x: torch.Tensor, r: torch.Tensor, const, basis) -> torc
 
 
 def sub_mul_const(x: torch.Tensor, r: torch.Tensor, const, basis) -> torch.Tensor:
-    """:func:`sub_mul_const_torch`, in one Triton kernel (per run of limbs) on CUDA tensors."""
-    return (sub_mul_const_triton if x.is_cuda else sub_mul_const_torch)(x, r, const, basis)
+    """:func:`sub_mul_const_torch`, one Triton kernel per run of limbs on CUDA tensors."""
+    return (sub_mul_const_triton if use_triton(x) else sub_mul_const_torch)(x, r, const, basis)

@@ -20,6 +20,7 @@ import functools
 import torch
 
 from veil.crypto.native.modarith import Basis, MulConst, _PartConst
+from veil.kernels.ckks_arith import use_triton
 from veil.kernels.ckks_ntt import ntt_triton
 
 __all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "coeff_automorphism"]
@@ -204,7 +205,7 @@ class NttTables:
 
     def _each(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
         self._check(x)
-        if x.is_cuda:  # the same transform, two stages per Triton launch
+        if use_triton(x):  # the same transform, two stages per Triton launch
             return ntt_triton(self, x, inverse)
         shape = x.shape
         x = x.reshape(-1, shape[-2], self.n)  # one rank for every caller: one compiled graph

@@ -27,7 +27,7 @@ import torch
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis, MulConst
 from veil.crypto.native.ntt import compiled
-from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const
+from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const, use_triton
 
 __all__ = ["to_residues", "rescale", "decompose", "key_inner", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
@@ -90,7 +90,7 @@ def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = 
     (``K * q < 2^63``: ``RnsContext`` checks it). ``index`` (``[N]``, e.g. a Galois gather
     index) is applied to the digits first, ``d.index_select(-1, index)``; on CUDA one Triton
     kernel gathers as it reads (``veil.kernels.ckks_ops``), and the code below is its twin."""
-    if d.is_cuda:
+    if use_triton(d):
         return key_inner_triton(d, key, basis, index)
     if index is not None:
         d = d.index_select(-1, index)

@@ -1,0 +1,280 @@
+"""The native CKKS backend's Triton kernels (``veil.kernels.ckks_*``) vs their torch twins, bit for
+bit, under the Triton interpreter on CPU (conftest sets TRITON_INTERPRET=1).
+
+Bases cover both product schemes and every lazy-reduction pattern of the NTT plan: the
+production chain (57/55-bit wide run, 36-bit narrow run: no reduction inside a forward
+transform), 60-bit wide primes (limit 2^62 ~ 4q: a reduction every few stages) and a 50-bit
+narrow prime (limit 2^50 < 2q: a reduction before nearly every stage). The interpreter runs
+each program in Python, so N is small (256 and 2048: an even and an odd stage count) and
+batches are a few rows; ``test_native_cuda`` repeats the comparisons at N=16384 on a GPU. Where
+a twin is not already checked against Python integers elsewhere (``test_native_arith``), the
+kernel is checked against them here too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from veil.crypto.native import rns
+from veil.crypto.native.context import RnsContext
+from veil.crypto.native.modarith import Basis
+from veil.crypto.native.ntt import NttTables, automorphism_index
+from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
+from veil.kernels import ckks_ops
+from veil.kernels.ckks_arith import NO_FMA
+from veil.kernels.ckks_ntt import ntt_triton
+
+PROT = PROTECTED_PARAMS.primes  # [q_0 57, q_1 55, 36 x 6, p 57]
+MASTER = (PROT[-1],) + PROT[:-1]  # the backend's limb order [p, q_0, ...]: wide run, narrow run
+P60 = get_params("ckks-n16384-l6-v1").primes
+MIXED = (P60[0], P60[-1], P60[1], get_params(TEST_PARAMS_ID, allow_test_params=True).primes[1])
+BASES = {"protected": MASTER, "60-50-40": MIXED}  # MIXED: two 60-bit wide, 50- and 40-bit narrow
+
+
+def _residues(primes, lead: tuple[int, ...], n: int, seed: int, signed: bool = False) -> torch.Tensor:
+    """Uniform residues ``[*lead, L, N]`` in ``[0, q)`` (``(-q, q)`` when ``signed``)."""
+    rng = np.random.default_rng(seed)
+    lo = (lambda q: -q + 1) if signed else (lambda q: 0)
+    cols = [rng.integers(lo(q), q, (*lead, n), dtype=np.int64) for q in primes]
+    return torch.from_numpy(np.stack(cols, axis=-2))
+
+
+# ---- the wrap-around arithmetic the kernels rely on ---------------------------------------------
+@triton.jit
+def _wrap_probe(a_ptr, b_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + i)
+    b = tl.load(b_ptr + i)
+    tl.store(out_ptr + i, a * b)
+    tl.store(out_ptr + BLOCK + i, a << 30)
+    tl.store(out_ptr + 2 * BLOCK + i, a >> 63)
+
+
+def test_interpreter_int64_wraps_like_the_gpu():
+    """Products and left shifts wrap modulo 2^64 and ``>>`` is arithmetic, as ``mul.lo.s64``,
+    ``shl.b64`` and ``shr.s64`` do on the GPU (``test_ckks_kernels_compile_for_sm90`` checks
+    that those are what the kernels compile to)."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(-(2**63), 2**63 - 1, 256, dtype=np.int64)
+    b = rng.integers(-(2**63), 2**63 - 1, 256, dtype=np.int64)
+    out = torch.empty(3 * 256, dtype=torch.int64)
+    _wrap_probe[(1,)](torch.from_numpy(a), torch.from_numpy(b), out, BLOCK=256)
+    au, bu = a.view(np.uint64), b.view(np.uint64)
+    got = out.numpy().reshape(3, 256)
+    assert np.array_equal(got[0].view(np.uint64), au * bu)
+    assert np.array_equal(got[1].view(np.uint64), au << np.uint64(30))
+    assert np.array_equal(got[2], np.where(a < 0, -1, 0))
+
+
+# ---- NTT -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [256, 2048])
+@pytest.mark.parametrize("name", list(BASES))
+def test_ntt_equals_tables(name, n):
+    primes = BASES[name] if n == 256 else BASES[name][:3]  # the wide run and a narrow limb
+    tables = NttTables(Basis.of(primes), n)
+    # a non-contiguous [2, 2, L, N] input, lazy (-q, q) like the transforms accept
+    x = _residues(primes, (2, 2), n, seed=n, signed=True).transpose(0, 1)
+    fw = ntt_triton(tables, x, inverse=False)
+    assert torch.equal(fw, tables.forward(x))
+    back = ntt_triton(tables, fw, inverse=True)
+    assert torch.equal(back, tables.inverse(fw))
+    assert torch.equal(back, torch.where(x < 0, x + tables.basis.q, x))  # the round trip
+
+
+def test_ntt_of_a_level_view():
+    """``RnsContext`` hands out tables of limb runs (views of the master tables with offsets):
+    a data level's run starts inside the wide run."""
+    tables = NttTables(Basis.of(PROT[-1:] + PROT[:-1]), 2048).limbs(slice(1, 4))
+    x = _residues(tables.basis.primes, (1,), 2048, seed=3)
+    fw = ntt_triton(tables, x, inverse=False)
+    assert torch.equal(fw, tables.forward(x))
+    assert torch.equal(ntt_triton(tables, fw, inverse=True), x)
+
+
+# ---- key switching ---------------------------------------------------------------------------------
+def _key_view(primes, digits: int, n: int, seed: int) -> torch.Tensor:
+    """A key ``[2, digits, L, N]`` as ``SwitchKey.at`` gives it: a strided view of a larger key."""
+    full = _residues(primes + primes[:1], (2, digits + 1), n, seed)
+    return full[:, :digits, : len(primes)]
+
+
+@pytest.mark.parametrize("name", list(BASES))
+def test_key_inner_with_gather_equals_twin(name):
+    primes, n, digits = BASES[name][:5], 256, 4
+    basis = Basis.of(primes)
+    d = _residues(primes, (2, digits), n, seed=1)
+    key = _key_view(primes, digits, n, seed=2)
+    assert not key.is_contiguous()
+    for g in (5, 2 * n - 1):
+        idx = automorphism_index(g, n)
+        want = rns.key_inner(d.index_select(-1, idx), key, basis)
+        assert torch.equal(ckks_ops.key_inner_triton(d, key, basis, idx), want)
+        assert torch.equal(rns.key_inner(d, key, basis, index=idx), want)  # the CPU dispatch
+    strided = d.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+    assert not strided.is_contiguous()
+    assert torch.equal(ckks_ops.key_inner_triton(strided, key, basis), rns.key_inner(d, key, basis))
+
+
+def test_key_inner_refuses_an_overflowing_digit_count():
+    basis = Basis.of([P60[0]])
+    d = torch.zeros(9, 1, 64, dtype=torch.int64)  # 9 * q > 2^63 > 8 * q
+    with pytest.raises(ValueError, match="overflow"):
+        ckks_ops.key_inner_triton(d, torch.zeros(2, 9, 1, 64, dtype=torch.int64), basis)
+
+
+def _edges(q: int) -> list[int]:
+    """Operands where a quotient estimate, a half-up tie or the 2^30 split is likeliest to slip."""
+    s = 1 << 30
+    vals = [0, 1, 2, q - 1, q - 2, (q - 1) // 2, (q + 1) // 2, s - 1, s, s + 1, q - s, q - s - 1,
+            (q // s) * s, (q // s) * s - 1, math.isqrt(q), q // 3]
+    return [v % q for v in vals]
+
+
+@pytest.mark.parametrize("q", [PROT[0], PROT[2], P60[0], P60[1]], ids=lambda q: f"{q.bit_length()}bit")
+def test_products_at_edges_equal_python_integers(q):
+    """One-digit ``key_inner`` and one-term ``mac`` are element-wise products (the variable
+    scheme); ``sub_mul_const`` with ``r = 0`` is the constant one. Reference: Python ints."""
+    basis = Basis.of([q])
+    e = _edges(q)
+    rng = np.random.default_rng(q % 2**32)
+    a = np.concatenate([np.repeat(e, len(e)), rng.integers(0, q, 256)]).astype(np.int64)
+    b = np.concatenate([np.tile(e, len(e)), rng.integers(0, q, 256)]).astype(np.int64)
+    want = (a.astype(object) * b.astype(object)) % q
+    ta, tb = torch.from_numpy(a).view(1, 1, -1), torch.from_numpy(b).view(1, 1, -1)
+    got = ckks_ops.key_inner_triton(ta, torch.stack([tb, tb]), basis)
+    assert np.array_equal(got[0, 0].numpy().astype(object), want)
+    assert np.array_equal(ckks_ops.mac_triton(ta, tb, basis)[0].numpy().astype(object), want)
+    for w in e[1:6]:
+        const = basis.const(torch.tensor([[w]]))
+        got = ckks_ops.sub_mul_const_triton(ta[0], torch.zeros_like(ta[0]), const, basis)
+        assert np.array_equal(got[0].numpy().astype(object), (a.astype(object) * w) % q)
+
+
+# ---- multiply-accumulate and the rescale tail ------------------------------------------------------
+@pytest.mark.parametrize("name", list(BASES))
+def test_mac_equals_twin_and_the_sum_of_products(name):
+    """9 terms: more than the 6 lazy 60-bit products an int64 holds, so the 60-bit limbs reduce
+    their sum mid-way."""
+    primes, n, terms = BASES[name][:4], 256, 9
+    basis = Basis.of(primes)
+    a = _residues(primes, (terms, 2, 2), n, seed=4)
+    w = _residues(primes, (terms,), n, seed=5)
+    got = ckks_ops.mac_triton(a, w, basis)
+    assert torch.equal(got, ckks_ops.mac_torch(a, w, basis))
+    want = torch.zeros_like(a[0])
+    for k in range(terms):
+        want = basis.add(want, basis.mul(a[k], w[k]))
+    assert torch.equal(got, want)
+    # a non-contiguous batch of terms (every other row of a larger stack)
+    assert torch.equal(ckks_ops.mac_triton(a[:, :, ::2], w, basis), want[:, ::2])
+
+
+@pytest.mark.parametrize("name", list(BASES))
+def test_sub_mul_const_equals_twin(name):
+    primes, n = BASES[name], 256
+    basis = Basis.of(primes)
+    const = basis.const(torch.tensor([[pow(7, -1, q)] for q in primes]))
+    full = _residues(primes + primes[:1], (3,), n, seed=6)
+    x = full[..., : len(primes), :]  # a strided slice, as rescale passes it
+    r = _residues(primes, (3,), n, seed=7)
+    got = ckks_ops.sub_mul_const_triton(x, r, const, basis)
+    assert torch.equal(got, ckks_ops.sub_mul_const_torch(x, r, const, basis))
+    want = [[((int(u) - int(v)) * pow(7, -1, q)) % q for u, v in zip(xi, ri, strict=True)]
+            for q, xi, ri in zip(primes, x[1].tolist(), r[1].tolist(), strict=True)]
+    assert got[1].tolist() == want
+
+
+# ---- dispatch --------------------------------------------------------------------------------------
+def test_cpu_tensors_take_the_twins_with_the_interpreter_off(monkeypatch):
+    """With TRITON_INTERPRET=0 a kernel launch on CPU tensors raises (the control below), so the
+    native backend's CPU operations working at all shows they never reach a kernel."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    p = get_params(TEST_PARAMS_ID, allow_test_params=True)
+    ctx = RnsContext(p)
+    basis, ntt = ctx.ext(1)
+    x = _residues(basis.primes, (2,), ctx.n, seed=8)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        ntt_triton(ntt, x, inverse=False)
+    fw = ntt.forward(x)
+    assert torch.equal(ntt.inverse(fw), x)
+    idx = ctx.galois_index(5)
+    key = _residues(basis.primes, (2, 2), ctx.n, seed=9)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        ckks_ops.key_inner_triton(fw, key, basis, idx)
+    assert torch.equal(rns.key_inner(fw, key, basis, index=idx),
+                       rns.key_inner(fw.index_select(-1, idx), key, basis))
+    out = rns.mod_down(fw, ctx, 1)  # the sub_mul_const dispatch
+    assert out.shape == (2, 2, ctx.n)
+    assert not ckks_ops.use_triton(x)
+
+
+# ---- the real compiler ------------------------------------------------------------------------------
+_COMPILE_SCRIPT = r"""
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+from veil.crypto.native.modarith import Basis
+from veil.crypto.native.ntt import NttTables
+from veil.crypto.params import PROTECTED_PARAMS, get_params
+from veil.kernels import ckks_ntt, ckks_ops
+
+launches = []
+JITFunction.run = lambda self, *a, grid, warmup, **kw: launches.append((self, {**dict(zip(self.arg_names, a)), **kw}))
+ckks_ntt.check_triton_device = ckks_ops.check_triton_device = lambda *t: None  # CPU stands in
+primes = (PROTECTED_PARAMS.primes[-1],) + PROTECTED_PARAMS.primes[:3]
+basis, n = Basis.of(primes), 2048
+z = torch.zeros(2, 3, 4, n, dtype=torch.int64)
+tables = NttTables(basis, n)
+wide60 = Basis.of(get_params("ckks-n16384-l6-v1").primes[:2])  # reductions inside both runs
+for inverse in (False, True):
+    ckks_ntt.ntt_triton(tables, z[0, :2], inverse)
+    ckks_ntt.ntt_triton(NttTables(wide60, n), z[0, :2, :2], inverse)
+ckks_ops.key_inner_triton(z[:1], z, basis, torch.zeros(n, dtype=torch.int64))
+ckks_ops.mac_triton(z, z[0, :2].expand(2, 4, n), basis)
+ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis)
+types = {torch.int64: "*i64", torch.float64: "*fp64"}
+seen = set()
+for kernel, bound in launches:
+    cx = {p.name: bound[p.name] for p in kernel.params if p.is_constexpr}
+    key = (kernel.fn.__name__, tuple(sorted(cx.items())))
+    if key in seen:
+        continue
+    seen.add(key)
+    sig = {name: "constexpr" if name in cx else types[bound[name].dtype]
+           if isinstance(bound[name], torch.Tensor) else "i64" for name in kernel.arg_names}
+    ptx = triton.compile(ASTSource(kernel, sig, cx), target=GPUTarget("cuda", 90, 32),
+                         options={"enable_fp_fusion": bound["enable_fp_fusion"]}).asm["ptx"]
+    assert "fma.rn.f64" not in ptx and "mul.lo.s64" in ptx and "cvt.rmi.f64.f64" in ptx, key
+    print("ok", key)
+assert {k[0] for k in seen} == {"_ntt_kernel", "_key_inner_kernel", "_mac_kernel", "_sub_mul_kernel"}
+assert {(dict(k[1])["REDUCE_A"], dict(k[1])["REDUCE_B"]) for k in seen if k[0] == "_ntt_kernel"} \
+    == {(False, False), (True, False), (False, True), (True, True)}
+print("compiled", len(seen), "variants")
+"""
+
+
+def test_ckks_kernels_compile_for_sm90():
+    """Real Triton (no GPU needed: the bundled ptxas) compiles every kernel variant the launchers
+    use, with int64 products as ``mul.lo.s64`` (wrapping, as the interpreter's), the rounding as
+    ``cvt.rmi`` (floor) and no FMA contraction (``NO_FMA``)."""
+    nvidia = pytest.importorskip("triton.backends.nvidia")
+    if not (Path(nvidia.__file__).parent / "bin" / "ptxas").exists() \
+            and not os.environ.get("TRITON_PTXAS_PATH"):
+        pytest.skip("no ptxas available to Triton")
+    assert NO_FMA == {"enable_fp_fusion": False}
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    result = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "compiled" in result.stdout, result.stdout
