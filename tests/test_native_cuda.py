@@ -6,13 +6,18 @@ reduction fixes), so a server on the GPU must produce byte-identical ciphertexts
 on the CPU fed the same upload and the same public keys.
 """
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from veil.crypto.backend import make_backend
 from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.native import rns
+from veil.crypto.native.context import RnsContext, galois_element
 from veil.crypto.params import PROTECTED_PARAMS
+from veil.kernels import ckks_arith, ckks_ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -74,3 +79,70 @@ def test_cuda_matvec_decrypts_to_the_product(servers):
     assert outs[0] == outs[1]
     got = client.decrypt(client.deserialize(outs[1]))[:64]
     np.testing.assert_allclose(got, w @ v, atol=1e-4)
+
+
+# ---- the Triton kernels of the native backend (veil.kernels.ckks_*) vs their CPU twins ------------
+# On CUDA the backend's NTTs, key inner products and rescale / ModDown tails run as Triton kernels,
+# but only with real Triton: under the interpreter (conftest's default) CUDA tensors take the torch
+# twins (``ckks_arith.use_triton``), so these checks need TRITON_INTERPRET=0. The tests above then
+# compare whole operations on the kernels with the CPU; these compare each kernel at N=16384.
+needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                                  reason="the CKKS kernels run on the GPU with TRITON_INTERPRET=0")
+
+
+@pytest.fixture(scope="module")
+def contexts():
+    return RnsContext(P), RnsContext(P, device="cuda")
+
+
+def _res(primes, lead, seed, signed=False):
+    rng = np.random.default_rng(seed)
+    cols = [rng.integers(-q + 1 if signed else 0, q, (*lead, P.poly_modulus_degree), dtype=np.int64)
+            for q in primes]
+    return torch.from_numpy(np.stack(cols, axis=-2))
+
+
+@needs_triton
+def test_cuda_ntt_kernels_equal_cpu_twin(contexts):
+    cpu, gpu = contexts
+    level = P.top_level
+    assert ckks_arith.use_triton(torch.zeros(1, device="cuda"))
+    (basis, ntt), (_, ntt_gpu) = cpu.ext(level), gpu.ext(level)  # both schemes
+    x = _res(basis.primes, (3,), 11, signed=True)
+    fw = ntt.forward(x)
+    assert torch.equal(ntt_gpu.forward(x.cuda()).cpu(), fw)
+    assert torch.equal(ntt_gpu.inverse(fw.cuda()).cpu(), ntt.inverse(fw))
+    (_, data), (_, data_gpu) = cpu.data(3), gpu.data(3)  # a level's view of the tables
+    y = _res(data.basis.primes, (2,), 12)
+    assert torch.equal(data_gpu.forward(y.cuda()).cpu(), data.forward(y))
+
+
+@needs_triton
+def test_cuda_key_inner_with_gather_equals_cpu_twin(contexts):
+    cpu, gpu = contexts
+    level = P.top_level
+    (basis, _), (basis_gpu, _) = cpu.ext(level), gpu.ext(level)
+    digits = level + 1
+    d = _res(basis.primes, (digits,), 13)
+    key = _res(basis.primes + basis.primes[:1], (2, digits + 1), 14)[:, :digits, : len(basis)]
+    for g in (galois_element(1, P.poly_modulus_degree), galois_element(-3, P.poly_modulus_degree)):
+        want = rns.key_inner(d, key, basis, index=cpu.galois_index(g))
+        got = rns.key_inner(d.cuda(), key.cuda(), basis_gpu, index=gpu.galois_index(g))
+        assert torch.equal(got.cpu(), want)
+    assert torch.equal(rns.key_inner(d.cuda(), key.cuda(), basis_gpu).cpu(),
+                       rns.key_inner(d, key, basis))
+
+
+@needs_triton
+def test_cuda_mac_and_rescale_tail_equal_cpu_twins(contexts):
+    cpu, gpu = contexts
+    level = P.top_level
+    (basis, _), (basis_gpu, _) = cpu.data(level), gpu.data(level)
+    # 70 terms: more than the 63 lazy 57-bit products an int64 holds (a reduction mid-way)
+    a, w = _res(basis.primes, (70,), 15), _res(basis.primes, (70,), 16)
+    assert torch.equal(ckks_ops.mac(a.cuda(), w.cuda(), basis_gpu).cpu(), ckks_ops.mac_torch(a, w, basis))
+    x = _res(basis.primes, (2,), 17)
+    assert torch.equal(rns.rescale(x.cuda(), gpu, level).cpu(), rns.rescale(x, cpu, level))
+    ext, _ = cpu.ext(level)
+    z = _res(ext.primes, (2,), 18)
+    assert torch.equal(rns.mod_down(z.cuda(), gpu, level).cpu(), rns.mod_down(z, cpu, level))
