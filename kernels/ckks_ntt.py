@@ -99,6 +99,7 @@ def _ntt_kernel(src_ptr, x_ptr, tw_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, q
     if WIDE:
         c = tl.load(c_ptr + limb * c_stride)  # fl(2^30/q)
     tw = limb * tw_stride
+    # the last inverse stage's two constants (scalars per limb; read by LAST launches only)
     lo = _tw(lo_ptr, loq_ptr, lo0_ptr, lo0q_ptr, limb * last_stride, None, WIDE)
     hi = _tw(hi_ptr, hiq_ptr, hi0_ptr, hi0q_ptr, limb * last_stride, None, WIDE)
     if TWO:
