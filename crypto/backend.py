@@ -126,6 +126,14 @@ class HEBackend(abc.ABC):
 
     name: str
     params: CkksParams
+    #: ``batched(rows)`` evaluates several sessions' ciphertexts as one (a ``RowBatch``)
+    supports_batch = False
+
+    @classmethod
+    def batched(cls, rows: Sequence[HEBackend]) -> RowBatch:
+        """A backend over the sessions ``rows`` (their imported public material): its ciphertexts
+        hold one row per session and every operation runs on all rows, row b under row b's keys."""
+        raise HEError(f"the {cls.name} backend evaluates one session at a time")
 
     # ---- keys --------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -326,3 +334,59 @@ def make_backend(params: CkksParams, name: str = "seal", *, allow_test_backends:
         if params.test_only:
             raise BackendError(f"parameter set {params.id!r} is test-only and refused here")
     return getattr(importlib.import_module(module), cls)(params, **options)
+
+
+class RowBatch:
+    """Mixin of a backend that evaluates several sessions as one (``HEBackend.batched``): its
+    ciphertexts hold one row per session; ``stack``/``unstack`` move ciphertexts between the
+    sessions' backends and the batch; refresh masks hold one row per session too. Put it before
+    the backend class in the bases (its ``serialize`` returns one blob per row)."""
+
+    _rows: tuple[int, ...]
+    row_backends: tuple[HEBackend, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return self._rows[0]
+
+    def _check_rows(self, rows: Sequence[HEBackend], kind: type) -> tuple[HEBackend, ...]:
+        rows = tuple(rows)
+        if len(rows) < 2 or not all(type(r) is kind for r in rows):
+            raise ValueError(f"a batch takes two or more {kind.__name__} backends")
+        if len({r.params.id for r in rows}) != 1:
+            raise ValueError("a batch's rows share one parameter set")
+        if any(r.has_secret_key for r in rows):
+            raise ValueError("a server-side batch holds no secret key")
+        self._rows, self.row_backends = (len(rows),), rows
+        return rows
+
+    def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
+        """Row b = ``cts[b]`` (one ciphertext of each row's session, same level, scale, size)."""
+        raise NotImplementedError
+
+    def unstack(self, ct: Ciphertext) -> list[Ciphertext]:
+        """Each row as a ciphertext of its own (a copy: a session never keeps the batch alive)."""
+        raise NotImplementedError
+
+    def stack_plain(self, pts: Sequence[Plaintext]) -> Plaintext:
+        """One plaintext per row (e.g. each session's own permuted weights) as one operand."""
+        raise NotImplementedError
+
+    def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
+        raise NotImplementedError
+
+    def stack_masks(self, masks: Sequence[RefreshMask]) -> RefreshMask:
+        if len(masks) != self.batch_size or len({(m.bits, m.scale) for m in masks}) != 1:
+            raise HEError("a batch stacks one refresh mask per row, of one size and scale")
+        return RefreshMask(masks[0].params_id, masks[0].bits, np.stack([m.coeffs for m in masks]), masks[0].scale)
+
+    def unstack_mask(self, mask: RefreshMask) -> list[RefreshMask]:
+        return [RefreshMask(mask.params_id, mask.bits, row, mask.scale) for row in mask.coeffs]
+
+    def serialize(self, ct: Ciphertext, noise_log2: float | None = None) -> list[bytes]:
+        """One serialized ciphertext per row, in row order."""
+        one = super().serialize  # bound here: zero-argument super() fails inside a comprehension
+        return [one(row, noise_log2) for row in self.unstack(ct)]
+
+    def deserialize(self, data, **kw) -> Ciphertext:
+        raise HEError("a batch loads each row with its session's backend, then stacks")

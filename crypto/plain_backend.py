@@ -40,6 +40,7 @@ from veil.crypto.backend import (
     Plaintext,
     PublicMaterial,
     RefreshMask,
+    RowBatch,
 )
 from veil.crypto.params import CkksParams
 from veil.crypto.sampling import standard_normal, urandom_u64
@@ -61,6 +62,12 @@ class _Slots:
 
 class PlainBackend(HEBackend):
     name = "plain"
+    supports_batch = True
+    _rows: tuple[int, ...] = ()  # ``PlainBatch``: (B,), slot vectors [B, slots]
+
+    @classmethod
+    def batched(cls, rows):
+        return PlainBatch(rows)
 
     def __init__(self, params: CkksParams, *, noise: bool = False) -> None:
         params.validate()
@@ -135,7 +142,8 @@ class PlainBackend(HEBackend):
             raise HEError("scale out of bounds")
 
     def _slot_noise(self, sigma_coeff: float, scale: float) -> np.ndarray:
-        return standard_normal(self._slots) * (sigma_coeff * math.sqrt(self._slots) / scale)
+        n = self._slots * math.prod(self._rows)
+        return standard_normal(n).reshape(self._rows + (self._slots,)) * (sigma_coeff * math.sqrt(self._slots) / scale)
 
     # ---- client ------------------------------------------------------------------------------
     def encrypt_to_bytes(self, values, level=None, scale=None) -> bytes:
@@ -174,7 +182,7 @@ class PlainBackend(HEBackend):
 
     def nbytes(self, ct) -> int:
         x = self._unwrap(ct)
-        return x.size * (x.level + 1) * self.params.poly_modulus_degree * 8
+        return x.size * (x.level + 1) * self.params.poly_modulus_degree * 8 * math.prod(self._rows)
 
     # ---- arithmetic --------------------------------------------------------------------------
     def add(self, a, b) -> Ciphertext:
@@ -237,7 +245,7 @@ class PlainBackend(HEBackend):
             if x.size != 2:
                 raise HEError("rotate needs a relinearized (two-polynomial) ciphertext")
             self._key_step(step, x.level)  # refuses as a real backend's (smaller) keys would
-        return self._wrap(np.roll(x.values, -step), x.level, x.scale, x.size)
+        return self._wrap(np.roll(x.values, -step, axis=-1), x.level, x.scale, x.size)
 
     # ---- server: refresh and circuit privacy -------------------------------------------------
     def mask_for_refresh(self, ct) -> tuple[Ciphertext, RefreshMask]:
@@ -246,7 +254,8 @@ class PlainBackend(HEBackend):
         need = self.params.min_mask_level(x.scale)
         if x.level < need:
             raise HEError(f"level {x.level} cannot carry the refresh mask (needs >= {need})")
-        raw = (urandom_u64(self._slots) >> np.uint64(64 - _MASK_SLOT_BITS - 1)).astype(np.float64)
+        raw = (urandom_u64(self._slots * math.prod(self._rows)) >> np.uint64(64 - _MASK_SLOT_BITS - 1)).astype(np.float64)
+        raw = raw.reshape(self._rows + (self._slots,))
         mask = raw - 2.0**_MASK_SLOT_BITS
         return (self._wrap(x.values + mask, x.level, x.scale),
                 RefreshMask(self.params.id, self.params.mask_bits(x.scale), mask, x.scale))
@@ -275,6 +284,8 @@ class PlainBackend(HEBackend):
     def serialize(self, ct, noise_log2=None) -> bytes:
         # slot vectors have no coefficients: nothing to round (noise_log2 is ignored)
         x = self._unwrap(ct)
+        if x.values.ndim != 1:
+            raise HEError("serialize one ciphertext at a time (a batch's rows: PlainBatch.serialize)")
         return _HEADER.pack(_MAGIC, self._tag, x.level, x.size, x.scale) + x.values.astype("<f8").tobytes()
 
     def deserialize(self, data, *, level=None, size=2, scale=None) -> Ciphertext:
@@ -302,3 +313,43 @@ class PlainBackend(HEBackend):
             return self._wrap(values, got_level, got_scale, got_size)
         except HEError as e:
             raise CiphertextError(str(e)) from None
+
+
+class PlainBatch(RowBatch, PlainBackend):
+    """Several sessions' slot vectors ``[B, slots]`` as one (test double of ``NativeBatch``: the
+    protocol's batched steps, tested in seconds)."""
+
+    name = "plain-batch"
+    supports_batch = False
+
+    def __init__(self, rows: Sequence[PlainBackend]) -> None:
+        rows = self._check_rows(rows, PlainBackend)
+        first = rows[0]
+        self.params, self.noise, self._slots, self._tag = first.params, first.noise, first._slots, first._tag
+        self._half_q, self._secret = first._half_q, False
+        self._public, self._relin = all(r._public for r in rows), all(r._relin for r in rows)
+        steps = set.intersection(*(set(r._key_levels) for r in rows))
+        self._key_levels = {st: min(r._key_levels[st] for r in rows) for st in sorted(steps)}
+
+    def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
+        xs = [self._unwrap(ct) for ct in cts]
+        if len(xs) != self.batch_size or len({(x.level, x.scale, x.size, x.values.ndim) for x in xs}) != 1 \
+                or xs[0].values.ndim != 1:
+            raise HEError("a batch stacks one ciphertext per row, of one level, scale and size")
+        return self._wrap(np.stack([x.values for x in xs]), xs[0].level, xs[0].scale, xs[0].size)
+
+    def unstack(self, ct: Ciphertext) -> list[Ciphertext]:
+        x = self._unwrap(ct)
+        return [Ciphertext(_Slots(v.copy(), x.level, x.scale, x.size), self.params.id) for v in x.values]
+
+    def stack_plain(self, pts: Sequence[Plaintext]) -> Plaintext:
+        if len(pts) != self.batch_size or len({(p.level, p.scale) for p in pts}) != 1:
+            raise HEError("a batch stacks one plaintext per row, of one level and scale")
+        values = np.stack([p._obj[0] for p in pts])
+        return Plaintext((values, all(p._obj[1] for p in pts)), self.params.id, pts[0].level, pts[0].scale,
+                         pts[0].nbytes * len(pts))
+
+    def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
+        values, _ = pt._obj
+        return [Plaintext((v, bool(np.any(v))), self.params.id, pt.level, pt.scale, pt.nbytes // len(values))
+                for v in values]

@@ -15,12 +15,20 @@ before any score is computed and the class masks of the scores keep the causal o
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from veil.crypto.backend import Ciphertext, HEBackend, RefreshMask
 from veil.crypto.linear import EncodedMatrix
+from veil.protected.batch import (
+    BatchMessage,
+    split_advance,
+    stack_matrices,
+    stack_sessions,
+    step_key,
+)
 from veil.protected.circuits import Circuit, Constants
 from veil.protected.kv import LayerKV, SpanUndo, append_span, truncate_span
 from veil.protected.layouts import dims_of
@@ -50,6 +58,8 @@ from veil.protected.weights import (
 )
 
 __all__ = ["Limits", "SpanState", "ProtectedSession", "ProtectedExecutor"]
+
+log = logging.getLogger("veil.protected")
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class ProtectedSession:
     step: int = -1  # last accepted client step id
     state: SpanState = field(default_factory=SpanState)
     kv_bytes: int = 0
+    rows: int = 1  # a batch of sessions (``veil.protected.batch``): its ciphertexts hold one row each
 
 
 @dataclass
@@ -165,6 +176,74 @@ class ProtectedExecutor:
     # ---- one message -------------------------------------------------------------------------
     def handle(self, msg: ProtectedMessage) -> ProtectedMessage:
         """Run the step ``msg`` starts and return the reply; commit only if it all succeeded."""
+        s = self._check(msg)
+        out = self._step(msg.kind)(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
+        self._commit(s, msg, out)
+        return out.reply
+
+    def handle_batch(self, msgs: Sequence[ProtectedMessage]) -> list[ProtectedMessage | Exception]:
+        """Run steps of different sessions, one reply or exception per message, in order. Steps
+        with one ``batch_key`` run as one batched evaluation (``veil.protected.batch``);
+        each session still commits alone. If a batch fails, its steps run one at a time."""
+        results: list = [None] * len(msgs)
+        groups: dict[tuple, list[int]] = {}
+        seen: set[str] = set()
+        for i, msg in enumerate(msgs):
+            s = self.sessions.get(msg.session_id)
+            key = step_key(s, msg) if s is not None and msg.session_id not in seen else None
+            seen.add(msg.session_id)  # a session's later message runs alone, after its earlier one
+            groups.setdefault(("alone", i) if key is None else key, []).append(i)
+        for idx in groups.values():
+            if len(idx) > 1:
+                try:
+                    for i, reply in zip(idx, self._run_batch([msgs[i] for i in idx]), strict=True):
+                        results[i] = reply
+                    continue
+                except Exception as e:  # noqa: BLE001 (nothing was committed: each step runs alone below)
+                    log.warning("a batch of %d %s steps failed (%s: %s); running them one at a time",
+                                len(idx), msgs[idx[0]].kind, type(e).__name__, e)
+            for i in idx:
+                try:
+                    results[i] = self.handle(msgs[i])
+                except Exception as e:  # noqa: BLE001 (the caller answers each message on its own)
+                    results[i] = e
+        return results
+
+    def batch_key(self, msg: ProtectedMessage) -> tuple | None:
+        """Steps with equal keys may run as one batch (``batch.step_key``); None: alone."""
+        s = self.sessions.get(msg.session_id)
+        return None if s is None else step_key(s, msg)
+
+    def sessions_at(self, key: tuple) -> int:
+        """Sessions standing where a step of ``key`` starts: who may still join its batch."""
+        kind, layer, _, _, length = key
+        return sum(1 for s in self.sessions.values()
+                   if (s.state.expect, s.state.layer, s.state.length) == (kind, layer, length))
+
+    def _run_batch(self, msgs: Sequence[ProtectedMessage]) -> list[ProtectedMessage]:
+        sessions = [self._check(m) for m in msgs]
+        rows = stack_sessions(ProtectedSession, self.be, sessions)
+        first = msgs[0]
+        bmsg = BatchMessage(first.kind, first.layer, first.position, first.count, tuple(zip(sessions, msgs, strict=True)))
+        out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
+        advances = split_advance(rows, out, msgs, _Advance)
+        for s, msg, adv in zip(sessions, msgs, advances, strict=True):
+            self._commit(s, msg, adv)
+        return [adv.reply for adv in advances]
+
+    def _step(self, kind: str):
+        return {MsgKind.TOKEN: self.on_token, MsgKind.WEIGHTS: self.on_weights, MsgKind.MLP_IN: self.on_mlp_in,
+                MsgKind.REFRESHED: self.on_refreshed}[kind]
+
+    @staticmethod
+    def _commit(s: ProtectedSession, msg: ProtectedMessage, out: _Advance) -> None:
+        """The one place a session changes."""
+        s.state, s.step = out.state, msg.step
+        s.kv.update(out.kv)
+        s.kv_bytes += out.kv_delta
+
+    def _check(self, msg: ProtectedMessage) -> ProtectedSession:
+        """The session ``msg`` belongs to, if the message fits where that session stands."""
         s = self.sessions.get(msg.session_id)
         if s is None:
             raise UnknownSession("unknown session")
@@ -188,14 +267,7 @@ class ProtectedExecutor:
                 raise LimitExceeded(f"context would exceed max_protected_context={self.limits.max_positions} positions")
         elif (msg.layer, msg.position, msg.count) != (st.layer, st.position, st.count):
             raise ProtocolError("message for the wrong layer or positions")
-        on = {MsgKind.TOKEN: self.on_token, MsgKind.WEIGHTS: self.on_weights, MsgKind.MLP_IN: self.on_mlp_in,
-              MsgKind.REFRESHED: self.on_refreshed}[msg.kind]
-        out = on(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
-        # commit: the one place a session changes
-        s.state, s.step = out.state, msg.step
-        s.kv.update(out.kv)
-        s.kv_bytes += out.kv_delta
-        return out.reply
+        return s
 
     # ---- the four steps ------------------------------------------------------------------------
     def on_token(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
@@ -224,7 +296,7 @@ class ProtectedExecutor:
             wgu = layer.wgu
             if layer.ffn is not None:
                 with c.be.section("shuffle"):
-                    wgu, shuffled_down[i] = layer.shuffled_ffn(c.be.inner, ffn_permutation(self.dims.ffn))
+                    wgu, shuffled_down[i] = self._shuffled(c.be.inner, layer, s.rows)
             h_primes[i], out = c.attend(layer, wgu, kv.values, st.h[i], w, st.position + i)
             payloads.append(CtPayload(Tag.U_SIGMA2, self.levels.mlp_download,
                                       c.download(out, self.levels.mlp_download), i))
@@ -282,7 +354,7 @@ class ProtectedExecutor:
         if layer_undo is not None:
             undo[index] = layer_undo
             added += layer_undo.nbytes
-        if s.kv_bytes + delta + added > self.limits.max_kv_bytes:
+        if s.kv_bytes + (delta + added) // s.rows > self.limits.max_kv_bytes:  # a batch: per row
             raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
                                 f"{self.limits.max_kv_bytes}")
         if added and self.kv_bytes_total + delta + added > self.limits.max_kv_bytes_total:
@@ -303,9 +375,19 @@ class ProtectedExecutor:
     def _layer(self, index: int) -> EncodedLayer:
         return self.layers[index - self.first]
 
+    def _shuffled(self, be: HEBackend, layer: EncodedLayer, rows: int) -> tuple[EncodedMatrix, EncodedMatrix]:
+        """The first layer's W_gate|up and W_down under a fresh secret permutation (per row of a batch)."""
+        if rows == 1:
+            return layer.shuffled_ffn(be, ffn_permutation(self.dims.ffn))
+        mats = [layer.shuffled_ffn(be, ffn_permutation(self.dims.ffn)) for _ in range(rows)]
+        return stack_matrices(be, [m[0] for m in mats]), stack_matrices(be, [m[1] for m in mats])
+
     def _load(self, c: Circuit, msg: ProtectedMessage, tags: dict[int, str], level: int) -> dict[int, Ciphertext]:
         """The span's ciphertexts, exactly one per expected position with its tag, each
-        deserialized and validated before any work."""
+        deserialized and validated before any work (a batch's rows by their own sessions)."""
+        if isinstance(msg, BatchMessage):
+            loaded = [self._load(Circuit(s.be, self.dims, self.levels, self.consts), m, tags, level) for s, m in msg.rows]
+            return {i: c.be.stack([row[i] for row in loaded]) for i in tags}
         out = {}
         for p in msg.payloads(tags):
             if p.level != level:

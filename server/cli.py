@@ -40,6 +40,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="HE backend of the protected path")
     p.add_argument("--max-protected-sessions", type=int, default=C.max_protected_sessions,
                    help="concurrent protected (CKKS) sessions")
+    p.add_argument("--protected-max-batch", type=int, default=C.protected_max_batch,
+                   help="protected steps of different sessions evaluated as one batch (native backend)")
+    p.add_argument("--protected-batch-wait-ms", type=float, default=C.protected_batch_wait_ms,
+                   help="how long the oldest protected step waits for other sessions to join its batch")
     p.add_argument("--protected-kv-gb", type=float, default=C.max_protected_kv_bytes / gb,
                    help="encrypted KV cache budget of one protected session")
     p.add_argument("--protected-kv-total-gb", type=float, default=C.max_protected_kv_bytes_total / gb,
@@ -105,6 +109,8 @@ def cmd_serve(args) -> int:
                        kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
                        max_tokens_per_step=args.max_tokens_per_step, he_backend=args.he_backend,
                        max_protected_sessions=args.max_protected_sessions,
+                       protected_max_batch=args.protected_max_batch,
+                       protected_batch_wait_ms=args.protected_batch_wait_ms,
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
                        max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)),
                        device=args.device, dtype=args.dtype)

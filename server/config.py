@@ -32,6 +32,8 @@ class ServerConfig:
     max_protected_kv_bytes: int = 4 << 30  # encrypted KV cache of one protected session
     max_protected_kv_bytes_total: int = 16 << 30  # encrypted KV cache of all protected sessions
     max_protected_context: int = 512  # positions of one protected session (the layouts' limit)
+    protected_max_batch: int = 16  # steps of different sessions evaluated as one (native backend)
+    protected_batch_wait_ms: float = 50.0  # how long the oldest step waits for sessions at the same step
     # engine: its own dataclass holds the defaults
     kv_cache_bytes: int = EngineConfig.kv_cache_bytes  # the paged KV pool's memory budget
     block_size: int = EngineConfig.block_size

@@ -8,10 +8,13 @@ tenants' evaluation keys, the executor (built on first use), and one HE worker.
 * **Executor.** Encoding the protected layers' weights takes seconds per layer and about
   0.42 GB per layer, so it happens once, on the first protected request, not at start-up: a
   server that only serves plaintext tenants never pays for it.
-* **One HE worker.** Every HE computation runs on one worker thread under one lock: SEAL's
-  operations are CPU-bound and `tenseal.sealapi` holds the GIL while they run, so a second
-  thread gains nothing (measured: 60 rotations took 1.37 s on one thread, 1.51 s on two). Steps of different sessions queue FCFS at the lock; each session's step ids are
-  checked by the executor.
+* **One HE worker, batching across sessions.** Every HE computation runs on one worker thread
+  (``veil.protected.scheduler``): SEAL's operations are CPU-bound and `tenseal.sealapi` holds
+  the GIL while they run, so a second thread gains nothing (measured: 60 rotations took 1.37 s
+  on one thread, 1.51 s on two). Steps queue FCFS; on the native backend the worker runs the
+  pending steps of the same kind, layer and span of different sessions as one batched
+  evaluation (``--protected-max-batch``, ``--protected-batch-wait-ms``); each session's step
+  ids are checked by the executor and each session commits alone.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from veil.engine.split import ServerHalf
 from veil.protected.circuits import rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import ProtectedMessage, public_material_from_bytes
+from veil.protected.scheduler import StepScheduler
 from veil.protected.server import ProtectedExecutor, ProtectedSession
 from veil.protected.weights import layer_weights_from_tensors
 from veil.server.config import ServerConfig
@@ -64,8 +68,8 @@ class ProtectedService:
         self.keys: dict[tuple[str, str], KeySet] = {}
         self._keys_lock = threading.Lock()
         self._build_lock = threading.Lock()
-        self._he_lock = threading.Lock()  # one HE computation at a time (see the module doc)
         self._executor: ProtectedExecutor | None = None
+        self._scheduler: StepScheduler | None = None  # the one HE worker (see the module doc)
 
     # ---- executor ------------------------------------------------------------------------
     def executor(self) -> ProtectedExecutor:
@@ -77,6 +81,8 @@ class ProtectedService:
                 cfg, dims = self.half.config, dims_of(self.half.config, self.params.slot_count)
                 weights = (layer_weights_from_tensors(tensors, cfg, i, dims) for i in range(self.half.k, cfg.num_layers))
                 self._executor = ProtectedExecutor(be, cfg, weights, self.cfg.protected_limits())
+                self._scheduler = StepScheduler(self._executor, self.cfg.protected_max_batch,
+                                                self.cfg.protected_batch_wait_ms / 1e3)
                 log.info("protected executor ready: layers [%d, %d), %.1f GB of encoded weights, %.1f s",
                          self.half.k, self.half.config.num_layers, self._executor.encoded_bytes / 1e9,
                          time.perf_counter() - t)
@@ -144,12 +150,10 @@ class ProtectedService:
 
     def step(self, msg: ProtectedMessage) -> tuple[ProtectedMessage, dict[str, float]]:
         """Run one client message (blocking; call from a worker thread). Returns the reply and
-        the HE seconds it took by operation kind."""
-        ex = self.executor()
-        with self._he_lock:
-            before = dict(ex.be.times)
-            reply = ex.handle(msg)
-            return reply, {k: v - before.get(k, 0.0) for k, v in ex.be.times.items() if v != before.get(k, 0.0)}
+        the HE seconds it took by operation kind (its share of its batch's)."""
+        self.executor()
+        reply, seconds, _ = self._scheduler.submit(msg)
+        return reply, seconds
 
     def kv_bytes(self) -> int:
         return self._executor.kv_bytes_total if self._executor is not None else 0

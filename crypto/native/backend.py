@@ -49,6 +49,13 @@ class _Ct:
 
 class NativeBackend(Evaluator, HEBackend):
     name = "native"
+    supports_batch = True
+
+    @classmethod
+    def batched(cls, rows):
+        from veil.crypto.native.batch import NativeBatch  # it subclasses this one
+
+        return NativeBatch(rows)
 
     def __init__(self, params: CkksParams, device: torch.device | str = "cpu",
                  compile: bool | None = None) -> None:

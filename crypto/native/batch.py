@@ -18,35 +18,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-from veil.crypto.backend import Ciphertext, HEError, Plaintext, RefreshMask
+from veil.crypto.backend import Ciphertext, HEError, Plaintext, RowBatch
 from veil.crypto.native import keys as K
 from veil.crypto.native.backend import NativeBackend
 
 __all__ = ["NativeBatch"]
 
 
-class NativeBatch(NativeBackend):
+class NativeBatch(RowBatch, NativeBackend):
     name = "native-batch"
+    supports_batch = False  # a batch of batches is not a thing
 
-    def __init__(self, rows: Sequence[NativeBackend]) -> None:  # noqa: super().__init__ would rebuild the tables
-        rows = tuple(rows)
-        if len(rows) < 2 or not all(isinstance(r, NativeBackend) and not isinstance(r, NativeBatch) for r in rows):
-            raise ValueError("a batch takes two or more native backends")
+    def __init__(self, rows: Sequence[NativeBackend]) -> None:  # not super().__init__: it would rebuild the tables
+        rows = self._check_rows(rows, NativeBackend)
         first = rows[0]
-        if any(r.params.id != first.params.id or r.device != first.device for r in rows):
-            raise ValueError("a batch's rows share one parameter set and one device")
-        if any(r.has_secret_key for r in rows):
-            raise ValueError("a server-side batch holds no secret key")
+        if any(r.device != first.device for r in rows):
+            raise ValueError("a batch's rows share one device")
         self.params, self._ctx, self._encoder = first.params, first._ctx, first._encoder
         self._n, self._slots = first._n, first._slots
-        self._rows, self.row_backends = (len(rows),), rows
         self._sk, self._export = None, None
-        for r in rows:
-            self._require(r._pk, "public key")
-        self._pk = [r._pk for r in rows]
+        self._pk = [self._require(r._pk, "public key") for r in rows]
         self._rlk = K.RowKeys(tuple(r._rlk for r in rows)) if all(r._rlk is not None for r in rows) else None
         # the steps every row holds, each at the level all of them serve
         steps = set.intersection(*(set(r._key_levels) for r in rows))
@@ -54,17 +47,11 @@ class NativeBatch(NativeBackend):
         elements = set.intersection(*(set(r._gks) for r in rows))
         self._gks = {g: K.RowKeys(tuple(r._gks[g] for r in rows)) for g in elements}
 
-    @property
-    def batch_size(self) -> int:
-        return self._rows[0]
-
     def _public_zero(self, level: int) -> torch.Tensor:
         zero = torch.zeros((level + 1, self._n), dtype=torch.int64, device=self.device)
         return torch.stack([K.encrypt_public(self._ctx, pk, zero, level) for pk in self._pk])
 
-    # ---- rows in and out ---------------------------------------------------------------------
     def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
-        """Row b = ``cts[b]`` (one ciphertext of each row's session, same level, scale, size)."""
         if len(cts) != self.batch_size:
             raise HEError(f"{len(cts)} ciphertexts for a batch of {self.batch_size}")
         cs = [self._unwrap(ct) for ct in cts]
@@ -79,24 +66,14 @@ class NativeBatch(NativeBackend):
         return [self._wrap(row.clone(), c.level, c.scale) for row in c.data.unbind(0)]
 
     def stack_plain(self, pts: Sequence[Plaintext]) -> Plaintext:
-        """Per-row plaintexts (e.g. a weight encoded under each session's own permutation) as one
-        ``[B, 1, L, N]`` operand."""
-        if len(pts) != self.batch_size or len({(p.level, p.scale) for p in pts}) != 1:
-            raise HEError("a batch stacks one plaintext per row, of one level and scale")
+        """``[B, 1, L, N]``: broadcasts against ``[B, size, L, N]``."""
+        if len(pts) != self.batch_size or len({(p.level, p.scale, p.params_id) for p in pts}) != 1 \
+                or not all(isinstance(p._obj, torch.Tensor) and p._obj.dim() == 2 for p in pts):
+            raise HEError("a batch stacks one encoded plaintext per row, of one level and scale")
         m = torch.stack([p._obj for p in pts]).unsqueeze(1)
         return Plaintext(m, self.params.id, pts[0].level, pts[0].scale, m.numel() * 8)
 
-    def stack_masks(self, masks: Sequence[RefreshMask]) -> RefreshMask:
-        if len(masks) != self.batch_size or len({(m.bits, m.scale) for m in masks}) != 1:
-            raise HEError("a batch stacks one refresh mask per row, of one size and scale")
-        return RefreshMask(self.params.id, masks[0].bits, np.stack([m.coeffs for m in masks]), masks[0].scale)
-
-    def unstack_mask(self, mask: RefreshMask) -> list[RefreshMask]:
-        return [RefreshMask(mask.params_id, mask.bits, row, mask.scale) for row in mask.coeffs]
-
-    def serialize(self, ct: Ciphertext, noise_log2: float | None = None) -> list[bytes]:
-        """One serialized ciphertext per row, in row order."""
-        return [NativeBackend.serialize(self, row, noise_log2) for row in self.unstack(ct)]
-
-    def deserialize(self, data, **kw) -> Ciphertext:
-        raise HEError("a batch loads each row with its session's backend, then stacks")
+    def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
+        """Views of the rows (a row's plaintexts are read until its next step, then dropped)."""
+        m = pt._obj
+        return [Plaintext(m[b, 0], self.params.id, pt.level, pt.scale, pt.nbytes // m.shape[0]) for b in range(m.shape[0])]

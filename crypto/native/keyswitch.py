@@ -29,15 +29,17 @@ from veil.crypto.native.keys import RowKeys, SwitchKey
 __all__ = ["switch", "relinearize", "rotate", "rotate_hoisted"]
 
 
-def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int) -> torch.Tensor:
-    """The key inner product of ``digits`` ``[*rows, K, L, N]``; with ``RowKeys`` (a batch of
-    sessions) row b meets row b's key. Everything around it (the NTTs of ModUp and ModDown) runs
-    on the whole batch at once; only this product reads per-row key material."""
+def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int,
+           index: torch.Tensor | None = None) -> torch.Tensor:
+    """The key inner product of ``digits`` ``[*rows, K, L, N]`` (gathered by ``index`` first,
+    a rotation's automorphism); with ``RowKeys`` (a batch of sessions) row b meets row b's key.
+    Everything around it (the NTTs of ModUp and ModDown) runs on the whole batch at once; only
+    this product reads per-row key material."""
     ext_basis, _ = ctx.ext(level)
     if isinstance(key, RowKeys):
-        return torch.stack([rns.key_inner(d, k.at(level), ext_basis, ctx.compile)
+        return torch.stack([rns.key_inner(d, k.at(level), ext_basis, ctx.compile, index)
                             for d, k in zip(digits.unbind(0), key.rows, strict=True)])
-    return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile)
+    return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile, index)
 
 
 def switch(d: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -70,7 +72,7 @@ def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[Swit
     acc, c0s = [], []
     for g, key in zip(elements, keys, strict=True):
         idx = ctx.galois_index(g)
-        acc.append(_inner(digits.index_select(-1, idx), key, ctx, level))
+        acc.append(_inner(digits, key, ctx, level, idx))  # the gather fused on CUDA
         c0s.append(c[..., 0, :, :].index_select(-1, idx))
     out = rns.mod_down(torch.stack(acc), ctx, level)
     out[..., 0, :, :] = basis.add(out[..., 0, :, :], torch.stack(c0s))

@@ -1,0 +1,137 @@
+"""Protected sessions batched across: ``python -m veil.benchmarks.protected_sessions``.
+
+For each session count S (``--sessions 1,4``) it opens S sessions, each with its own client and
+its own evaluation keys, on one executor of the protected layers ``[layer, layer + 2)`` (default
+28: the k=28 split of SmolLM2's 30 layers, whose last two layers are the protected ones), seeds
+each session's encrypted KV cache with ``ctx - 1`` positions (bench-only shortcut, as in
+``protected_bench``) and times one decode step of all S sessions in lockstep: every round trip
+hands the S messages to ``ProtectedExecutor.handle_batch``, which runs them as one batched
+evaluation on the native backend (``veil.protected.batch``); S = 1 is the ordinary one-session
+step. Clients run one after another between round trips, as S separate SDKs would.
+
+Per session count: the step's wall time, the TPOT every session sees (all finish together),
+aggregate tokens/s (S / wall), server seconds by operation, and each session's next token from
+its decrypted h_L (final norm and LM head in the clear) against the plaintext model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from veil.benchmarks.protected_bench import PROMPT, _seed_cache
+from veil.crypto.backend import make_backend
+from veil.crypto.params import PROTECTED_PARAMS
+from veil.protected.circuits import rotation_key_levels
+from veil.protected.client import ProtectedClientState
+from veil.protected.layouts import dims_of
+from veil.protected.server import ProtectedExecutor
+from veil.protected.weights import layer_weights_from_tensors
+from veil.server.config import ServerConfig
+
+FIGURES: dict[str, float] = {}
+
+
+def fig(name: str, value: float) -> None:
+    FIGURES[name] = float(value)
+    print(f"figure protected.{name} {value:.6g}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sessions", default="1,4")
+    ap.add_argument("--layer", type=int, default=28, help="first of the two protected layers")
+    ap.add_argument("--ctx", type=int, default=16, help="the timed step's position + 1")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
+    ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))
+    args = ap.parse_args(argv)
+    counts = [int(s) for s in args.sessions.split(",")]
+
+    from veil.engine.loader import build_model, load_checkpoint
+
+    ckpt = load_checkpoint(args.model)
+    model, cfg = build_model(ckpt), ckpt.config
+    if args.layer + 2 != cfg.num_layers:
+        ap.error(f"--layer must be num_layers - 2 = {cfg.num_layers - 2}: the last layer's h_L gives the token")
+    dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
+    layers = (args.layer, args.layer + 1)
+    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.ctx]
+    with torch.no_grad():
+        h0 = model.run_layers(model.embed(ids), 0, layers[0])
+        h1 = model.run_layers(h0, layers[0], layers[1])
+        want = int(model.logits(model.run_layers(h1, layers[1], layers[1] + 1))[-1].argmax())
+    h0, h1 = h0.double().numpy(), h1.double().numpy()
+
+    steps = rotation_key_levels(dims)
+    clients, t = [], time.perf_counter()
+    for _ in range(max(counts)):
+        be = make_backend(PROTECTED_PARAMS, "native", device=args.device)
+        be.generate_keys(steps)
+        clients.append(be)
+    fig("sessions.keygen_s_per_client", (time.perf_counter() - t) / max(counts))
+    server_be = make_backend(PROTECTED_PARAMS, "native", device=args.device)  # encodes the weights only
+    weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i, dims) for i in layers]
+    ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
+
+    for n in counts:
+        sessions, states = [], []
+        for be in clients[:n]:
+            key_set = make_backend(PROTECTED_PARAMS, "native", device=args.device)
+            key_set.import_public_material(be.export_public_material())
+            s = ex.new_session(key_set)
+            c = ProtectedClientState(be, cfg, layers[0], layers[1] + 1, s.id)
+            _seed_cache(ex, c, s, weights[0], cfg, layers[0], h0, args.ctx - 1)
+            _seed_cache(ex, c, s, weights[1], cfg, layers[1], h1, args.ctx - 1)
+            sessions.append(s)
+            states.append(c)
+        ex.be.reset()
+        server = client = 0.0
+        t0 = time.perf_counter()
+        msgs = [c.token_message(h0[args.ctx - 1]) for c in states]
+        outs: list = [None] * n
+        while any(m is not None for m in msgs):
+            live = [i for i, m in enumerate(msgs) if m is not None]
+            ts = time.perf_counter()
+            replies = ex.handle_batch([msgs[i] for i in live])
+            server += time.perf_counter() - ts
+            for i, reply in zip(live, replies, strict=True):
+                if isinstance(reply, Exception):
+                    raise reply
+                tc = time.perf_counter()
+                nxt = states[i].handle(reply)
+                client += time.perf_counter() - tc
+                if isinstance(nxt, np.ndarray):
+                    outs[i], msgs[i] = nxt, None
+                else:
+                    msgs[i] = nxt
+        wall = time.perf_counter() - t0
+        tokens = [int(model.logits(torch.from_numpy(h).float()[None])[-1].argmax()) for h in outs]
+        fig(f"sessions.tpot_s.s{n}", wall)
+        fig(f"aggregate_tok_s.s{n}", n / wall)
+        fig(f"sessions.server_s.s{n}", server)
+        fig(f"sessions.client_s.s{n}", client)
+        for kind, sec in sorted(ex.be.times.items()):
+            fig(f"sessions.server_s.{kind}.s{n}", sec)
+        fig(f"sessions.tokens_equal_plaintext.s{n}", float(all(tok == want for tok in tokens)))
+        print(f"# s{n}: tokens {tokens}, plaintext {want}", flush=True)
+        for shape, dt in sorted(ex.be.matvec_by_shape.items()):
+            print(f"# s{n}: matvec {shape}: {dt:.3f} s", flush=True)
+        print(f"# s{n}: counts {dict(ex.be.counts)}", flush=True)
+        for s in sessions:
+            ex.drop_session(s.id)
+    if len(counts) > 1 and counts[0] == 1:
+        for n in counts[1:]:
+            fig(f"sessions.aggregate_speedup.s{n}", FIGURES[f"aggregate_tok_s.s{n}"] / FIGURES["aggregate_tok_s.s1"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "device": args.device,
+                                    "model": ckpt.source, "figures": FIGURES}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

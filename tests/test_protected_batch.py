@@ -1,0 +1,116 @@
+"""Protected steps of several sessions run as one batch (``ProtectedExecutor.handle_batch``).
+
+On the ``plain`` test double (seconds; the native batch's operations are checked bit for bit
+against each row alone in ``test_native_batch``, and the k=28 native run is measured by
+``benchmarks/protected_sessions.py``): three sessions with their own keys decode in lockstep
+through layers [11, 13) and each matches the plaintext model; the batch really ran as one (a
+third of the products of three sessions alone); a bad upload in a batch fails its own row only
+and leaves that session as it was; sessions at different steps run alone and stay right.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from veil.crypto.backend import CiphertextError
+from veil.crypto.params import PROTECTED_PARAMS
+from veil.protected.circuits import rotation_key_levels
+from veil.protected.client import ProtectedClientState
+from veil.protected.layouts import dims_of
+from veil.protected.protocol import CtPayload, MsgKind
+from veil.protected.server import ProtectedExecutor
+from veil.server.config import ServerConfig
+
+FIRST, LAST, POSITIONS, ROWS = 11, 13, 3, 3
+PROMPT = "The capital of France is Paris, and the capital of Italy is"
+REL_ERR_BOUND = 2e-3  # as test_protected_protocol: the plain double injects CKKS-sized noise
+
+
+@pytest.fixture(scope="module")
+def setup(ckpt, full_model, he_pair):
+    steps = rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count))
+    pairs = [he_pair("plain", PROTECTED_PARAMS, steps) for _ in range(ROWS)]
+    ex = ProtectedExecutor.from_checkpoint(pairs[0][1], ckpt, FIRST, LAST, ServerConfig().protected_limits())
+    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][:POSITIONS]
+    with torch.no_grad():
+        h = full_model.run_layers(full_model.embed(ids), 0, FIRST)
+        ref = full_model.run_layers(h, FIRST, LAST).double().numpy()
+    return pairs, ex, h.double().numpy(), ref
+
+
+def _open(ckpt, ex, pair):
+    s = ex.new_session(pair[1])
+    return s, ProtectedClientState(pair[0], ckpt.config, FIRST, LAST, s.id)
+
+
+def _lockstep(ex, clients, h):
+    """One decode step of every client, each round trip as one handle_batch call."""
+    msgs, outs = [c.token_message(h) for c in clients], [None] * len(clients)
+    while any(m is not None for m in msgs):
+        live = [i for i, m in enumerate(msgs) if m is not None]
+        for i, reply in zip(live, ex.handle_batch([msgs[i] for i in live]), strict=True):
+            assert not isinstance(reply, Exception), reply
+            nxt = clients[i].handle(reply)
+            outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
+    return outs
+
+
+def test_sessions_decoded_in_one_batch_match_the_plaintext(ckpt, setup):
+    pairs, ex, h_in, ref = setup
+    opened = [_open(ckpt, ex, p) for p in pairs]
+    ex.be.reset()
+    for t in range(POSITIONS):
+        outs = _lockstep(ex, [c for _, c in opened], h_in[t])
+        for out in outs:
+            assert np.linalg.norm(out - ref[t]) / np.linalg.norm(ref[t]) < REL_ERR_BOUND
+    batched = ex.be.counts["matvec"]
+    # the same positions, one session alone: a batch of three evaluates each product once
+    s, c = _open(ckpt, ex, pairs[0])
+    ex.be.reset()
+    for t in range(POSITIONS):
+        out = _lockstep(ex, [c], h_in[t])[0]
+        assert np.linalg.norm(out - ref[t]) / np.linalg.norm(ref[t]) < REL_ERR_BOUND
+    assert batched == ex.be.counts["matvec"] > 0
+    for sess, _ in opened:  # every row committed its own cache, as a session alone does
+        assert sess.step == s.step and sess.kv_bytes == s.kv_bytes and sess.state.length == POSITIONS
+        assert len(sess.kv[FIRST].keys) == len(s.kv[FIRST].keys)
+    for sess, _ in [*opened, (s, c)]:
+        ex.drop_session(sess.id)
+
+
+def test_a_bad_row_fails_alone_and_its_session_is_unchanged(ckpt, setup):
+    pairs, ex, h_in, ref = setup
+    opened = [_open(ckpt, ex, p) for p in pairs]
+    msgs = [c.token_message(h_in[0]) for _, c in opened]
+    bad = msgs[1]
+    first = bad.cts[0]
+    msgs[1] = type(bad)(bad.kind, bad.session_id, bad.step, bad.layer, bad.position,
+                        (CtPayload(first.tag, first.level, first.data[:-8], first.token),), bad.params_id)
+    before = (opened[1][0].step, opened[1][0].state, opened[1][0].kv_bytes)
+    replies = ex.handle_batch(msgs)
+    assert isinstance(replies[1], CiphertextError)
+    assert (opened[1][0].step, opened[1][0].state, opened[1][0].kv_bytes) == before
+    assert [r.kind for i, r in enumerate(replies) if i != 1] == [MsgKind.SCORES] * 2
+    # the bad session goes on with a good upload, now alone (the others are a step ahead)
+    assert ex.handle(opened[1][1].token_message(h_in[0])).kind == MsgKind.SCORES
+    for sess, _ in opened:
+        ex.drop_session(sess.id)
+
+
+def test_sessions_at_different_steps_run_alone_and_stay_right(ckpt, setup):
+    pairs, ex, h_in, ref = setup
+    (s0, c0), (s1, c1) = _open(ckpt, ex, pairs[0]), _open(ckpt, ex, pairs[1])
+    _lockstep(ex, [c0], h_in[0])  # s0 one position ahead
+    m0, m1 = c0.token_message(h_in[1]), c1.token_message(h_in[0])
+    assert ex.batch_key(m0) != ex.batch_key(m1)
+    outs = [None, None]
+    msgs = [m0, m1]
+    while any(m is not None for m in msgs):
+        live = [i for i, m in enumerate(msgs) if m is not None]
+        for i, reply in zip(live, ex.handle_batch([msgs[i] for i in live]), strict=True):
+            nxt = (c0, c1)[i].handle(reply)
+            outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
+    for out, t in zip(outs, (1, 0), strict=True):
+        assert np.linalg.norm(out - ref[t]) / np.linalg.norm(ref[t]) < REL_ERR_BOUND
+    for sess in (s0, s1):
+        ex.drop_session(sess.id)
