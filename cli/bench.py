@@ -9,6 +9,9 @@
   `transformers` static batches).
 * ``veil bench --paths split-plain,protected --protected-overhead ...`` — the protected-path
   benchmark (``veil.benchmarks.protected_overhead``: k=2, context 64, 8 tokens by default).
+* ``veil bench --paths protected --he-backend native --sessions 1,4,16 ...`` — protected sessions
+  batched across (``veil.benchmarks.protected_sessions``: k=28, TPOT per session, aggregate
+  tokens/s, server time by operation).
 * ``veil bench --from EARLIER.json --peer PEER.json [--extraction ATTACK.json] --out DIR`` — the
   overhead report of an earlier run with a peer's rows (e.g. Concrete ML, ``make bench-concrete``)
   and the extraction attack added, nothing measured.
@@ -29,14 +32,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args) -> int:
-    from veil.benchmarks import engine_throughput, overhead, protected_overhead
+    from veil.benchmarks import engine_throughput, overhead, protected_overhead, protected_sessions
 
     rest = list(args.rest)
     if "--protected-overhead" in rest:
         rest.remove("--protected-overhead")
         return protected_overhead.main(rest)
+    if "--sessions" in rest:
+        return _sessions(rest, protected_sessions)
     paths = rest[rest.index("--paths") + 1] if "--paths" in rest else ",".join(overhead.ALL_PATHS)
     engine_only = set(paths.split(",")) <= {"reference", "fast", "engine"} and not OVERHEAD_FLAGS & set(rest)
     if engine_only and "--help" not in rest and "-h" not in rest:
         return engine_throughput.main(rest)
     return overhead.main(rest)
+
+
+def _sessions(rest: list[str], protected_sessions) -> int:
+    """``--paths protected --he-backend native``: the only path and backend that batch sessions."""
+    for flag, allowed in (("--paths", "protected"), ("--he-backend", "native")):
+        if flag in rest:
+            i = rest.index(flag)
+            if rest[i + 1] != allowed:
+                raise SystemExit(f"--sessions measures {flag} {allowed} only (got {rest[i + 1]!r})")
+            del rest[i : i + 2]
+    protected_sessions.main(rest)
+    return 0

@@ -135,6 +135,10 @@ class HEBackend(abc.ABC):
         hold one row per session and every operation runs on all rows, row b under row b's keys."""
         raise HEError(f"the {cls.name} backend evaluates one session at a time")
 
+    def resident_bytes(self) -> int | None:
+        """Memory the imported public material holds here (None: not known to this backend)."""
+        return None
+
     # ---- keys --------------------------------------------------------------------------------
     @abc.abstractmethod
     def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:

@@ -29,7 +29,7 @@ from veil.crypto.wire import PROTOCOL_VERSION, WireError, int_field, pack, unpac
 __all__ = [
     "PROTOCOL_VERSION", "MAX_SPAN", "MsgKind", "Tag", "STEPS", "EXPECT", "UPLOAD_KINDS", "DECRYPTED",
     "ALLOWED_KINDS", "Levels", "LEVELS", "active_positions", "ProtocolError", "MessageError",
-    "UnknownSession", "LimitExceeded", "CapacityExceeded", "CtPayload", "ProtectedMessage",
+    "UnknownSession", "LimitExceeded", "CapacityExceeded", "DeviceOutOfMemory", "CtPayload", "ProtectedMessage",
     "public_material_to_bytes", "public_material_from_bytes",
 ]
 
@@ -154,6 +154,13 @@ class CapacityExceeded(ProtocolError):
     """A limit of the whole server (encrypted KV cache bytes of all sessions): retry later."""
 
     status = 429
+
+
+class DeviceOutOfMemory(ProtocolError):
+    """The device ran out of memory during this step: the step is dropped, retry later."""
+
+    status = 503
+    code = "device_out_of_memory"
 
 
 @dataclass(frozen=True)

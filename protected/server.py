@@ -15,10 +15,13 @@ before any score is computed and the class masks of the scores keep the causal o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+
+import torch
 
 from veil.crypto.backend import Ciphertext, HEBackend, RefreshMask
 from veil.crypto.linear import EncodedMatrix
@@ -39,6 +42,7 @@ from veil.protected.protocol import (
     PROTOCOL_VERSION,
     CapacityExceeded,
     CtPayload,
+    DeviceOutOfMemory,
     Levels,
     LimitExceeded,
     MessageError,
@@ -177,7 +181,8 @@ class ProtectedExecutor:
     def handle(self, msg: ProtectedMessage) -> ProtectedMessage:
         """Run the step ``msg`` starts and return the reply; commit only if it all succeeded."""
         s = self._check(msg)
-        out = self._step(msg.kind)(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
+        with _device_memory():
+            out = self._step(msg.kind)(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
         self._commit(s, msg, out)
         return out.reply
 
@@ -225,7 +230,8 @@ class ProtectedExecutor:
         rows = stack_sessions(ProtectedSession, self.be, sessions)
         first = msgs[0]
         bmsg = BatchMessage(first.kind, first.layer, first.position, first.count, tuple(zip(sessions, msgs, strict=True)))
-        out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
+        with _device_memory():
+            out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
         advances = split_advance(rows, out, msgs, _Advance)
         for s, msg, adv in zip(sessions, msgs, advances, strict=True):
             self._commit(s, msg, adv)
@@ -398,3 +404,15 @@ class ProtectedExecutor:
     def _reply(self, kind: str, msg: ProtectedMessage, layer: int, payloads: list[CtPayload]) -> ProtectedMessage:
         return ProtectedMessage(kind, msg.session_id, msg.step, layer, msg.position, tuple(payloads), self.params_id,
                                 count=msg.count)
+
+
+@contextlib.contextmanager
+def _device_memory():
+    """A device out-of-memory error fails the step (503, the session unchanged: nothing was
+    committed) and gives the cached blocks back, so the next step starts from a clean pool."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise DeviceOutOfMemory("the device ran out of memory during this step; retry later") from None

@@ -294,7 +294,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             try:
                 reply, op_seconds = await asyncio.to_thread(protected.step, msg)
             except ProtocolError as e:
-                raise ApiError(e.status, "protocol_error", str(e)) from None
+                raise ApiError(e.status, getattr(e, "code", "protocol_error"), str(e)) from None
             except (WireError, CiphertextError) as e:
                 raise ApiError(400, "bad_ciphertext", str(e)) from None
             except HEError as e:  # a ciphertext that deserialized but cannot be evaluated

@@ -23,7 +23,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=C.session_ttl_s, help="idle session TTL in seconds")
     p.add_argument("--device", default=C.device, choices=["cpu", "cuda"],
-                   help="the engine's device (fast path and split sessions; the protected path stays on CPU)")
+                   help="the device of the engine (fast path and split sessions) and, with --he-backend native, "
+                        "of the protected path")
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="weights dtype (default: bfloat16 on CUDA, float32 on CPU; the KV cache follows the "
                         "weights on CUDA and is float32 on CPU)")
@@ -40,6 +41,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="HE backend of the protected path")
     p.add_argument("--max-protected-sessions", type=int, default=C.max_protected_sessions,
                    help="concurrent protected (CKKS) sessions")
+    p.add_argument("--protected-device-gb", type=float, default=None,
+                   help="memory the protected path may hold on its device (encoded weights and imported "
+                        "evaluation keys); a key upload beyond it is refused with 429 (default: no bound)")
     p.add_argument("--protected-max-batch", type=int, default=C.protected_max_batch,
                    help="protected steps of different sessions evaluated as one batch (native backend)")
     p.add_argument("--protected-batch-wait-ms", type=float, default=C.protected_batch_wait_ms,
@@ -110,6 +114,8 @@ def cmd_serve(args) -> int:
                        max_tokens_per_step=args.max_tokens_per_step, he_backend=args.he_backend,
                        max_protected_sessions=args.max_protected_sessions,
                        protected_max_batch=args.protected_max_batch,
+                       protected_device_bytes=None if args.protected_device_gb is None
+                       else int(args.protected_device_gb * (1 << 30)),
                        protected_batch_wait_ms=args.protected_batch_wait_ms,
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
                        max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)),

@@ -34,6 +34,7 @@ class ServerConfig:
     max_protected_context: int = 512  # positions of one protected session (the layouts' limit)
     protected_max_batch: int = 16  # steps of different sessions evaluated as one (native backend)
     protected_batch_wait_ms: float = 50.0  # how long the oldest step waits for sessions at the same step
+    protected_device_bytes: int | None = None  # weights + imported keys the protected path may hold (429 above)
     # engine: its own dataclass holds the defaults
     kv_cache_bytes: int = EngineConfig.kv_cache_bytes  # the paged KV pool's memory budget
     block_size: int = EngineConfig.block_size

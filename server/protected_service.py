@@ -25,6 +25,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from veil.crypto.backend import HEBackend, KeyMaterialError, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.crypto.wire import WireError
@@ -55,7 +57,8 @@ class KeySet:
     id: str  # SHA-256 of the uploaded bytes
     tenant: str
     backend: HEBackend = field(repr=False)
-    nbytes: int = 0
+    nbytes: int = 0  # uploaded
+    resident: int = 0  # held in the backend's memory (the device's, on CUDA)
 
 
 class ProtectedService:
@@ -76,7 +79,7 @@ class ProtectedService:
         with self._build_lock:
             if self._executor is None:
                 t = time.perf_counter()
-                be = make_backend(self.params, self.cfg.he_backend)  # key-less: only encodes the weights
+                be = self._backend()  # key-less: only encodes the weights
                 tensors = self.half.model.hf_state_dict()
                 cfg, dims = self.half.config, dims_of(self.half.config, self.params.slot_count)
                 weights = (layer_weights_from_tensors(tensors, cfg, i, dims) for i in range(self.half.k, cfg.num_layers))
@@ -118,17 +121,34 @@ class ProtectedService:
             raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps, or levels of them: "
                                                       f"{[(s, self.required_levels[s]) for s in short[:8]]} "
                                                       "(step, level needed)")
-        be = make_backend(self.params, self.cfg.he_backend)
+        be = self._backend()
         try:
             be.import_public_material(material)
         except KeyMaterialError as e:
             raise KeysError(400, "bad_keys", str(e)) from None
+        except torch.OutOfMemoryError:
+            raise KeysError(503, "device_out_of_memory", "the device ran out of memory importing the keys") from None
         if be.has_secret_key:  # cannot happen through import; checked because it must never be
             raise KeysError(400, "bad_keys", "key material holds a secret key")
-        ks = KeySet(key_id, tenant, be, len(data))
+        ks = KeySet(key_id, tenant, be, len(data), be.resident_bytes() or len(data))
         with self._keys_lock:
+            budget = self.cfg.protected_device_bytes
+            if budget is not None and self.resident_bytes() + ks.resident > budget:
+                raise KeysError(429, "device_memory", f"evaluation keys ({ks.resident} bytes in memory) would exceed "
+                                                      f"protected_device_gb={budget / (1 << 30):g} with the "
+                                                      f"{self.resident_bytes()} bytes of weights and keys held")
             self.keys.setdefault((tenant, key_id), ks)
         return self.keys[(tenant, key_id)]
+
+    def _backend(self) -> HEBackend:
+        """A backend of the configured kind; the native one computes on the server's device."""
+        name = self.cfg.he_backend
+        return make_backend(self.params, name, **({"device": self.cfg.device} if name == "native" else {}))
+
+    def resident_bytes(self) -> int:
+        """Memory the protected path holds: encoded weights and every tenant's imported keys."""
+        weights = self._executor.encoded_bytes if self._executor is not None else 0
+        return weights + sum(k.resident for k in self.keys.values())
 
     def key_set(self, tenant: str, key_id: str) -> KeySet | None:
         return self.keys.get((tenant, key_id))

@@ -81,6 +81,24 @@ def test_cuda_matvec_decrypts_to_the_product(servers):
     np.testing.assert_allclose(got, w @ v, atol=1e-4)
 
 
+def test_cuda_session_batch_equals_each_cpu_row(servers):
+    """A ``NativeBatch`` on the GPU (two rows: the same key set twice) gives each row the bytes
+    the CPU server gives it alone: a product, hoisted rotations, a rotation and a ct x ct."""
+    client, cpu, gpu = servers
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((64, 64)) / 8
+    ups = [client.encrypt_to_bytes(replicate_input(rng.standard_normal(64), SLOTS)) for _ in range(2)]
+
+    def fn(s, ct):
+        out = matvec(s, encode_matrix(s, w, s.level(ct), n1=8), ct)
+        return s.multiply(s.add(s.rotate(out, 100), s.rotate_many(out, [1, -3])[1]), out)
+
+    batch = gpu.batched([gpu, gpu])
+    rows = batch.unstack(fn(batch, batch.stack([gpu.deserialize(u) for u in ups])))
+    for up, row in zip(ups, rows, strict=True):
+        assert gpu.serialize(row) == cpu.serialize(fn(cpu, cpu.deserialize(up)))
+
+
 # ---- the Triton kernels of the native backend (veil.kernels.ckks_*) vs their CPU twins ------------
 # On CUDA the backend's NTTs, key inner products and rescale / ModDown tails run as Triton kernels,
 # but only with real Triton: under the interpreter (conftest's default) CUDA tensors take the torch

@@ -17,7 +17,7 @@ from veil.crypto.params import PROTECTED_PARAMS
 from veil.protected.circuits import rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import dims_of
-from veil.protected.protocol import CtPayload, MsgKind
+from veil.protected.protocol import CtPayload, DeviceOutOfMemory, MsgKind
 from veil.protected.server import ProtectedExecutor
 from veil.server.config import ServerConfig
 
@@ -113,4 +113,31 @@ def test_sessions_at_different_steps_run_alone_and_stay_right(ckpt, setup):
     for out, t in zip(outs, (1, 0), strict=True):
         assert np.linalg.norm(out - ref[t]) / np.linalg.norm(ref[t]) < REL_ERR_BOUND
     for sess in (s0, s1):
+        ex.drop_session(sess.id)
+
+
+def test_device_out_of_memory_fails_the_step_with_503_and_changes_nothing(ckpt, setup, monkeypatch):
+    """A CUDA OOM inside a step (simulated: ``on_weights`` raises torch's OOM error) is a 503 for
+    that step; the session is unchanged and goes on once memory is back. In a batch, the rows
+    are retried one at a time (here they fail again, each with its own 503)."""
+    pairs, ex, h_in, ref = setup
+    opened = [_open(ckpt, ex, p) for p in pairs[:2]]
+    nxt = [c.handle(r) for (_, c), r in zip(opened, ex.handle_batch([c.token_message(h_in[0]) for _, c in opened]),
+                                              strict=True)]
+    real = ex.on_weights
+
+    def oom(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(ex, "on_weights", oom)
+    before = [(s.step, s.state, s.kv_bytes) for s, _ in opened]
+    with pytest.raises(DeviceOutOfMemory) as e:
+        ex.handle(nxt[0])
+    assert e.value.status == 503
+    replies = ex.handle_batch(nxt)
+    assert all(isinstance(r, DeviceOutOfMemory) for r in replies)
+    assert [(s.step, s.state, s.kv_bytes) for s, _ in opened] == before
+    monkeypatch.setattr(ex, "on_weights", real)
+    assert [r.kind for r in ex.handle_batch(nxt)] == [MsgKind.MLP, MsgKind.MLP]
+    for sess, _ in opened:
         ex.drop_session(sess.id)

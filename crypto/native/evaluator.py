@@ -20,7 +20,8 @@ from veil.crypto.native.sampling import DIGIT_BITS, Stream
 
 __all__ = ["Evaluator"]
 
-#: Rotations ``rotate_many`` evaluates together (bounds the lifted digits' working memory).
+#: Rotations ``rotate_many`` evaluates together, over all rows of a batch (bounds the lifted
+#: digits' working memory: a batch of B sessions takes HOIST_CHUNK // B rotations at a time).
 HOIST_CHUNK = 16
 
 
@@ -167,8 +168,9 @@ class Evaluator:
         for i, gk in enumerate(found):
             if gk is None:
                 out[i] = self._wrap(c.data.clone(), c.level, c.scale)
-        for start in range(0, len(todo), HOIST_CHUNK):
-            part = todo[start : start + HOIST_CHUNK]
+        chunk = max(1, HOIST_CHUNK // math.prod(self._rows))
+        for start in range(0, len(todo), chunk):
+            part = todo[start : start + chunk]
             rot = keyswitch.rotate_hoisted(c.data, [found[i][0] for i in part],
                                            [found[i][1] for i in part], self._ctx, c.level)
             for j, i in enumerate(part):

@@ -1,0 +1,48 @@
+"""The protected service's memory bound: keys beyond ``protected_device_bytes`` are refused (429).
+
+``ProtectedService`` is built over a stand-in for the server half (``add_keys`` reads only the
+model config; the executor is never built here), with the native backend and real keys.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from veil.crypto.backend import make_backend
+from veil.crypto.params import PROTECTED_PARAMS
+from veil.protected.circuits import rotation_key_levels
+from veil.protected.layouts import dims_of
+from veil.protected.protocol import public_material_to_bytes
+from veil.server.config import ServerConfig
+from veil.server.protected_service import KeysError, ProtectedService
+
+
+@pytest.fixture(scope="module")
+def upload(ckpt):
+    client = make_backend(PROTECTED_PARAMS, "native")
+    client.generate_keys(rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count)))
+    return public_material_to_bytes(client.export_public_material())
+
+
+def _service(ckpt, budget):
+    half = SimpleNamespace(config=ckpt.config, k=28)  # stand-in: add_keys reads the config only
+    return ProtectedService(half, ServerConfig(he_backend="native", protected_device_bytes=budget))
+
+
+def test_keys_count_what_they_hold_in_memory(ckpt, upload):
+    svc = _service(ckpt, None)
+    ks = svc.add_keys("alice", upload)
+    # the seeded halves are expanded on import: memory exceeds the upload
+    assert ks.resident == ks.backend.resident_bytes() > ks.nbytes == len(upload)
+    assert svc.resident_bytes() == ks.resident
+
+
+def test_keys_beyond_the_device_budget_are_refused_with_429(ckpt, upload):
+    need = _service(ckpt, None).add_keys("alice", upload).resident
+    svc = _service(ckpt, 2 * need - 1)
+    svc.add_keys("alice", upload)
+    with pytest.raises(KeysError) as e:
+        svc.add_keys("bob", upload)
+    assert (e.value.status, e.value.code) == (429, "device_memory")
+    assert [k.tenant for k in svc.keys.values()] == ["alice"]  # nothing of bob's stays
+    assert svc.add_keys("alice", upload).tenant == "alice"  # the same keys again: no new memory
