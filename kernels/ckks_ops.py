@@ -50,16 +50,21 @@ def _col(t: torch.Tensor) -> torch.Tensor:
 
 # ---- key switching: sum_j d_j[idx] * key_j ---------------------------------------------------
 @triton.jit
+def _program_tile(run_limbs, first_limb, n, BLOCK: tl.constexpr):
+    """What a program of the ``(B * limbs of the run, N / BLOCK)`` grid works on: batch row
+    ``b``, the limb within the run and in the tensor, its ``BLOCK`` coefficients and their mask."""
+    row = tl.program_id(0).to(tl.int64)
+    limb = row % run_limbs
+    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return row // run_limbs, limb, first_limb + limb, x, x < n
+
+
+@triton.jit
 def _key_inner_kernel(d_ptr, key_ptr, idx_ptr, out_ptr, q_ptr, qinv_ptr,
                       digits, run_limbs, first_limb, n, sd_b, sd_j, sd_i, sk_r, sk_j, sk_i,
                       so_b, so_r, so_i,
                       HAS_INDEX: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    limb = row % run_limbs
-    i = first_limb + limb
-    b = row // run_limbs
-    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = x < n
+    b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
     src = x
     if HAS_INDEX:
         src = tl.load(idx_ptr + x, mask=mask, other=0)  # the automorphism's gather
@@ -114,12 +119,7 @@ def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis, index: torch.Ten
 def _mac_kernel(a_ptr, w_ptr, out_ptr, q_ptr, qinv_ptr, terms, per_reduce, run_limbs, first_limb,
                 n, sa_k, sa_b, sa_i, sw_k, sw_i, so_b, so_i,
                 WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    limb = row % run_limbs
-    i = first_limb + limb
-    b = row // run_limbs
-    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = x < n
+    b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
     q = tl.load(q_ptr + limb)
     qinv = tl.load(qinv_ptr + limb)
     a_k = a_ptr + b * sa_b + i * sa_i + x
@@ -191,12 +191,7 @@ def mac(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
 def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr,
                     run_limbs, first_limb, n, sx_b, sx_i, sr_b, sr_i, so_b, so_i,
                     WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    limb = row % run_limbs
-    i = first_limb + limb
-    b = row // run_limbs
-    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = x < n
+    b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
     q = tl.load(q_ptr + limb)
     y = fix(tl.load(x_ptr + b * sx_b + i * sx_i + x, mask=mask, other=0)
             - tl.load(r_ptr + b * sr_b + i * sr_i + x, mask=mask, other=0), q)  # Basis.sub

@@ -74,7 +74,10 @@ class StepScheduler:
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
-                batch = self._take()
+                try:
+                    batch = self._take()
+                except Exception:  # noqa: BLE001 (a bug guard: the worker must outlive it; the head runs alone)
+                    batch = [self._queue.pop(0)]
             before = dict(self.ex.be.times)
             try:
                 results = self.ex.handle_batch([p.msg for p in batch])

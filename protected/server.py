@@ -222,7 +222,7 @@ class ProtectedExecutor:
     def sessions_at(self, key: tuple) -> int:
         """Sessions standing where a step of ``key`` starts: who may still join its batch."""
         kind, layer, _, _, length = key
-        return sum(1 for s in self.sessions.values()
+        return sum(1 for s in tuple(self.sessions.values())  # a snapshot: sessions open and close meanwhile
                    if (s.state.expect, s.state.layer, s.state.length) == (kind, layer, length))
 
     def _run_batch(self, msgs: Sequence[ProtectedMessage]) -> list[ProtectedMessage]:
