@@ -219,6 +219,12 @@ class HEBackend(abc.ABC):
     def encode(self, values: np.ndarray, level: int | None = None, scale: float | None = None) -> Plaintext:
         """Encode a real vector at ``level`` (default top) and ``scale`` (default Δ)."""
 
+    def encode_many(self, values: Sequence[np.ndarray], level: int | None = None,
+                    scale: float | None = None) -> list[Plaintext]:
+        """Encode several vectors at one level and scale (a matrix's diagonals); a backend may
+        batch them (the native one runs one FFT and one NTT per chunk of vectors)."""
+        return [self.encode(v, level, scale) for v in values]
+
     @abc.abstractmethod
     def level(self, ct: Ciphertext) -> int: ...
 

@@ -335,7 +335,7 @@ def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None 
     if level == 0:
         raise HEError("a matrix product needs a level to rescale into")
     diags, scale = _diagonals(w, plan), float(be.prime(level))
-    plaintexts: dict[int, Plaintext] = {}
+    bufs: dict[int, np.ndarray] = {}
     owners = plan.diagonal_owners()  # "bsgs": one block holding every diagonal
     for u in range(plan.diagonals_per_block):
         g = u // plan.n1
@@ -345,9 +345,10 @@ def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None 
                 start = t * plan.stride + g * plan.n1
                 buf[start : start + plan.diag_len] = diags[row[u]]
         if np.any(buf):
-            plaintexts[u] = be.encode(buf, level, scale)
-    if not plaintexts:
+            bufs[u] = buf
+    if not bufs:
         raise HEError("all-zero matrix")
+    plaintexts = dict(zip(bufs, be.encode_many(list(bufs.values()), level, scale), strict=True))
     return EncodedMatrix(be.params.id, level, plan, plaintexts)
 
 

@@ -175,3 +175,20 @@ def test_diagonal_product_with_hoisted_baby_steps(pair, rng):
     assert mat.plan == PRODUCT
     out = matvec(server, mat, client.encrypt(replicate_input(x, SLOTS)))
     np.testing.assert_allclose(client.decrypt(out, 64), w @ x, atol=1e-5)
+
+
+def test_encode_many_equals_encode_one_by_one(pair, rng, monkeypatch):
+    """The batched encoding (chunks of vectors of any lengths) gives ``encode``'s residues."""
+    from veil.crypto.native import backend as native_backend
+
+    _, server = pair
+    monkeypatch.setattr(native_backend, "ENCODE_CHUNK", 3)  # several chunks, one ragged
+    values = [rng.standard_normal(n) for n in (10, SLOTS, 1, 700, SLOTS // 2, 33, 5)]
+    many = server.encode_many(values, 1, 2.0**30)
+    assert len(many) == len(values)
+    for v, pt in zip(values, many, strict=True):
+        one = server.encode(v, 1, 2.0**30)
+        assert (pt.level, pt.scale, pt.nbytes) == (one.level, one.scale, one.nbytes)
+        assert torch.equal(pt._obj, one._obj)
+    with pytest.raises(HEError, match="exceed"):
+        server.encode_many([np.ones(SLOTS + 1)], 1)
