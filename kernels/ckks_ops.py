@@ -150,15 +150,17 @@ def _check_mac(a: torch.Tensor, w: torch.Tensor, basis) -> None:
                          f"[K, ..., {limbs}, N] / [K, {limbs}, N]")
 
 
-def mac_torch(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
-    """``sum_k a[k] * w[k]`` in ``[0, q)``: ``a`` ``[K, ..., L, N]``, ``w`` ``[K, L, N]``, both
-    canonical (``w`` is the split operand of the wide scheme) -> ``[..., L, N]``."""
-    _check_mac(a, w, basis)
+def mac_torch(a, w, basis) -> torch.Tensor:
+    """``sum_k a[k] * w[k]`` in ``[0, q)`` over K terms: ``a[k]`` ``[..., L, N]``, ``w[k]``
+    ``[L, N]`` (or anything that broadcasts against ``a[k]``, e.g. a batch's per-row plaintexts),
+    both canonical (``w`` is the split operand of the wide scheme) -> ``[..., L, N]``. ``a``
+    and ``w`` are stacked tensors or sequences of the terms (``dot_plain`` passes lists: no
+    copy). Lazy products are summed in int64 and reduced once per ``2^63 / q`` terms."""
     acc, held, per = None, 0, _per_reduce(basis)
-    for k in range(a.shape[0]):
+    for x, y in zip(a, w, strict=True):
         if held == per:
             acc, held = basis.reduce(acc), 1
-        term = basis.mul_lazy(a[k], w[k])
+        term = basis.mul_lazy(x, y)
         acc = term if acc is None else acc.add_(term)
         held += 1
     return basis.reduce(acc)
@@ -181,9 +183,13 @@ def mac_triton(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
     return out.view(a.shape[1:])
 
 
-def mac(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
-    """:func:`mac_torch`, in one Triton kernel on CUDA tensors (``use_triton``)."""
-    return (mac_triton if use_triton(a) else mac_torch)(a, w, basis)
+def mac(a, w, basis) -> torch.Tensor:
+    """:func:`mac_torch`, in one Triton kernel on CUDA tensors (``use_triton``) when every
+    weight is one ``[L, N]`` plaintext (per-row weights of a batch take the twin)."""
+    if use_triton(a[0]) and all(x.dim() == 2 for x in w):
+        return mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
+                          w if torch.is_tensor(w) else torch.stack(list(w)), basis)
+    return mac_torch(a, w, basis)
 
 
 # ---- rescale / ModDown tail: (x - r) * c ----------------------------------------------------------

@@ -17,6 +17,7 @@ from veil.crypto.native import keys as K
 from veil.crypto.native import keyswitch, rns, serial
 from veil.crypto.native.context import galois_element
 from veil.crypto.native.sampling import DIGIT_BITS, Stream
+from veil.kernels.ckks_ops import mac
 
 __all__ = ["Evaluator"]
 
@@ -71,27 +72,23 @@ class Evaluator:
 
     def dot_plain(self, cts: Sequence[Ciphertext], pts: Sequence[Plaintext]) -> Ciphertext:
         """``sum_i cts[i] * pts[i]`` (not rescaled), fused: lazy products accumulated in int64
-        and reduced once per ``2^63 / q`` terms (63 for the 57-bit primes)."""
+        and reduced once per ``2^63 / q`` terms (63 for the 57-bit primes); one Triton kernel
+        on CUDA (``veil.kernels.ckks_ops.mac``, whose twin is the torch loop)."""
         if len(cts) != len(pts) or not cts:
             raise HEError(f"dot_plain of {len(cts)} ciphertexts and {len(pts)} plaintexts")
         first = self._unwrap(cts[0])
         level, scale, size = first.level, first.scale * pts[0].scale, first.data.shape[-3]
-        basis, _ = self._ctx.data(level)
-        per_reduce = max(1, (2**63 - 1) // max(basis.primes) - 1)
-        acc, terms = None, 0
+        datas, ms = [], []
         for ct, pt in zip(cts, pts, strict=True):
             c = self._unwrap(ct)
-            m = self._plain_operand(pt, c)
+            ms.append(self._plain_operand(pt, c))
             if c.level != level or c.data.shape[-3] != size:
                 raise HEError(f"level or size mismatch in dot_plain: {c.level} vs {level}")
             if not math.isclose(c.scale * pt.scale, scale, rel_tol=1e-9):
                 raise HEError(f"scale mismatch in dot_plain: {c.scale * pt.scale} vs {scale}")
-            if terms == per_reduce:
-                acc, terms = basis.reduce(acc), 1
-            term = basis.mul_lazy(c.data, m)
-            acc = term if acc is None else acc.add_(term)
-            terms += 1
-        return self._wrap(basis.reduce(acc), level, self._product_scale(scale, level))
+            datas.append(c.data)
+        basis, _ = self._ctx.data(level)
+        return self._wrap(mac(datas, ms, basis), level, self._product_scale(scale, level))
 
     def multiply(self, a: Ciphertext, b: Ciphertext, rescale: bool = True,
                  relinearize: bool = True) -> Ciphertext:
