@@ -61,7 +61,7 @@ def _program_tile(run_limbs, first_limb, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _key_inner_kernel(d_ptr, key_ptr, idx_ptr, out_ptr, q_ptr, qinv_ptr,
-                      digits, run_limbs, first_limb, n, sd_b, sd_j, sd_i, sk_r, sk_j, sk_i,
+                      digits, run_limbs, first_limb, n, sd_b, sd_j, sd_i, sk_b, sk_r, sk_j, sk_i,
                       so_b, so_r, so_i,
                       HAS_INDEX: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
@@ -71,7 +71,7 @@ def _key_inner_kernel(d_ptr, key_ptr, idx_ptr, out_ptr, q_ptr, qinv_ptr,
     q = tl.load(q_ptr + limb)
     qinv = tl.load(qinv_ptr + limb)
     d_j = d_ptr + b * sd_b + i * sd_i + src
-    k_j = key_ptr + i * sk_i + x
+    k_j = key_ptr + b * sk_b + i * sk_i + x  # sk_b = 0: one key for every row
     acc0 = tl.zeros([BLOCK], dtype=tl.int64)
     acc1 = tl.zeros([BLOCK], dtype=tl.int64)
     for _ in range(digits):  # |acc| < digits * q < 2^63 (checked by the launcher)
@@ -88,14 +88,16 @@ def _key_inner_kernel(d_ptr, key_ptr, idx_ptr, out_ptr, q_ptr, qinv_ptr,
 def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis, index: torch.Tensor | None = None
                      ) -> torch.Tensor:
     """``rns.key_inner(d.index_select(-1, index), key, basis)``: digits ``[..., K, L, N]``
-    (canonical), key ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``), ``index``
+    (canonical), key ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``) or one key
+    per row of a batch ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]``, ``index``
     ``[N]`` int64 in ``[0, N)`` or None -> ``[..., 2, L, N]``. An index out of range is not
     detected here (it would cost a device sync); ``index_select`` on the twin's path raises."""
     check_triton_device(d, key, basis.q, *(() if index is None else (index,)))
     *lead, k, limbs, n = d.shape
-    if key.shape != (2, k, limbs, n) or d.dtype != torch.int64 or key.dtype != torch.int64:
+    rows = (lead[0],) if key.dim() == 5 and len(lead) == 1 else ()
+    if key.shape != rows + (2, k, limbs, n) or d.dtype != torch.int64 or key.dtype != torch.int64:
         raise ValueError(f"digits {tuple(d.shape)} {d.dtype} and key {tuple(key.shape)} "
-                         f"{key.dtype} do not match [..., K, L, N] / [2, K, L, N] int64")
+                         f"{key.dtype} do not match [..., K, L, N] / [(B,) 2, K, L, N] int64")
     if index is not None and (index.shape != (n,) or index.dtype != torch.int64):
         raise ValueError(f"index must be int64 [{n}], got {index.dtype} {tuple(index.shape)}")
     if k * max(basis.primes) >= 2**63:
@@ -108,8 +110,8 @@ def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis, index: torch.Ten
         if grid[0]:
             _key_inner_kernel[grid](
                 d4, key, idx, out, _col(part.q), _col(part.qinv), k, stop - a, a, n,
-                d4.stride(0), d4.stride(1), d4.stride(2), key.stride(0), key.stride(1),
-                key.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                d4.stride(0), d4.stride(1), d4.stride(2), key.stride(0) if rows else 0,
+                key.stride(-4), key.stride(-3), key.stride(-2), out.stride(0), out.stride(1), out.stride(2),
                 HAS_INDEX=index is not None, WIDE=part.wide, BLOCK=block, **NO_FMA)
     return out.view(*lead, 2, limbs, n)
 

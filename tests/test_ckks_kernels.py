@@ -125,6 +125,21 @@ def test_key_inner_with_gather_equals_twin(name):
     assert torch.equal(ckks_ops.key_inner_triton(strided, key, basis), rns.key_inner(d, key, basis))
 
 
+@pytest.mark.parametrize("name", list(BASES))
+def test_key_inner_with_a_key_per_row_equals_each_row_alone(name):
+    """A batch of sessions (``NativeBatch``): row b's digits meet row b's key, in one launch."""
+    primes, n, digits, rows = BASES[name][:4], 256, 3, 3
+    basis = Basis.of(primes)
+    d = _residues(primes, (rows, digits), n, seed=3)
+    keys = torch.stack([_key_view(primes, digits, n, seed=10 + b) for b in range(rows)])
+    idx = automorphism_index(5, n)
+    want = torch.stack([rns.key_inner(d[b], keys[b], basis, index=idx) for b in range(rows)])
+    assert torch.equal(ckks_ops.key_inner_triton(d, keys, basis, idx), want)
+    assert torch.equal(rns.key_inner(d, keys, basis, index=idx), want)  # the twin broadcasts per row
+    with pytest.raises(ValueError, match="do not match"):
+        ckks_ops.key_inner_triton(d[:2], keys, basis)
+
+
 def test_key_inner_refuses_an_overflowing_digit_count():
     basis = Basis.of([P60[0]])
     d = torch.zeros(9, 1, 64, dtype=torch.int64)  # 9 * q > 2^63 > 8 * q

@@ -25,6 +25,7 @@ import torch
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.keys import RowKeys, SwitchKey
+from veil.kernels.ckks_arith import use_triton
 
 __all__ = ["switch", "relinearize", "rotate", "rotate_hoisted"]
 
@@ -37,6 +38,10 @@ def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, leve
     this product reads per-row key material."""
     ext_basis, _ = ctx.ext(level)
     if isinstance(key, RowKeys):
+        if use_triton(digits):  # one launch, each row reading its own key (the stack: B keys copied)
+            keys = torch.stack([k.at(level) for k in key.rows])
+            return rns.key_inner(digits, keys, ext_basis, ctx.compile, index)
+        # the twin row by row: no copy of the keys, and each row's operands stay in cache
         return torch.stack([rns.key_inner(d, k.at(level), ext_basis, ctx.compile, index)
                             for d, k in zip(digits.unbind(0), key.rows, strict=True)])
     return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile, index)

@@ -78,7 +78,7 @@ def _needs_reduction(digit_primes: tuple[int, ...], primes: tuple[int, ...]) -> 
 def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
     acc = None  # one digit at a time: each step's operands stay in cache
     for j in range(d.shape[-3]):
-        p = basis.mul_lazy(d[..., j, None, :, :], key[:, j])
+        p = basis.mul_lazy(d[..., j, None, :, :], key.select(-3, j))  # a batch's per-row keys broadcast
         acc = p if acc is None else acc.add_(p)
     return basis.reduce(acc)
 
@@ -86,7 +86,8 @@ def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor
 def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False,
               index: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_j d_j * key_j`` for digits ``d`` ``[..., K, L, N]`` and a key ``[2, K, L, N]``
-    (its two halves): ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
+    (its two halves), or one key per row ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]``:
+    ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
     (``K * q < 2^63``: ``RnsContext`` checks it). ``index`` (``[N]``, e.g. a Galois gather
     index) is applied to the digits first, ``d.index_select(-1, index)``; on CUDA one Triton
     kernel gathers as it reads (``veil.kernels.ckks_ops``), and the code below is its twin."""
