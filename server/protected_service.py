@@ -66,6 +66,9 @@ class ProtectedService:
         self.half, self.cfg = half, cfg
         self.params = PROTECTED_PARAMS
         make_backend(self.params, cfg.he_backend)  # refuses an unknown or test-only backend now
+        budget = cfg.protected_device_bytes
+        if cfg.protected_max_batch < 1 or cfg.protected_batch_wait_ms < 0 or (budget is not None and budget <= 0):
+            raise ValueError("protected_max_batch >= 1, protected_batch_wait_ms >= 0 and protected_device_gb > 0")
         #: step -> the highest level the circuits rotate by it at
         self.required_levels = rotation_key_levels(dims_of(half.config, self.params.slot_count))
         self.keys: dict[tuple[str, str], KeySet] = {}

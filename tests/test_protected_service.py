@@ -46,3 +46,10 @@ def test_keys_beyond_the_device_budget_are_refused_with_429(ckpt, upload):
     assert (e.value.status, e.value.code) == (429, "device_memory")
     assert [k.tenant for k in svc.keys.values()] == ["alice"]  # nothing of bob's stays
     assert svc.add_keys("alice", upload).tenant == "alice"  # the same keys again: no new memory
+
+
+@pytest.mark.parametrize("bad", [{"protected_max_batch": 0}, {"protected_batch_wait_ms": -1.0},
+                                 {"protected_device_bytes": 0}])
+def test_bad_batching_and_memory_settings_are_refused_at_start(ckpt, bad):
+    with pytest.raises(ValueError, match="protected_max_batch"):
+        ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="native", **bad))
