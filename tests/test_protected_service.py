@@ -29,16 +29,21 @@ def _service(ckpt, budget):
     return ProtectedService(half, ServerConfig(he_backend="native", protected_device_bytes=budget))
 
 
-def test_keys_count_what_they_hold_in_memory(ckpt, upload):
+@pytest.fixture(scope="module")
+def imported(ckpt, upload):
     svc = _service(ckpt, None)
-    ks = svc.add_keys("alice", upload)
+    return svc, svc.add_keys("alice", upload)
+
+
+def test_keys_count_what_they_hold_in_memory(imported, upload):
+    svc, ks = imported
     # the seeded halves are expanded on import: memory exceeds the upload
     assert ks.resident == ks.backend.resident_bytes() > ks.nbytes == len(upload)
     assert svc.resident_bytes() == ks.resident
 
 
-def test_keys_beyond_the_device_budget_are_refused_with_429(ckpt, upload):
-    need = _service(ckpt, None).add_keys("alice", upload).resident
+def test_keys_beyond_the_device_budget_are_refused_with_429(ckpt, upload, imported):
+    need = imported[1].resident
     svc = _service(ckpt, 2 * need - 1)
     svc.add_keys("alice", upload)
     with pytest.raises(KeysError) as e:
