@@ -368,6 +368,9 @@ class RowBatch:
         if any(r.has_secret_key for r in rows):
             raise ValueError("a server-side batch holds no secret key")
         self._rows, self.row_backends = (len(rows),), rows
+        # the Galois steps every row holds, each at the level all of them serve
+        steps = set.intersection(*(set(r._key_levels) for r in rows))
+        self._key_levels = {st: min(r._key_levels[st] for r in rows) for st in sorted(steps)}
         return rows
 
     def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:

@@ -328,8 +328,6 @@ class PlainBatch(RowBatch, PlainBackend):
         self.params, self.noise, self._slots, self._tag = first.params, first.noise, first._slots, first._tag
         self._half_q, self._secret = first._half_q, False
         self._public, self._relin = all(r._public for r in rows), all(r._relin for r in rows)
-        steps = set.intersection(*(set(r._key_levels) for r in rows))
-        self._key_levels = {st: min(r._key_levels[st] for r in rows) for st in sorted(steps)}
 
     def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
         xs = [self._unwrap(ct) for ct in cts]

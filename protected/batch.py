@@ -5,9 +5,8 @@ sessions (``step_key`` says which may go together) and runs the executor's ordin
 once, on a ``ProtectedSession`` whose ciphertexts are the rows' stacked (``stack_sessions``)
 and whose backend is a batch of the rows' key sets (``NativeBatch`` on the native backend):
 every Circuit method, written over the backend interface, then evaluates all rows in one
-batched computation. ``split_advance``
-turns the batch's result back into one ``_Advance`` per row, which the executor commits row by
-row exactly as after a single step (a batch that fails commits nothing; the executor then runs
+batched computation. ``split_advance`` turns the batch's result back into one ``_Advance`` per
+row, which the executor commits row by row exactly as after a single step (a batch that fails commits nothing; the executor then runs
 its rows one at a time, so one row's bad ciphertext never fails another's step).
 
 Only steps whose circuits are the same Python control flow may share a batch: the same message
@@ -25,19 +24,14 @@ from veil.crypto.linear import EncodedMatrix
 from veil.protected.kv import LayerKV
 from veil.protected.protocol import ProtectedMessage
 
-__all__ = ["BatchMessage", "step_key", "can_batch", "stack_sessions", "split_advance", "stack_matrices"]
-
-
-def can_batch(backend) -> bool:
-    """The native backend evaluates rows together (and the plain test double); SEAL runs one
-    ciphertext per call."""
-    return backend.supports_batch
+__all__ = ["BatchMessage", "step_key", "stack_sessions", "split_advance", "stack_matrices"]
 
 
 def step_key(session, msg: ProtectedMessage) -> tuple | None:
-    """Steps with equal keys run as one batch; None: this step runs alone."""
+    """Steps with equal keys run as one batch; None: this step runs alone (so does every step on
+    a backend that cannot batch, e.g. SEAL)."""
     st = session.state
-    if st.verify or st.undo or msg.verify or not can_batch(session.be.inner):
+    if st.verify or st.undo or msg.verify or not session.be.inner.supports_batch:
         return None
     return (msg.kind, msg.layer, msg.position, msg.count, st.length)
 
@@ -79,7 +73,7 @@ class _StackedKV(dict):
 
     def __init__(self, be: RowBatch, sessions):
         super().__init__()
-        self.be, self.sessions, self.origin = be, sessions, {}
+        self.be, self.sessions, self.origin, self._rows = be, sessions, {}, {}
 
     def _stack(self, cts: list[Ciphertext]) -> Ciphertext:
         out = self.be.stack(cts)
@@ -96,10 +90,11 @@ class _StackedKV(dict):
         return kv
 
     def row(self, ct: Ciphertext, b: int) -> Ciphertext:
+        """Row ``b`` of a chunk of the step's result (each new chunk is unstacked once)."""
         kept = self.origin.get(id(ct))
-        if kept is not None and kept[0] is ct:
-            return kept[1][b]
-        return self.be.unstack(ct)[b]
+        if kept is None or kept[0] is not ct:
+            kept = self.origin[id(ct)] = (ct, self.be.unstack(ct))
+        return kept[1][b]
 
 
 def stack_sessions(session_cls, timed, sessions) -> object:

@@ -38,7 +38,6 @@ class StepScheduler:
         self._queue: list[_Pending] = []
         self._worker = threading.Thread(target=self._loop, name="veil-he", daemon=True)
         self._worker.start()
-        self.batches: dict[int, int] = {}  # batch size -> how many ran (metrics, tests)
 
     def submit(self, msg) -> tuple[object, dict[str, float], int]:
         """Run ``msg``'s step (blocking): ``(reply, HE seconds by kind, batch size)``; raises the
@@ -85,7 +84,6 @@ class StepScheduler:
                 results = [e] * len(batch)
             spent = {k: (v - before.get(k, 0.0)) / len(batch) for k, v in self.ex.be.times.items()
                      if v != before.get(k, 0.0)}
-            self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
             for p, r in zip(batch, results, strict=True):
                 p.result, p.seconds, p.batch = r, spent, len(batch)
                 p.done.set()

@@ -41,9 +41,6 @@ class NativeBatch(RowBatch, NativeBackend):
         self._sk, self._export = None, None
         self._pk = [self._require(r._pk, "public key") for r in rows]
         self._rlk = K.RowKeys(tuple(r._rlk for r in rows)) if all(r._rlk is not None for r in rows) else None
-        # the steps every row holds, each at the level all of them serve
-        steps = set.intersection(*(set(r._key_levels) for r in rows))
-        self._key_levels = {st: min(r._key_levels[st] for r in rows) for st in sorted(steps)}
         elements = set.intersection(*(set(r._gks) for r in rows))
         self._gks = {g: K.RowKeys(tuple(r._gks[g] for r in rows)) for g in elements}
 

@@ -209,7 +209,7 @@ class Evaluator:
             raise HEError(f"level {c.level} cannot carry the refresh mask (needs >= {need})")
         c = self._unwrap(self.rerandomize(ct, flood_log2_sigma=float("-inf")))
         bits = self.params.mask_bits(c.scale)
-        rows = int(np.prod(self._rows))
+        rows = math.prod(self._rows)
         digits = np.stack([Stream().uniform_digits(self._n, bits + 1) for _ in range(rows)])
         digits = digits.reshape(self._rows + digits.shape[1:])
         masked = self._add_integer(c.data, c.level, self._mask_residues(digits, bits, c.level))
@@ -235,7 +235,7 @@ class Evaluator:
         out = basis.add(c.data, self._public_zero(c.level))
         log_sigma = self.params.flood_log2_sigma if flood_log2_sigma is None else flood_log2_sigma
         if math.isfinite(log_sigma):
-            rows = int(np.prod(self._rows))
+            rows = math.prod(self._rows)
             noise = Stream().gaussian(self._n * rows, 2.0**log_sigma).reshape(self._rows + (self._n,))
             out = self._add_integer(out, c.level, rns.to_residues(torch.from_numpy(noise).to(self.device), basis))
         return self._wrap(out, c.level, c.scale)
