@@ -77,7 +77,7 @@ def recording_downloads(client_be, seen: list, masks: dict | None = None):
                 be, level = self.be, self.be.level(ct)
                 scale = (be.params.scale if target is None else target) * be.prime(level) / be.scale(ct)
                 values = make()
-                eps = be.inner.decode_plaintext(self.consts.get(be, key, level, scale, make)) - values
+                eps = be.inner.decode_plaintext(self.consts.get(be, key, make, level, scale)) - values
                 zeroed = values == 0
                 r = float(np.abs(eps[zeroed] * client_be.decrypt(ct)[zeroed]).max()) if zeroed.any() else 0.0
                 name = key if isinstance(key, str) else key[0]

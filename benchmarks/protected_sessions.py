@@ -7,7 +7,9 @@ each session's encrypted KV cache with ``ctx - 1`` positions (bench-only shortcu
 ``protected_bench``) and times one decode step of all S sessions in lockstep: every round trip
 hands the S messages to ``ProtectedExecutor.handle_batch``, which runs them as one batched
 evaluation on the native backend (``veil.protected.batch``); S = 1 is the ordinary one-session
-step. Clients run one after another between round trips, as S separate SDKs would.
+step. With ``--spread`` session b steps at position ``ctx - 1 - b`` instead, so the batch's rows
+stand at different positions (as sessions of a real service do). Clients run one after another
+between round trips, as S separate SDKs would.
 
 Per session count: the step's wall time, the TPOT every session sees (all finish together),
 aggregate tokens/s (S / wall), server seconds by operation, and each session's next token from
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sessions", default="1,4")
     ap.add_argument("--layer", type=int, default=28, help="first of the two protected layers")
     ap.add_argument("--ctx", type=int, default=16, help="the timed step's position + 1")
+    ap.add_argument("--spread", action="store_true",
+                    help="session b steps at position ctx - 1 - b: the batch's rows stand at different positions")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         h0 = model.run_layers(model.embed(ids), 0, layers[0])
         h1 = model.run_layers(h0, layers[0], layers[1])
-        want = int(model.logits(model.run_layers(h1, layers[1], layers[1] + 1))[-1].argmax())
+        want = model.logits(model.run_layers(h1, layers[1], layers[1] + 1)).argmax(-1).tolist()  # per position
     h0, h1 = h0.double().numpy(), h1.double().numpy()
 
     steps = rotation_key_levels(dims)
@@ -81,19 +85,20 @@ def main(argv: list[str] | None = None) -> None:
 
     for n in counts:
         sessions, states = [], []
-        for be in clients[:n]:
+        pos = [args.ctx - 1 - (b if args.spread else 0) for b in range(n)]
+        for be, p in zip(clients[:n], pos, strict=True):
             key_set = make_backend(PROTECTED_PARAMS, "native", device=args.device)
             key_set.import_public_material(be.export_public_material())
             s = ex.new_session(key_set)
             c = ProtectedClientState(be, cfg, layers[0], layers[1] + 1, s.id)
-            _seed_cache(ex, c, s, weights[0], cfg, layers[0], h0, args.ctx - 1)
-            _seed_cache(ex, c, s, weights[1], cfg, layers[1], h1, args.ctx - 1)
+            _seed_cache(ex, c, s, weights[0], cfg, layers[0], h0, p)
+            _seed_cache(ex, c, s, weights[1], cfg, layers[1], h1, p)
             sessions.append(s)
             states.append(c)
         ex.be.reset()
         server = client = 0.0
         t0 = time.perf_counter()
-        msgs = [c.token_message(h0[args.ctx - 1]) for c in states]
+        msgs = [c.token_message(h0[p]) for c, p in zip(states, pos, strict=True)]
         outs: list = [None] * n
         while any(m is not None for m in msgs):
             live = [i for i, m in enumerate(msgs) if m is not None]
@@ -118,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         fig(f"sessions.client_s.s{n}", client)
         for kind, sec in sorted(ex.be.times.items()):
             fig(f"sessions.server_s.{kind}.s{n}", sec)
-        fig(f"sessions.tokens_equal_plaintext.s{n}", float(all(tok == want for tok in tokens)))
-        print(f"# s{n}: tokens {tokens}, plaintext {want}", flush=True)
+        fig(f"sessions.tokens_equal_plaintext.s{n}", float(tokens == [want[p] for p in pos]))
+        print(f"# s{n}: positions {pos}, tokens {tokens}, plaintext {[want[p] for p in pos]}", flush=True)
         for shape, dt in sorted(ex.be.matvec_by_shape.items()):
             print(f"# s{n}: matvec {shape}: {dt:.3f} s", flush=True)
         print(f"# s{n}: counts {dict(ex.be.counts)}", flush=True)
@@ -129,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         for n in counts[1:]:
             fig(f"sessions.aggregate_speedup.s{n}", FIGURES[f"aggregate_tok_s.s{n}"] / FIGURES["aggregate_tok_s.s1"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "device": args.device,
+    args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "spread": args.spread,
+                                    "device": args.device,
                                     "model": ckpt.source, "figures": FIGURES}, indent=2))
 
 

@@ -373,8 +373,16 @@ class RowBatch:
         self._key_levels = {st: min(r._key_levels[st] for r in rows) for st in sorted(steps)}
         return rows
 
-    def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
-        """Row b = ``cts[b]`` (one ciphertext of each row's session, same level, scale, size)."""
+    def stack(self, cts: Sequence[Ciphertext | None]) -> Ciphertext:
+        """Row b = ``cts[b]`` (one ciphertext of each row's session, same level, scale, size);
+        a None row holds the exact zero ciphertext (a KV chunk a shorter session has not begun)."""
+        raise NotImplementedError
+
+    def pick_rows(self, keep: Sequence[bool], ct: Ciphertext, other: Ciphertext | None = None) -> Ciphertext:
+        """Row b of ``ct`` where ``keep[b]``, else row b of ``other`` (default: the exact zero
+        ciphertext): rows are independent ciphertexts, so choosing between them is free of noise
+        and levels. It lets rows at different positions share a step (a rotation only some
+        rows need, a block added to the chunk of some rows only)."""
         raise NotImplementedError
 
     def unstack(self, ct: Ciphertext) -> list[Ciphertext]:

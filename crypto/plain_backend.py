@@ -329,12 +329,24 @@ class PlainBatch(RowBatch, PlainBackend):
         self._half_q, self._secret = first._half_q, False
         self._public, self._relin = all(r._public for r in rows), all(r._relin for r in rows)
 
-    def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
-        xs = [self._unwrap(ct) for ct in cts]
-        if len(xs) != self.batch_size or len({(x.level, x.scale, x.size, x.values.ndim) for x in xs}) != 1 \
-                or xs[0].values.ndim != 1:
+    def stack(self, cts: Sequence[Ciphertext | None]) -> Ciphertext:
+        xs = [None if ct is None else self._unwrap(ct) for ct in cts]
+        real = [x for x in xs if x is not None]
+        if len(xs) != self.batch_size or not real or len({(x.level, x.scale, x.size, x.values.ndim) for x in real}) != 1 \
+                or real[0].values.ndim != 1:
             raise HEError("a batch stacks one ciphertext per row, of one level, scale and size")
-        return self._wrap(np.stack([x.values for x in xs]), xs[0].level, xs[0].scale, xs[0].size)
+        x0 = real[0]
+        return self._wrap(np.stack([np.zeros_like(x0.values) if x is None else x.values for x in xs]),
+                          x0.level, x0.scale, x0.size)
+
+    def pick_rows(self, keep: Sequence[bool], ct: Ciphertext, other: Ciphertext | None = None) -> Ciphertext:
+        x = self._unwrap(ct)
+        o = None if other is None else self._unwrap(other)
+        if len(keep) != self.batch_size or (o is not None and (o.level, o.scale, o.values.shape) !=
+                                            (x.level, x.scale, x.values.shape)):
+            raise HEError("rows are picked between ciphertexts of one batch, level and scale")
+        rest = np.zeros_like(x.values) if o is None else o.values
+        return self._wrap(np.where(np.asarray(keep)[:, None], x.values, rest), x.level, x.scale, x.size)
 
     def unstack(self, ct: Ciphertext) -> list[Ciphertext]:
         x = self._unwrap(ct)
@@ -344,7 +356,8 @@ class PlainBatch(RowBatch, PlainBackend):
         if len(pts) != self.batch_size or len({(p.level, p.scale) for p in pts}) != 1:
             raise HEError("a batch stacks one plaintext per row, of one level and scale")
         values = np.stack([p._obj[0] for p in pts])
-        return Plaintext((values, all(p._obj[1] for p in pts)), self.params.id, pts[0].level, pts[0].scale,
+        # all-zero only if every row's is (a row's zero mask of a padded chunk is fine: its row is zero)
+        return Plaintext((values, any(p._obj[1] for p in pts)), self.params.id, pts[0].level, pts[0].scale,
                          pts[0].nbytes * len(pts))
 
     def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:

@@ -1,17 +1,26 @@
 """Several sessions' protected steps run as one: their state stacked into a batch session.
 
-``ProtectedExecutor.handle_batch`` takes steps of the same kind, layer and span from different
-sessions (``step_key`` says which may go together) and runs the executor's ordinary step code
-once, on a ``ProtectedSession`` whose ciphertexts are the rows' stacked (``stack_sessions``)
-and whose backend is a batch of the rows' key sets (``NativeBatch`` on the native backend):
-every Circuit method, written over the backend interface, then evaluates all rows in one
-batched computation. ``split_advance`` turns the batch's result back into one ``_Advance`` per
-row, which the executor commits row by row exactly as after a single step (a batch that fails commits nothing; the executor then runs
-its rows one at a time, so one row's bad ciphertext never fails another's step).
+``ProtectedExecutor.handle_batch`` takes steps of the same kind, layer and span length from
+different sessions (``step_key`` says which may go together) and runs the executor's ordinary
+step code once, on a ``ProtectedSession`` whose ciphertexts are the rows' stacked
+(``stack_sessions``) and whose backend is a batch of the rows' key sets (``NativeBatch`` on the
+native backend): every Circuit method, written over the backend interface, then evaluates all
+rows in one batched computation. ``split_advance`` turns the batch's result back into one
+``_Advance`` per row, which the executor commits row by row exactly as after a single step (a
+batch that fails commits nothing; the executor then runs its rows one at a time, so one row's
+bad ciphertext never fails another's step).
 
-Only steps whose circuits are the same Python control flow may share a batch: the same message
-kind, layer, span start and length (positions decide the chunk count, masks and RoPE factors).
-Sessions in a speculative span (verify or undo state) run alone.
+**Rows at different positions.** Sessions rarely stand at the same position, so a batch's
+rows may not: the batch's span start and length are then a tuple with one entry per row
+(``Rows``), and the few position-dependent pieces of a layer go row by row inside the batched
+computation. The RoPE factors and the 0/1 masks of the scores and weights are each row's own
+plaintexts stacked; a key's move to its block rotates every row and keeps the rotation only
+where the row needs it (``RowBatch.pick_rows``); the stacked cache is padded with zero chunks
+up to the longest row's, so every row computes the same number of chunk products (a padded
+chunk's are zero and its lanes leave the row's scores untouched). The softmax weights' upload
+layout depends on the row's chunk count through its period (``layouts.weights_period``), so a
+WEIGHTS step batches only rows of one period. Sessions in a speculative span (verify or undo
+state) run alone.
 """
 
 from __future__ import annotations
@@ -22,18 +31,41 @@ from dataclasses import dataclass, replace
 from veil.crypto.backend import Ciphertext, RowBatch
 from veil.crypto.linear import EncodedMatrix
 from veil.protected.kv import LayerKV
-from veil.protected.protocol import ProtectedMessage
+from veil.protected.layouts import weights_period
+from veil.protected.protocol import MsgKind, ProtectedMessage
 
-__all__ = ["BatchMessage", "step_key", "stack_sessions", "split_advance", "stack_matrices"]
+__all__ = ["BatchMessage", "Rows", "shift", "rows_of", "step_key", "stack_sessions", "split_advance",
+           "stack_matrices", "append_rows"]
+
+#: A batch's per-row value where its rows differ (a span start, a length): one entry per row.
+#: Where every row agrees the batch holds a plain int, so a single session never sees a tuple.
+Rows = tuple
 
 
-def step_key(session, msg: ProtectedMessage) -> tuple | None:
-    """Steps with equal keys run as one batch; None: this step runs alone (so does every step on
-    a backend that cannot batch, e.g. SEAL)."""
-    st = session.state
-    if st.verify or st.undo or msg.verify or not session.be.inner.supports_batch:
+def shift(t: int | Rows, i: int) -> int | Rows:
+    """Position ``t + i`` (of every row)."""
+    return tuple(x + i for x in t) if isinstance(t, tuple) else t + i
+
+
+def rows_of(values) -> int | Rows:
+    """One int where every row agrees, else the rows' values."""
+    values = tuple(values)
+    return values[0] if len(set(values)) == 1 else values
+
+
+def _row(x, b: int):
+    return x[b] if isinstance(x, tuple) else x
+
+
+def step_key(state, kind: str, layer: int, position: int, count: int, verify: bool, per_chunk: int) -> tuple | None:
+    """Steps with equal keys run as one batch; None: this step runs alone. A WEIGHTS step's key
+    holds the weights' period of each span position (the upload layout depends on it)."""
+    if state.verify or state.undo or verify:
         return None
-    return (msg.kind, msg.layer, msg.position, msg.count, st.length)
+    periods = ()
+    if kind == MsgKind.WEIGHTS:
+        periods = tuple(weights_period((position + i) // per_chunk + 1) for i in range(count))
+    return (kind, layer, count, periods)
 
 
 @dataclass(frozen=True)
@@ -43,7 +75,7 @@ class BatchMessage:
 
     kind: str
     layer: int
-    position: int
+    position: int | Rows
     count: int
     rows: tuple[tuple[object, ProtectedMessage], ...]  # (session, message) per row
     verify: bool = False
@@ -81,11 +113,12 @@ class _StackedKV(dict):
         return out
 
     def __missing__(self, layer: int) -> LayerKV:
+        """The rows' caches stacked, shorter ones padded with zero chunks (``None`` rows)."""
         caches = [s.kv[layer] for s in self.sessions]
-        if len({len(c.keys) for c in caches}) != 1:
-            raise ValueError("rows of a batch hold caches of different lengths")
-        kv = LayerKV([self._stack([c.keys[j] for c in caches]) for j in range(len(caches[0].keys))],
-                     [self._stack([c.values[j] for c in caches]) for j in range(len(caches[0].values))])
+        n = max(len(c.keys) for c in caches)
+        pad = lambda cts, j: [c[j] if j < len(c) else None for c in cts]  # noqa: E731
+        kv = LayerKV([self._stack(pad([c.keys for c in caches], j)) for j in range(n)],
+                     [self._stack(pad([c.values for c in caches], j)) for j in range(n)])
         self[layer] = kv
         return kv
 
@@ -103,34 +136,66 @@ def stack_sessions(session_cls, timed, sessions) -> object:
     be = type(sessions[0].be.inner).batched([s.be.inner for s in sessions])
     st = sessions[0].state
     for s in sessions:
-        if (s.state.expect, s.state.layer, s.state.position, s.state.count, s.state.length) != \
-                (st.expect, st.layer, st.position, st.count, st.length) or set(s.state.h) != set(st.h):
+        if (s.state.expect, s.state.layer, s.state.count) != (st.expect, st.layer, st.count) \
+                or set(s.state.h) != set(st.h) or set(s.state.refresh_mask) != set(st.refresh_mask):
             raise ValueError("rows of a batch stand at different steps")
     h = {i: be.stack([s.state.h[i] for s in sessions]) for i in st.h}
     masks = {i: be.stack_masks([s.state.refresh_mask[i] for s in sessions]) for i in st.refresh_mask}
     downs = {i: stack_matrices(be, [s.state.shuffled_down[i] for s in sessions]) for i in st.shuffled_down}
-    state = replace(st, h=h, refresh_mask=masks, shuffled_down=downs)
+    state = replace(st, h=h, refresh_mask=masks, shuffled_down=downs,
+                    position=rows_of(s.state.position for s in sessions),
+                    length=rows_of(s.state.length for s in sessions))
     return session_cls("batch", timed.sharing(be), _StackedKV(be, sessions), state=state,
                        kv_bytes=max(s.kv_bytes for s in sessions), rows=len(sessions))
 
 
-def split_advance(batch, adv, msgs: Sequence[ProtectedMessage], advance_cls) -> list:
-    """One ``_Advance`` per row from the batch's (``adv.kv_delta`` is the rows' total)."""
+def split_advance(batch, adv, msgs: Sequence[ProtectedMessage], advance_cls, per_chunk: int) -> list:
+    """One ``_Advance`` per row from the batch's (``adv.kv_delta``: per row, or the rows' total
+    where they agree). A row keeps the chunks its own positions reach (the rest is padding)."""
     be: RowBatch = batch.be.inner
     rows = be.batch_size
-    if adv.kv_delta % rows:
-        raise ValueError("rows of a batch changed their caches by different amounts")
     st = adv.state
+    deltas = adv.kv_delta if isinstance(adv.kv_delta, tuple) else None
+    if deltas is None and adv.kv_delta % rows:
+        raise ValueError("rows of a batch changed their caches by different amounts")
     h = {i: be.unstack(ct) for i, ct in st.h.items()}
     masks = {i: be.unstack_mask(m) for i, m in st.refresh_mask.items()}
     downs = {i: _unstack_matrix(be, m) for i, m in st.shuffled_down.items()}
     out = []
     for b, msg in enumerate(msgs):
         state = replace(st, h={i: v[b] for i, v in h.items()}, refresh_mask={i: v[b] for i, v in masks.items()},
-                        shuffled_down={i: v[b] for i, v in downs.items()})
-        kv = {layer: LayerKV([batch.kv.row(ct, b) for ct in c.keys], [batch.kv.row(ct, b) for ct in c.values])
+                        shuffled_down={i: v[b] for i, v in downs.items()},
+                        position=_row(st.position, b), length=_row(st.length, b))
+        chunks = (state.position + state.count - 1) // per_chunk + 1  # what the span's cache holds
+        kv = {layer: LayerKV([batch.kv.row(ct, b) for ct in c.keys[:chunks]],
+                             [batch.kv.row(ct, b) for ct in c.values[:chunks]])
               for layer, c in adv.kv.items()}
         cts = tuple(replace(p, data=p.data[b]) for p in adv.reply.cts)
-        reply = replace(adv.reply, session_id=msg.session_id, step=msg.step, cts=cts)
-        out.append(advance_cls(reply, state, kv, adv.kv_delta // rows))
+        reply = replace(adv.reply, session_id=msg.session_id, step=msg.step, position=msg.position, cts=cts)
+        out.append(advance_cls(reply, state, kv, deltas[b] if deltas else adv.kv_delta // rows))
     return out
+
+
+def append_rows(be: RowBatch, kv: LayerKV, starts: Rows, blocks: list[tuple[Ciphertext, Ciphertext]],
+                per_chunk: int) -> tuple[LayerKV, Rows]:
+    """``kv.append_span`` for a batch whose rows start their spans at different positions: row
+    r's block i goes into chunk ``(starts[r] + i) // per_chunk`` (the other rows get zero there).
+    Returns the new cache and the bytes each row's cache grows by (a chunk the row begins)."""
+    out, added = LayerKV(list(kv.keys), list(kv.values)), [0] * len(starts)
+    for i, (k_b, v_b) in enumerate(blocks):
+        chunks = [(t + i) // per_chunk for t in starts]
+        row_bytes = (be.nbytes(k_b) + be.nbytes(v_b)) // len(starts)
+        for c in sorted(set(chunks)):
+            keep = [x == c for x in chunks]
+            k, v = (k_b, v_b) if all(keep) else (be.pick_rows(keep, k_b), be.pick_rows(keep, v_b))
+            if c < len(out.keys):
+                out.keys[c], out.values[c] = be.add(out.keys[c], k), be.add(out.values[c], v)
+            elif c == len(out.keys):
+                out.keys.append(k)
+                out.values.append(v)
+            else:
+                raise ValueError(f"chunk {c} after a cache of {len(out.keys)}")
+            for r, t in enumerate(starts):
+                if keep[r] and (t + i) % per_chunk == 0:  # the row's first position in chunk c
+                    added[r] += row_bytes
+    return out, tuple(added)

@@ -33,7 +33,8 @@ from veil.crypto.linear import (
     rotation_steps_of,
     window_sum,
 )
-from veil.protected.layouts import BLOCK, SIGMA2_DIV, LayoutDims
+from veil.protected.batch import rows_of
+from veil.protected.layouts import BLOCK, SIGMA2_DIV, LayoutDims, weights_period
 from veil.protected.protocol import LEVELS, MAX_SPAN, Levels
 from veil.protected.timing import TimedBackend
 from veil.protected.weights import (
@@ -69,7 +70,7 @@ class Constants:
         # six, so the last MAX_SPAN positions' stay encoded (least recently used dropped first)
         self.rope_plains: OrderedDict[tuple, dict[int, list]] = OrderedDict()
 
-    def get(self, be, key, level: int, scale: float, make) -> Plaintext:
+    def get(self, be, key, make, level: int, scale: float) -> Plaintext:
         k = (key, level, scale)
         pt = self.plains.get(k)
         if pt is None:
@@ -124,7 +125,22 @@ class Circuit:
         target = be.params.scale if target is None else target
         level = be.level(ct)
         scale = target * be.prime(level) / be.scale(ct)
-        return be.multiply_plain(ct, self.consts.get(be, key, level, scale, make))
+        return be.multiply_plain(ct, self.consts.get(be, key, make, level, scale))
+
+    def select_rows(self, ct: Ciphertext, arg, mask_of, target: float | None = None) -> Ciphertext:
+        """``select`` with the mask ``mask_of(arg) -> (key, make)``; where ``arg`` is a batch's
+        per-row value (a tuple: its rows stand at different positions) each row gets the mask of
+        its own value."""
+        be = self.be
+        target = be.params.scale if target is None else target
+        level = be.level(ct)
+        return be.multiply_plain(ct, self.plain_rows(arg, mask_of, level, target * be.prime(level) / be.scale(ct)))
+
+    def plain_rows(self, arg, mask_of, level: int, scale: float) -> Plaintext:
+        """The encoded ``mask_of(arg)``; for per-row ``arg`` (a tuple) the rows' own, stacked."""
+        if not isinstance(arg, tuple):
+            return self.consts.get(self.be, *mask_of(arg), level, scale)
+        return self.be.stack_plain([self.consts.get(self.be, *mask_of(a), level, scale) for a in arg])
 
     def first(self, n: int):
         return lambda: _mask(self.dims.slots, [(0, n)])
@@ -133,13 +149,16 @@ class Circuit:
         with self.be.section("matvec", f"{m.rows}x{m.cols}@{m.level}"):
             return matvec(self.be, m, x)
 
-    def rotate_blocks(self, ct: Ciphertext, blocks: int, width: int = BLOCK) -> Ciphertext:
-        """Rotate right by ``blocks * width`` slots (power-of-two steps)."""
+    def rotate_blocks(self, ct: Ciphertext, blocks, width: int = BLOCK) -> Ciphertext:
+        """Rotate right by ``blocks * width`` slots (power-of-two steps); per-row ``blocks`` (a
+        tuple): each power of two is rotated for every row and kept where the row's bit is set."""
+        rows = blocks if isinstance(blocks, tuple) else (blocks,)
         i = 0
-        while blocks:
-            if blocks & 1:
-                ct = self.be.rotate(ct, -width * (1 << i))
-            blocks >>= 1
+        while any(b >> i for b in rows):
+            need = [bool(b >> i & 1) for b in rows]
+            if any(need):
+                rot = self.be.rotate(ct, -width * (1 << i))
+                ct = rot if all(need) else self.be.pick_rows(need, rot, ct)
             i += 1
         return ct
 
@@ -180,7 +199,7 @@ class Circuit:
         hd, q, kvd = dims.head_dim, dims.qdim, dims.kv_dim
         y = self.matvec(layer.wqkv, h)  # 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after
         y_up, y_dn = be.rotate(y, hd // 2), be.rotate(y, -(hd // 2))
-        plains = self.consts.rope(be, t, be.level(y), be.prime(be.level(y)))
+        plains = self.rope(t, be.level(y), be.prime(be.level(y)))
 
         def rope(off: int) -> Ciphertext:
             acc = None
@@ -196,23 +215,45 @@ class Circuit:
         # first (a rotation at 4 costs ~3/4 of one at 5)
         k_hat = be.rotate(self.repeat_kv(be.mod_switch_to(rope(q), self.levels.keys)), kvd)  # 4
         v_lanes = lambda: _mask(dims.slots, [(q + kvd, q + 2 * kvd)])  # noqa: E731
-        v_mask = self.consts.get(be, "v_lanes", be.level(y), be.prime(be.level(y)), v_lanes)
+        v_mask = self.consts.get(be, "v_lanes", v_lanes, be.level(y), be.prime(be.level(y)))
         v_hat = be.rotate(self.repeat_kv(be.multiply_plain(y, v_mask)), 2 * kvd - dims.value_offset)  # 5
         return q_hat, k_hat, v_hat
 
-    def kv_blocks(self, k_hat: Ciphertext, v_hat: Ciphertext, t: int) -> tuple[Ciphertext, Ciphertext]:
+    def rope(self, t, level: int, scale: float) -> dict[int, list]:
+        """``Constants.rope`` of position ``t``; of a batch's per-row positions (a tuple), each
+        factor the rows' stacked (a row without it, sin at position 0, holds zeros)."""
+        if not isinstance(t, tuple):
+            return self.consts.rope(self.be, t, level, scale)
+        rows = [self.consts.rope(self.be, x, level, scale) for x in t]
+        zero = lambda: np.zeros(self.dims.slots)  # noqa: E731
+        out = {}
+        for off in rows[0]:
+            out[off] = []
+            for k in range(len(rows[0][off])):
+                pts = [r[off][k] for r in rows]
+                if all(p is None for p in pts):
+                    out[off].append(None)
+                    continue
+                pts = [self.consts.get(self.be, "zero", zero, level, scale) if p is None else p for p in pts]
+                out[off].append(self.be.stack_plain(pts))
+        return out
+
+    def kv_blocks(self, k_hat: Ciphertext, v_hat: Ciphertext, t) -> tuple[Ciphertext, Ciphertext]:
         """k̂ and v̂ moved to position ``t``'s block of its chunk (key block of 1024 slots, value
-        block of q slots)."""
-        b = t % self.dims.per_chunk
+        block of q slots); ``t`` per row for a batch whose rows stand at different positions."""
+        b = tuple(x % self.dims.per_chunk for x in t) if isinstance(t, tuple) else t % self.dims.per_chunk
         return self.rotate_blocks(k_hat, b), self.rotate_blocks(v_hat, b, self.dims.qdim)
 
-    def scores(self, q_hat: Ciphertext, keys: list[Ciphertext], t: int) -> Ciphertext:
-        """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (1)."""
+    def scores(self, q_hat: Ciphertext, keys: list[Ciphertext], t) -> Ciphertext:
+        """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (1). For a batch
+        whose rows stand at different positions (``t`` a tuple) every row takes the longest
+        row's chunks, its own zero-padded ones with no valid block."""
         dims, be = self.dims, self.be
         # switched before its 3 replicating rotations: cheaper at the keys' level
         q_rep = replicate(be, be.mod_switch_to(q_hat, self.levels.keys), BLOCK, dims.per_chunk)
-        n_chunks = t // dims.per_chunk + 1
-        valid = [min(dims.per_chunk, t + 1 - c * dims.per_chunk) for c in range(n_chunks)]
+        ts = t if isinstance(t, tuple) else (t,)
+        n_chunks = max(ts) // dims.per_chunk + 1
+        valid = [rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts) for c in range(n_chunks)]
         return self.lane_sums([be.multiply(q_rep, keys[c]) for c in range(n_chunks)], valid)  # 3 -> 1
 
     def lane_sums(self, prods: list[Ciphertext], valid: list[int]) -> Ciphertext:
@@ -241,13 +282,15 @@ class Circuit:
                 for st in range(j):
                     prod = be.add(prod, be.rotate(prod, 1 << st))
 
-                def class_mask(v=valid[c], j=j):
-                    mask = np.zeros(slots)
-                    for b in range(v):
-                        mask[BLOCK * b + hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
-                    return mask
+                def class_mask(v, j=j):
+                    def make():
+                        mask = np.zeros(slots)
+                        for b in range(v):
+                            mask[BLOCK * b + hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
+                        return mask
+                    return ("lane_class", j, v), make
 
-                kept.append(self.select(prod, ("lane_class", j, valid[c]), class_mask))
+                kept.append(self.select_rows(prod, valid[c], class_mask))
             part = kept[-1]
             for i in range(n - 2, -1, -1):  # chunk base+i at lane offset i
                 part = be.add(be.rotate(part, -1), kept[i])
@@ -285,21 +328,27 @@ class Circuit:
         ``wgu``: the layer's W_gate|up, or its shuffled copy at the first protected layer."""
         be, dims = self.be, self.dims
         d, hd = dims.d, dims.head_dim
-        n_chunks = t // dims.per_chunk + 1
-        period = 1 << max(0, (n_chunks - 1).bit_length())
+        ts = t if isinstance(t, tuple) else (t,)
+        n_chunks = max(ts) // dims.per_chunk + 1
+        # the upload's layout: every row of a batch has this period (``batch.step_key``)
+        period = weights_period(n_chunks)
+        if any(weights_period(x // dims.per_chunk + 1) != period for x in ts):
+            raise ValueError("rows of different weights periods in one batch")
         lanes = np.arange(hd)
         acc = None
         for c in range(n_chunks):
-            valid = min(dims.per_chunk, t + 1 - c * dims.per_chunk)
 
-            def expand_mask(valid=valid, r=c):  # c < period: chunk c sits at lanes ≡ c
-                mask = np.zeros(dims.slots)
-                for b in range(valid):
-                    for head in range(dims.heads):
-                        mask[dims.value_base(b) + hd * head + lanes[lanes % period == r]] = 1.0
-                return mask
+            def expand_mask(valid, r=c):  # c < period: chunk c sits at lanes ≡ c
+                def make():
+                    mask = np.zeros(dims.slots)
+                    for b in range(valid):
+                        for head in range(dims.heads):
+                            mask[dims.value_base(b) + hd * head + lanes[lanes % period == r]] = 1.0
+                    return mask
+                return ("expand", period, valid, r), make
 
-            pt = self.consts.get(be, ("expand", period, valid, c), be.level(w), be.prime(be.level(w)), expand_mask)
+            valid = rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts)
+            pt = self.plain_rows(valid, expand_mask, be.level(w), be.prime(be.level(w)))
             e = broadcast_lane(be, be.multiply_plain(w, pt), c, period)  # 5
             # unrelinearized: the sum needs one key switch instead of one per chunk
             prod = be.multiply(e, values[c], rescale=False, relinearize=False)

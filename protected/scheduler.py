@@ -2,12 +2,12 @@
 
 One worker thread runs every HE computation of the server (as the single HE lock did before).
 It takes the oldest pending step, gathers the pending steps that may share its batch
-(``ProtectedExecutor.batch_key``: same kind, layer and span, in other sessions), waits up to
-``max_wait_s`` from the oldest's arrival for sessions standing at the same step whose message
-has not come yet, and hands at most ``max_batch`` of them to ``handle_batch``. The head of the
-queue always goes next, so no step waits behind later ones (FCFS); a step that may not batch
-runs alone at once. Each caller gets its own reply or exception, and the HE seconds of its batch
-divided by the rows (the batch's cost, shared).
+(``ProtectedExecutor.batch_key``: same kind, layer and span length, in other sessions, at any
+positions), waits up to ``max_wait_s`` from the oldest's arrival for sessions standing at the
+same step whose message has not come yet, and hands at most ``max_batch`` of them to
+``handle_batch``. The head of the queue always goes next, so no step waits behind later ones
+(FCFS); a step that may not batch runs alone at once. Each caller gets its own reply or
+exception, and the HE seconds of its batch divided by the rows (the batch's cost, shared).
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ from veil.crypto.backend import Ciphertext, HEBackend, RefreshMask
 from veil.crypto.linear import EncodedMatrix
 from veil.protected.batch import (
     BatchMessage,
+    Rows,
+    append_rows,
+    rows_of,
+    shift,
     split_advance,
     stack_matrices,
     stack_sessions,
@@ -194,8 +198,7 @@ class ProtectedExecutor:
         groups: dict[tuple, list[int]] = {}
         seen: set[str] = set()
         for i, msg in enumerate(msgs):
-            s = self.sessions.get(msg.session_id)
-            key = step_key(s, msg) if s is not None and msg.session_id not in seen else None
+            key = self.batch_key(msg) if msg.session_id not in seen else None
             seen.add(msg.session_id)  # a session's later message runs alone, after its earlier one
             groups.setdefault(("alone", i) if key is None else key, []).append(i)
         for idx in groups.values():
@@ -215,24 +218,33 @@ class ProtectedExecutor:
         return results
 
     def batch_key(self, msg: ProtectedMessage) -> tuple | None:
-        """Steps with equal keys may run as one batch (``batch.step_key``); None: alone."""
+        """Steps with equal keys may run as one batch (``batch.step_key``); None: alone (so does
+        every step on a backend that cannot batch, e.g. SEAL)."""
         s = self.sessions.get(msg.session_id)
-        return None if s is None else step_key(s, msg)
+        if s is None or not s.be.inner.supports_batch:
+            return None
+        return step_key(s.state, msg.kind, msg.layer, msg.position, msg.count, msg.verify, self.dims.per_chunk)
 
     def sessions_at(self, key: tuple) -> int:
         """Sessions standing where a step of ``key`` starts: who may still join its batch."""
-        kind, layer, _, _, length = key
-        return sum(1 for s in tuple(self.sessions.values())  # a snapshot: sessions open and close meanwhile
-                   if (s.state.expect, s.state.layer, s.state.length) == (kind, layer, length))
+        kind, _, count, _ = key
+        n = 0
+        for s in tuple(self.sessions.values()):  # a snapshot: sessions open and close meanwhile
+            st = s.state
+            position, cnt = (st.length, count) if kind == MsgKind.TOKEN else (st.position, st.count)
+            n += st.expect == kind and s.be.inner.supports_batch and \
+                step_key(st, kind, st.layer, position, cnt, False, self.dims.per_chunk) == key
+        return n
 
     def _run_batch(self, msgs: Sequence[ProtectedMessage]) -> list[ProtectedMessage]:
         sessions = [self._check(m) for m in msgs]
         rows = stack_sessions(ProtectedSession, self.be, sessions)
         first = msgs[0]
-        bmsg = BatchMessage(first.kind, first.layer, first.position, first.count, tuple(zip(sessions, msgs, strict=True)))
+        bmsg = BatchMessage(first.kind, first.layer, rows_of(m.position for m in msgs), first.count,
+                            tuple(zip(sessions, msgs, strict=True)))
         with _device_memory():
             out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
-        advances = split_advance(rows, out, msgs, _Advance)
+        advances = split_advance(rows, out, msgs, _Advance, self.dims.per_chunk)
         for s, msg, adv in zip(sessions, msgs, advances, strict=True):
             self._commit(s, msg, adv)
         return [adv.reply for adv in advances]
@@ -283,7 +295,7 @@ class ProtectedExecutor:
         st = s.state
         hs = self._load(c, msg, dict.fromkeys(range(msg.count), Tag.H_IN), self.levels.h)
         caches, delta = {}, -sum(u.nbytes for u in st.undo.values())  # undo data is dropped either way
-        if msg.position < st.length:
+        if st.undo and msg.position < st.length:
             for layer, undo in st.undo.items():
                 caches[layer], freed = truncate_span(c.be, s.kv[layer], undo, msg.position - st.position,
                                                      self.dims.per_chunk)
@@ -303,7 +315,7 @@ class ProtectedExecutor:
             if layer.ffn is not None:
                 with c.be.section("shuffle"):
                     wgu, shuffled_down[i] = self._shuffled(c.be.inner, layer, s.rows)
-            h_primes[i], out = c.attend(layer, wgu, kv.values, st.h[i], w, st.position + i)
+            h_primes[i], out = c.attend(layer, wgu, kv.values, st.h[i], w, shift(st.position, i))
             payloads.append(CtPayload(Tag.U_SIGMA2, self.levels.mlp_download,
                                       c.download(out, self.levels.mlp_download), i))
         return _Advance(self._reply(MsgKind.MLP, msg, st.layer, payloads),
@@ -329,7 +341,7 @@ class ProtectedExecutor:
         # a verify step keeps its span and undo data: the next TOKEN may take positions back
         return _Advance(self._reply(MsgKind.FINAL, msg, self.last, payloads),
                         SpanState(layer=self.first, position=st.position, count=st.count,
-                                  length=st.position + st.count, undo=st.undo))
+                                  length=shift(st.position, st.count), undo=st.undo))
 
     def on_refreshed(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
         """REFRESHED -> SCORES: h'' unmasked at 7 starts the next layer."""
@@ -350,32 +362,38 @@ class ProtectedExecutor:
         active = active_positions(index, self.last, count, verify)
         q_hats, blocks = {}, []
         for i, h in hs.items():
-            q_hat, k_hat, v_hat = c.qkv(layer, h, t0 + i, want_q=i in active)
+            q_hat, k_hat, v_hat = c.qkv(layer, h, shift(t0, i), want_q=i in active)
             if q_hat is not None:
                 q_hats[i] = q_hat
-            blocks.append(c.kv_blocks(k_hat, v_hat, t0 + i))
-        kv, added, layer_undo = append_span(c.be, caches.get(index, s.kv[index]), t0, blocks, self.dims.per_chunk,
-                                            undo=verify)
-        undo = dict(undo or {})
-        if layer_undo is not None:
-            undo[index] = layer_undo
-            added += layer_undo.nbytes
-        if s.kv_bytes + (delta + added) // s.rows > self.limits.max_kv_bytes:  # a batch: per row
+            blocks.append(c.kv_blocks(k_hat, v_hat, shift(t0, i)))
+        cache = caches.get(index, s.kv[index])
+        if isinstance(t0, Rows):  # a batch whose rows stand at different positions (never verify)
+            kv, row_added = append_rows(c.be, cache, t0, blocks, self.dims.per_chunk)
+        else:
+            kv, added, layer_undo = append_span(c.be, cache, t0, blocks, self.dims.per_chunk, undo=verify)
+            undo = dict(undo or {})
+            if layer_undo is not None:
+                undo[index] = layer_undo
+                added += layer_undo.nbytes
+            row_added = (added // s.rows,) * s.rows
+        # a batch holds its largest row's bytes (checked against the largest growth: a batch
+        # refused here reruns its rows one at a time, each against its own bytes)
+        if s.kv_bytes + delta + max(row_added) > self.limits.max_kv_bytes:
             raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
                                 f"{self.limits.max_kv_bytes}")
-        if added and self.kv_bytes_total + delta + added > self.limits.max_kv_bytes_total:
+        if any(row_added) and self.kv_bytes_total + delta + sum(row_added) > self.limits.max_kv_bytes_total:
             raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed "
                                    f"max_protected_kv_bytes_total={self.limits.max_kv_bytes_total}")
         payloads = []
         for i, h in hs.items():
-            scores = c.scores(q_hats[i], kv.keys, t0 + i) if i in active else None
+            scores = c.scores(q_hats[i], kv.keys, shift(t0, i)) if i in active else None
             tag = Tag.SCORES_SIGMA if scores is not None else Tag.SIGMA
             out = c.sigma(h, scores)
             payloads.append(CtPayload(tag, self.levels.scores_download, c.download(out, self.levels.scores_download), i))
         state = SpanState(EXPECT[MsgKind.SCORES], index, t0, count, length, {i: hs[i] for i in active},
-                          verify=verify, undo=undo)
-        return _Advance(self._reply(MsgKind.SCORES, msg, index, payloads), state, {**caches, index: kv},
-                        delta + added)
+                          verify=verify, undo=dict(undo or {}))
+        kv_delta = delta + sum(row_added) if len(set(row_added)) == 1 else tuple(delta + a for a in row_added)
+        return _Advance(self._reply(MsgKind.SCORES, msg, index, payloads), state, {**caches, index: kv}, kv_delta)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _layer(self, index: int) -> EncodedLayer:

@@ -104,6 +104,29 @@ def test_per_row_plaintexts_multiply_their_own_row(rows):
         assert torch.equal(_data(s, fn(s, cts[b])), _data(s, together[b]))
 
 
+def test_picked_rows_and_padded_stacks_are_exact(rows):
+    """Rows at different positions: ``pick_rows`` keeps each row of one ciphertext or the other
+    (or zero) bit for bit; a ``None`` row of ``stack`` is the exact zero ciphertext, which adds
+    nothing and multiplies to zero."""
+    servers = [s for _, s in rows]
+    batch = NativeBatch(servers)
+    cts = [s.deserialize(c.encrypt_to_bytes(np.full(SLOTS, b + 1.0))) for b, (c, s) in enumerate(rows)]
+    a, rot = batch.stack(cts), batch.rotate(batch.stack(cts), -3)
+    picked = batch.unstack(batch.pick_rows([True, False, True], rot, a))
+    assert torch.equal(_data(batch, picked[0]), _data(servers[0], servers[0].rotate(cts[0], -3)))
+    assert torch.equal(_data(batch, picked[1]), _data(servers[1], cts[1]))
+    assert not _data(batch, batch.unstack(batch.pick_rows([True, False, True], a))[1]).any()
+    padded = batch.stack([cts[0], None, cts[2]])
+    assert not _data(batch, batch.unstack(padded)[1]).any()
+    summed = batch.unstack(batch.add(batch.stack(cts), padded))
+    assert torch.equal(_data(batch, summed[1]), _data(servers[1], cts[1]))
+    assert not _data(batch, batch.unstack(batch.multiply(padded, a, relinearize=False))[1]).any()
+    with pytest.raises(HEError):
+        batch.pick_rows([True, False], a)
+    with pytest.raises(HEError):
+        batch.stack([None, None, None])
+
+
 def test_randomized_operations_decrypt_per_row_with_fresh_randomness(rows):
     def fn(be, ct):
         masked, mask = be.mask_for_refresh(ct)

@@ -5,7 +5,7 @@ against each row alone in ``test_native_batch``, and the k=28 native run is meas
 ``benchmarks/protected_sessions.py``): three sessions with their own keys decode in lockstep
 through layers [11, 13) and each matches the plaintext model; the batch really ran as one (a
 third of the products of three sessions alone); a bad upload in a batch fails its own row only
-and leaves that session as it was; sessions at different steps run alone and stay right.
+and leaves that session as it was; sessions at different positions share batches and stay right.
 """
 
 import numpy as np
@@ -22,6 +22,7 @@ from veil.protected.server import ProtectedExecutor
 from veil.server.config import ServerConfig
 
 FIRST, LAST, POSITIONS, ROWS = 11, 13, 3, 3
+AHEAD = 9  # a session this far ahead holds two KV chunks of 8 positions
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 REL_ERR_BOUND = 2e-3  # as test_protected_protocol: the plain double injects CKKS-sized noise
 
@@ -31,7 +32,7 @@ def setup(ckpt, full_model, he_pair):
     steps = rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count))
     pairs = [he_pair("plain", PROTECTED_PARAMS, steps) for _ in range(ROWS)]
     ex = ProtectedExecutor.from_checkpoint(pairs[0][1], ckpt, FIRST, LAST, ServerConfig().protected_limits())
-    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][:POSITIONS]
+    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][:AHEAD + 2]
     with torch.no_grad():
         h = full_model.run_layers(full_model.embed(ids), 0, FIRST)
         ref = full_model.run_layers(h, FIRST, LAST).double().numpy()
@@ -44,8 +45,10 @@ def _open(ckpt, ex, pair):
 
 
 def _lockstep(ex, clients, h):
-    """One decode step of every client, each round trip as one handle_batch call."""
-    msgs, outs = [c.token_message(h) for c in clients], [None] * len(clients)
+    """One decode step of every client (``h``: every client's input, or a list of one per
+    client), each round trip as one handle_batch call."""
+    hs = h if isinstance(h, list) else [h] * len(clients)
+    msgs, outs = [c.token_message(x) for c, x in zip(clients, hs, strict=True)], [None] * len(clients)
     while any(m is not None for m in msgs):
         live = [i for i, m in enumerate(msgs) if m is not None]
         for i, reply in zip(live, ex.handle_batch([msgs[i] for i in live]), strict=True):
@@ -97,22 +100,33 @@ def test_a_bad_row_fails_alone_and_its_session_is_unchanged(ckpt, setup):
         ex.drop_session(sess.id)
 
 
-def test_sessions_at_different_steps_run_alone_and_stay_right(ckpt, setup):
+def test_sessions_at_different_positions_share_a_batch(ckpt, setup):
+    """Three sessions at positions 9 (two KV chunks), 1 and 0 decode two tokens in lockstep.
+    Every step but WEIGHTS runs the three as one batch (RoPE, key blocks, score and weight masks
+    per row; the shorter caches padded); a WEIGHTS step batches the rows of one weights period
+    (1 and 0) and runs the row at 9 alone. Each output matches the plaintext, and each session's
+    cache holds the chunks of its own positions only."""
     pairs, ex, h_in, ref = setup
-    (s0, c0), (s1, c1) = _open(ckpt, ex, pairs[0]), _open(ckpt, ex, pairs[1])
-    _lockstep(ex, [c0], h_in[0])  # s0 one position ahead
-    m0, m1 = c0.token_message(h_in[1]), c1.token_message(h_in[0])
-    assert ex.batch_key(m0) != ex.batch_key(m1)
-    outs = [None, None]
-    msgs = [m0, m1]
-    while any(m is not None for m in msgs):
-        live = [i for i, m in enumerate(msgs) if m is not None]
-        for i, reply in zip(live, ex.handle_batch([msgs[i] for i in live]), strict=True):
-            nxt = (c0, c1)[i].handle(reply)
-            outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
-    for out, t in zip(outs, (1, 0), strict=True):
-        assert np.linalg.norm(out - ref[t]) / np.linalg.norm(ref[t]) < REL_ERR_BOUND
-    for sess in (s0, s1):
+    opened = [_open(ckpt, ex, p) for p in pairs]
+    (s0, c0), (s1, c1), (s2, c2) = opened
+    out = _lockstep(ex, [c0], h_in[: AHEAD - 1])[0]  # a prefill span of 8, then one position
+    assert np.linalg.norm(out - ref[AHEAD - 2]) / np.linalg.norm(ref[AHEAD - 2]) < REL_ERR_BOUND
+    _lockstep(ex, [c0], h_in[AHEAD - 1])
+    _lockstep(ex, [c1], h_in[0])
+    starts = (AHEAD, 1, 0)
+    msgs = [c.token_message(h_in[t]) for c, t in zip((c0, c1, c2), starts, strict=True)]
+    assert len({ex.batch_key(m) for m in msgs}) == 1
+    for step in range(2):
+        ex.be.reset()
+        outs = _lockstep(ex, [c0, c1, c2], [h_in[t + step] for t in starts])
+        for o, t in zip(outs, starts, strict=True):
+            assert np.linalg.norm(o - ref[t + step]) / np.linalg.norm(ref[t + step]) < REL_ERR_BOUND
+        # per layer: QKV once for the three, W_o and W_gate|up twice (rows 1 and 0, row 9), W_down once
+        assert ex.be.counts["matvec"] == (LAST - FIRST) * (1 + 2 * 2 + 1)
+    chunk = s1.kv_bytes  # 3 positions: one chunk per layer
+    assert s2.kv_bytes == chunk and s0.kv_bytes == 2 * chunk
+    assert [len(s.kv[FIRST].keys) for s, _ in opened] == [2, 1, 1]
+    for sess, _ in opened:
         ex.drop_session(sess.id)
 
 

@@ -48,15 +48,25 @@ class NativeBatch(RowBatch, NativeBackend):
         zero = torch.zeros((level + 1, self._n), dtype=torch.int64, device=self.device)
         return torch.stack([K.encrypt_public(self._ctx, pk, zero, level) for pk in self._pk])
 
-    def stack(self, cts: Sequence[Ciphertext]) -> Ciphertext:
-        if len(cts) != self.batch_size:
-            raise HEError(f"{len(cts)} ciphertexts for a batch of {self.batch_size}")
-        cs = [self._unwrap(ct) for ct in cts]
-        c0 = cs[0]
-        if any(c.data.dim() != 3 or c.data.shape != c0.data.shape or c.level != c0.level or c.scale != c0.scale
-               for c in cs):
+    def stack(self, cts: Sequence[Ciphertext | None]) -> Ciphertext:
+        if len(cts) != self.batch_size or all(ct is None for ct in cts):
+            raise HEError(f"a batch of {self.batch_size} stacks one ciphertext per row")
+        cs = [None if ct is None else self._unwrap(ct) for ct in cts]
+        c0 = next(c for c in cs if c is not None)
+        if any(c is not None and (c.data.dim() != 3 or c.data.shape != c0.data.shape or c.level != c0.level
+                                  or c.scale != c0.scale) for c in cs):
             raise HEError("a batch stacks ciphertexts of one level, scale and size")
-        return self._wrap(torch.stack([c.data for c in cs]), c0.level, c0.scale)
+        zero = torch.zeros_like(c0.data)
+        return self._wrap(torch.stack([zero if c is None else c.data for c in cs]), c0.level, c0.scale)
+
+    def pick_rows(self, keep: Sequence[bool], ct: Ciphertext, other: Ciphertext | None = None) -> Ciphertext:
+        c = self._unwrap(ct)
+        o = torch.zeros_like(c.data) if other is None else self._unwrap(other).data
+        if len(keep) != self.batch_size or o.shape != c.data.shape or (
+                other is not None and (self._unwrap(other).level, self._unwrap(other).scale) != (c.level, c.scale)):
+            raise HEError("rows are picked between ciphertexts of one batch, level and scale")
+        mask = torch.tensor(list(keep), dtype=torch.bool, device=c.data.device).view(-1, *[1] * (c.data.dim() - 1))
+        return self._wrap(torch.where(mask, c.data, o), c.level, c.scale)
 
     def unstack(self, ct: Ciphertext) -> list[Ciphertext]:
         c = self._unwrap(ct)
