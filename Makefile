@@ -31,18 +31,12 @@ demo: $(STAMP)
 # Tests marked he_heavy hold real CKKS keys and encoded layers at N=16384 in-process. SEAL's memory
 # pool never returns memory to the OS, so in one process their peaks add up (23 GB, OOM-killed on
 # the 24 GB CI machine): every module with such tests runs them in a pytest process of its own.
-# Those processes run one after another, beside the rest of the suite: SEAL holds one core while
-# they compute, so the two streams share the two cores, and one heavy module's peak plus the
-# rest's fits in 24 GB. The heavy log is printed when both streams are done.
 HEAVY_MODULES = $(BIN)/python -m pytest -q --collect-only -m he_heavy 2>/dev/null | grep -o '^tests/[a-z0-9_]*\.py' | sort -u
-HEAVY_LOG := $(VENV)/he_heavy.log
 
 test: $(STAMP) $(CLUSTER_STAMP)
 	@rc=0; \
-	( hrc=0; for f in $$($(HEAVY_MODULES)); do echo "== $$f (he_heavy)"; \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 -m he_heavy $$f || hrc=1; done; exit $$hrc ) > $(HEAVY_LOG) 2>&1 & heavy=$$!; \
 	$(BIN)/python -m pytest -q --durations=15 -m "not he_heavy" || rc=1; \
-	wait $$heavy || rc=1; cat $(HEAVY_LOG); \
+	for f in $$($(HEAVY_MODULES)); do echo "== $$f (he_heavy)"; $(BIN)/python -m pytest -q --durations=5 -m he_heavy $$f || rc=1; done; \
 	exit $$rc
 
 lint: $(STAMP)
