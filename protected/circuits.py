@@ -67,8 +67,10 @@ class Constants:
         self.cfg, self.dims = cfg, dims
         self.plains: dict[tuple, Plaintext] = {}
         # RoPE's plaintexts by position: every layer of a token (or span) multiplies by the same
-        # six, so the last MAX_SPAN positions' stay encoded (least recently used dropped first)
+        # six, so the last MAX_SPAN positions' stay encoded (least recently used dropped first);
+        # a batch whose rows stand at more positions than that raises the bound to their number
         self.rope_plains: OrderedDict[tuple, dict[int, list]] = OrderedDict()
+        self.rope_keep = MAX_SPAN
 
     def get(self, be, key, make, level: int, scale: float) -> Plaintext:
         k = (key, level, scale)
@@ -99,7 +101,7 @@ class Constants:
                 v[off : off + n] = vals[:n]
                 plains[off].append(be.encode(v, level, scale) if np.any(v) else None)
         self.rope_plains[key] = plains
-        while len(self.rope_plains) > MAX_SPAN:
+        while len(self.rope_plains) > self.rope_keep:
             self.rope_plains.popitem(last=False)
         return plains
 
@@ -224,6 +226,7 @@ class Circuit:
         factor the rows' stacked (a row without it, sin at position 0, holds zeros)."""
         if not isinstance(t, tuple):
             return self.consts.rope(self.be, t, level, scale)
+        self.consts.rope_keep = max(self.consts.rope_keep, len(set(t)))
         rows = [self.consts.rope(self.be, x, level, scale) for x in t]
         zero = lambda: np.zeros(self.dims.slots)  # noqa: E731
         out = {}
