@@ -8,6 +8,8 @@ third of the products of three sessions alone); a bad upload in a batch fails it
 and leaves that session as it was; sessions at different positions share batches and stay right.
 """
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -126,6 +128,42 @@ def test_sessions_at_different_positions_share_a_batch(ckpt, setup):
     chunk = s1.kv_bytes  # 3 positions: one chunk per layer
     assert s2.kv_bytes == chunk and s0.kv_bytes == 2 * chunk
     assert [len(s.kv[FIRST].keys) for s, _ in opened] == [2, 1, 1]
+    for sess, _ in opened:
+        ex.drop_session(sess.id)
+
+
+def test_the_scheduler_gathers_sessions_at_different_positions(ckpt, setup):
+    """The service's HE worker (``StepScheduler``) with three client threads whose sessions stand
+    at positions 2, 1 and 0: each thread submits its own round trips, the scheduler gathers the
+    three sessions' steps into batches of three, and every output matches the plaintext."""
+    from veil.protected.scheduler import StepScheduler
+
+    pairs, ex, h_in, ref = setup
+    opened = [_open(ckpt, ex, p) for p in pairs]
+    _lockstep(ex, [opened[0][1]], h_in[:2])
+    _lockstep(ex, [opened[1][1]], h_in[0])
+    sched = StepScheduler(ex, max_batch=4, max_wait_s=2.0)  # generous: the threads are not in step
+    starts, outs, sizes = (2, 1, 0), {}, []
+
+    def run(b):
+        c, msg = opened[b][1], opened[b][1].token_message(h_in[starts[b]])
+        while True:
+            reply, _, size = sched.submit(msg)
+            sizes.append(size)
+            nxt = c.handle(reply)
+            if isinstance(nxt, np.ndarray):
+                outs[b] = nxt
+                return
+            msg = nxt
+
+    threads = [threading.Thread(target=run, args=(b,)) for b in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for b, t in enumerate(starts):
+        assert np.linalg.norm(outs[b] - ref[t]) / np.linalg.norm(ref[t]) < REL_ERR_BOUND
+    assert max(sizes) == 3 and sizes.count(3) >= 3  # at least one round trip ran the three as one
     for sess, _ in opened:
         ex.drop_session(sess.id)
 
