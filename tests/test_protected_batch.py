@@ -132,6 +132,31 @@ def test_sessions_at_different_positions_share_a_batch(ckpt, setup):
         ex.drop_session(sess.id)
 
 
+def test_rows_of_one_weights_period_share_the_weights_step_over_padded_chunks(ckpt, full_model, setup):
+    """Positions 17 (three KV chunks) and 25 (four) share the weights period 4, so the WEIGHTS
+    step runs them as one too: the shorter row's fourth chunk is padding whose masks are zero.
+    Every step of the two is one batch, and both outputs match the plaintext."""
+    pairs, ex, _, _ = setup
+    ids = ckpt.tokenizer(" ".join([PROMPT] * 3), return_tensors="pt")["input_ids"][0][:27]
+    with torch.no_grad():
+        h = full_model.run_layers(full_model.embed(ids), 0, FIRST)
+        ref = full_model.run_layers(h, FIRST, LAST).double().numpy()
+    h_in = h.double().numpy()
+    opened = [_open(ckpt, ex, p) for p in pairs[:2]]
+    starts = (25, 17)
+    for (_, c), t in zip(opened, starts, strict=True):
+        for a in range(0, t, 8):
+            _lockstep(ex, [c], h_in[a : min(t, a + 8)])
+    ex.be.reset()
+    outs = _lockstep(ex, [c for _, c in opened], [h_in[t] for t in starts])
+    for o, t in zip(outs, starts, strict=True):
+        assert np.linalg.norm(o - ref[t]) / np.linalg.norm(ref[t]) < REL_ERR_BOUND
+    assert ex.be.counts["matvec"] == (LAST - FIRST) * 4  # QKV, W_o, W_gate|up, W_down: once for both
+    assert [len(s.kv[FIRST].keys) for s, _ in opened] == [4, 3]
+    for sess, _ in opened:
+        ex.drop_session(sess.id)
+
+
 def test_the_scheduler_gathers_sessions_at_different_positions(ckpt, setup):
     """The service's HE worker (``StepScheduler``) with three client threads whose sessions stand
     at positions 2, 1 and 0: each thread submits its own round trips, the scheduler gathers the
