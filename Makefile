@@ -28,16 +28,11 @@ $(CLUSTER_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/veil demo
 
-# Tests marked he_heavy hold real CKKS keys and encoded layers at N=16384 in-process. SEAL's memory
-# pool never returns memory to the OS, so in one process their peaks add up (23 GB, OOM-killed on
-# the 24 GB CI machine): every module with such tests runs them in a pytest process of its own.
-HEAVY_MODULES = $(BIN)/python -m pytest -q --collect-only -m he_heavy 2>/dev/null | grep -o '^tests/[a-z0-9_]*\.py' | sort -u
-
+# `make test` runs tests/run_suite.py: one pytest process per module (and one more for a module's
+# he_heavy tests, which hold real CKKS keys at N=16384), two at a time, at most one he_heavy at a
+# time and `solo` modules (Ray) alone; its docstring says why.
 test: $(STAMP) $(CLUSTER_STAMP)
-	@rc=0; \
-	$(BIN)/python -m pytest -q --durations=15 -m "not he_heavy" || rc=1; \
-	for f in $$($(HEAVY_MODULES)); do echo "== $$f (he_heavy)"; $(BIN)/python -m pytest -q --durations=5 -m he_heavy $$f || rc=1; done; \
-	exit $$rc
+	$(BIN)/python tests/run_suite.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -7,7 +7,7 @@ The real shipped model is loaded once per test session (about 20 s) and shared.
 HE backends: a test that takes the ``he_backend`` fixture runs once per backend in
 ``HE_BACKENDS`` (module-scoped, so a module's fixtures are built once per backend). A module
 that sets ``HE_HEAVY = True`` marks its SEAL runs ``he_heavy``: SEAL's memory pool never
-returns memory, so the Makefile runs those in a process of their own. ``native`` runs the
+returns memory, so tests/run_suite.py runs those in a process of their own. ``native`` runs the
 interface contract everywhere, but the modules that chain hundreds of rotations (``HE_HEAVY``
 ones and ``NATIVE_OPT_IN = True``) take it only with ``VEIL_TEST_NATIVE=1``: eager torch on
 the CPU spends minutes where SEAL spends seconds (its own tests cover what they exercise).

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 pytest.importorskip("ray.serve")
+pytestmark = pytest.mark.solo
 
 from veil.benchmarks.cluster import launch_cluster  # noqa: E402
 from veil.benchmarks.cluster_fault import run_fault  # noqa: E402

@@ -260,11 +260,12 @@ def test_four_concurrent_protected_sessions(server, client, ckpt, full_model):
     assert server.app.state.protected.executor().sessions == {}
 
 
-def test_speculative_decoding_keeps_greedy_output(server, ckpt, full_model):
+def test_speculative_decoding_keeps_greedy_output(server, client, ckpt, full_model):
     """Drafts by prompt lookup, verified in one step each: on a repetitive prompt some drafts
     are accepted (more than one token per step), and the tokens are exactly plain greedy
     decoding's; the rejected drafts leave the server's cache (the next steps would diverge)."""
-    c = VeilClient(server.url, server.keys["carol"], mode="protected", half=client_half_from(ckpt, K), speculate=3)
+    c = VeilClient(server.url, server.keys["carol"], mode="protected", half=client.half, speculate=3)
+    c.he, c._material, c._keys_id = client.he, client._material, client._keys_id  # no second key set
     try:
         ids = c.tokenizer("one two three four five, one two three four five, one two three four")["input_ids"]
         res = c.generate(ids, 10, stop_at_eos=False)
