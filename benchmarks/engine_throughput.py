@@ -7,7 +7,8 @@ With no arguments it measures exactly: 64 random requests (input 32–256, outpu
 EOS ignored so lengths are exact, seed 0) served at concurrency 16 by a `veil serve` subprocess
 on loopback (streamed /v1/completions with token-id prompts), and the same requests through
 `transformers` generate in static batches of 16 (padded), in the same run. The fast path
-serves bf16 weights (`veil serve --dtype bfloat16`; fp32 KV cache and attention on CPU); the
+serves the server's dtype (`--dtype`; default fp32 on CPU, bf16 on CUDA; with bf16 weights the
+KV cache and attention are bf16 where bf16 is fast, i.e. CUDA and AMX-BF16 CPUs); the
 reference runs once in fp32 and once in bf16 and the ratio is taken against its faster run,
 so the baseline is the best a `transformers` user gets here. `--peer vllm_cpu.json` (from
 `make bench-peers`, same workload) adds the ratio to vLLM-CPU. It prints one `figure …` line

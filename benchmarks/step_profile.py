@@ -19,7 +19,7 @@ import time
 import torch
 
 CATEGORIES = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear"),
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "mkldnn::_linear_pointwise"),
     "attention": ("aten::_scaled_dot_product", "aten::index_select", "aten::_softmax"),
     "sampling": ("aten::argmax", "aten::sort", "aten::searchsorted", "aten::cumsum"),
 }

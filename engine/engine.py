@@ -20,6 +20,7 @@ from veil.engine.model_runner import ModelRunner
 from veil.engine.sampling import SamplingParams
 from veil.engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from veil.engine.sequence import SeqKind, Sequence
+from veil.kernels import ops
 
 log = logging.getLogger("veil.engine")
 
@@ -57,10 +58,12 @@ class Engine:
     def __init__(self, model: LlamaModel, k: int, cfg: EngineConfig = EngineConfig(),
                  server_secret: bytes | None = None, on_step: Callable[[StepStats], None] | None = None):
         mcfg = model.cfg
-        # On CPU the KV cache stays fp32 whatever the weights: torch's CPU attention is several
-        # times slower in bf16, and converting the gathered context every layer costs more
-        # than the doubled cache memory. On CUDA it follows the weights.
-        dtype = next(model.parameters()).dtype if torch.device(cfg.device).type == "cuda" else torch.float32
+        # The KV cache (and the attention over it) follows the weights where bf16 is fast (CUDA,
+        # CPUs with AMX-BF16). Elsewhere on CPU it stays fp32 whatever the weights: torch's CPU
+        # attention is there several times slower in bf16, and converting the gathered context
+        # every layer costs more than the doubled cache memory.
+        weights = next(model.parameters()).dtype
+        dtype = weights if ops.bf16_is_fast(cfg.device) else torch.float32
         num_layers = model.last - model.first
         per_block = PagedKVCache.bytes_per_token(num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype) * cfg.block_size
         num_blocks = max(1, cfg.kv_cache_bytes // per_block)

@@ -29,6 +29,7 @@ from veil.engine.sampling import SamplingBatch, SamplingParams, sample
 from veil.engine.scheduler import Chunk
 from veil.engine.sequence import SeqKind
 from veil.kernels import ops
+from veil.kernels.linear import Linear
 
 
 @dataclass
@@ -72,16 +73,16 @@ class PreparedBatch:
 
 @dataclass
 class LayerWeights:
-    """Matrices stored as [in, out] for `x @ w`: on CPU contiguous copies (this CPU's fp32
-    GEMM at 16 rows ran ~1.7x faster on a [K, N] operand than on a transposed [N, K] view), on
-    CUDA transposed views of the [out, in] weights (cuBLAS takes either)."""
+    """A layer's norms and matrices; each matrix a `Linear` laid out once for the device's GEMM
+    (veil.kernels.linear: oneDNN-prepacked bf16 or an [in, out] fp32 copy on CPU, the
+    transposed view on CUDA)."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [d, q + 2 kv]: one matmul for the three projections
-    o: torch.Tensor
+    qkv: Linear  # [d] -> [q + 2 kv]: one GEMM for the three projections
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [d, 2 I]
-    down: torch.Tensor
+    gate_up: Linear  # [d] -> [2 I]
+    down: Linear
 
 
 def _rows_index(idx: list[int], device: torch.device) -> slice | torch.Tensor:
@@ -100,11 +101,9 @@ class ModelRunner:
         self.first = model.first
         self.has_ends = model.with_ends and model.first == 0
         self.dtype = next(model.parameters()).dtype
-        cpu = dev.type == "cpu"
 
-        def mat(*ws: torch.Tensor) -> torch.Tensor:
-            w = torch.cat(ws) if len(ws) > 1 else ws[0].data
-            return w.t().contiguous() if cpu else w.to(dev).t()
+        def mat(*ws: torch.Tensor) -> Linear:
+            return Linear(torch.cat(ws) if len(ws) > 1 else ws[0].data, dev)
 
         self.layers: dict[int, LayerWeights] = {}
         for i in range(model.first, model.last):
@@ -118,7 +117,7 @@ class ModelRunner:
         if self.has_ends:
             self.embed_w = model.embed_tokens.weight.data.to(dev)
             self.norm_w = model.norm.weight.data.to(dev)
-            self.head_w = model.head_weight().data.to(dev)  # [vocab, d]
+            self.head = Linear(model.head_weight().data, dev)  # [d] -> [vocab]
         max_positions = max_positions or cfg.max_position_embeddings
         self.cos, self.sin = ops.build_rope_cache(cfg.head_dim, max_positions, cfg.rope_theta, device=dev)
         self.scale = cfg.head_dim ** -0.5
@@ -238,15 +237,15 @@ class ModelRunner:
         cfg, w = self.cfg, self.layers[i]
         n = x.shape[0]
         h, residual = ops.add_rms_norm(x, residual, w.input_norm, cfg.rms_norm_eps)
-        qkv = h @ w.qkv
+        qkv = w.qkv(h)
         q = qkv[:, :cfg.q_size].view(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, cfg.q_size + cfg.kv_size:].view(n, cfg.num_kv_heads, cfg.head_dim)
         ops.apply_rope(q, k, meta.positions, self.cos, self.sin)
         ops.store_kv(k, v, self.cache.k[i - self.first], self.cache.v[i - self.first], meta.slot_mapping)
         a = self._attention(q, i, meta).reshape(n, cfg.q_size)
-        h, residual = ops.add_rms_norm(a @ w.o, residual, w.post_norm, cfg.rms_norm_eps)
-        return ops.silu_and_mul(h @ w.gate_up) @ w.down, residual
+        h, residual = ops.add_rms_norm(w.o(a), residual, w.post_norm, cfg.rms_norm_eps)
+        return w.down(ops.silu_and_mul(w.gate_up(h))), residual
 
     def _run_layers(self, x: torch.Tensor, first: int, last: int, meta: StepMeta) -> torch.Tensor:
         residual = None
@@ -256,7 +255,7 @@ class ModelRunner:
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: [T, d] → [T, vocab] fp32."""
-        return (ops.rms_norm(h, self.norm_w, self.cfg.rms_norm_eps) @ self.head_w.T).float()
+        return self.head(ops.rms_norm(h, self.norm_w, self.cfg.rms_norm_eps)).float()
 
     def forward_logits(self, ids: torch.Tensor, meta: StepMeta) -> torch.Tensor:
         """The whole model on token rows that all need logits (the CUDA-graph body)."""

@@ -15,6 +15,8 @@ Tensor layouts (T = tokens, B = sequences, Hq / Hkv = query / KV heads, D = head
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from veil.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
@@ -35,6 +37,7 @@ __all__ = [
     "DEFAULT_PARTITION_SIZE",
     "add_rms_norm",
     "apply_rope",
+    "bf16_is_fast",
     "build_rope_cache",
     "paged_decode_attention",
     "paged_prefill_attention",
@@ -46,6 +49,22 @@ __all__ = [
 
 def _use_triton(t: torch.Tensor, force_triton: bool) -> bool:
     return force_triton or t.is_cuda
+
+
+@functools.cache
+def bf16_is_fast(device: str = "cpu") -> bool:
+    """Whether torch computes bf16 matmuls and attention on ``device`` at least as fast as fp32:
+    on CUDA, and on CPUs with AMX-BF16 (oneDNN's tile units; Linux's /proc/cpuinfo names the
+    flag). Measured on the 2-core Xeon with AMX: bf16 GEMM 2-4x fp32 at 16-64 rows, the CPU
+    attention of 16 decode rows at context 304 0.33 ms against 0.58 ms; on the AMD EPYC
+    without AMX (AVX512_BF16 only) bf16 attention was several times slower than fp32."""
+    if torch.device(device).type == "cuda":
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+    except OSError:
+        return False
 
 
 def add_rms_norm(

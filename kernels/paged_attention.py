@@ -377,17 +377,17 @@ def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale) -> tor
     tables = block_tables.long().clamp(0, num_blocks - 1)
     max_tokens = tables.shape[1] * block_size
     # One gather per cache (index_select: a block copy per table entry, several times faster
-    # than advanced indexing on CPU), then torch's fused attention in fp32 (on CPU its bf16
-    # path is ~8x slower than fp32 at these shapes): [B * max_blocks, block_size, Hkv, D] ->
-    # [B, Hkv, N, D]
-    # The gather runs on 2-D views [num_blocks, block elements]: on this CPU torch's fp32
+    # than advanced indexing on CPU), then torch's fused attention in the cache's dtype (the
+    # engine keeps a bf16 cache only where bf16 attention is fast: ops.bf16_is_fast):
+    # [B * max_blocks, block_size, Hkv, D] -> [B, Hkv, N, D]
+    # The gather runs on 2-D views [num_blocks, block elements]: on the AMD CPU torch's fp32
     # index_select of the 4-D pool took a path several times slower than the row copy.
     flat = tables.flatten()
-    k = _gather_blocks(k_cache, flat).view(batch, max_tokens, num_kv_heads, head_dim).float().transpose(1, 2)
-    v = _gather_blocks(v_cache, flat).view(batch, max_tokens, num_kv_heads, head_dim).float().transpose(1, 2)
+    k = _gather_blocks(k_cache, flat).view(batch, max_tokens, num_kv_heads, head_dim).transpose(1, 2)
+    v = _gather_blocks(v_cache, flat).view(batch, max_tokens, num_kv_heads, head_dim).transpose(1, 2)
     valid = torch.arange(max_tokens, device=q.device)[None, :] < context_lens.long()[:, None]  # [B, N]
     out = F.scaled_dot_product_attention(
-        q.float().view(batch, num_q_heads, 1, head_dim), k, v, attn_mask=valid[:, None, None, :], scale=scale,
+        q.to(k.dtype).view(batch, num_q_heads, 1, head_dim), k, v, attn_mask=valid[:, None, None, :], scale=scale,
         enable_gqa=num_q_heads != num_kv_heads,
     ).view(batch, num_q_heads, head_dim)
     # A sequence with context_len 0 has nothing to attend to: define its output as 0.

@@ -247,13 +247,13 @@ def paged_prefill_attention_torch(
         if q_len == 0:
             continue
         blocks = block_tables[b, : -(-ctx_len // block_size)].long()
-        # fp32 attention: on CPU torch's bf16 attention is several times slower
-        k = _gather_blocks(k_cache, blocks).view(-1, num_kv_heads, k_cache.shape[3])[:ctx_len].float().transpose(0, 1)
-        v = _gather_blocks(v_cache, blocks).view(-1, num_kv_heads, v_cache.shape[3])[:ctx_len].float().transpose(0, 1)
+        # attention in the cache's dtype (bf16 only where it is fast: ops.bf16_is_fast)
+        k = _gather_blocks(k_cache, blocks).view(-1, num_kv_heads, k_cache.shape[3])[:ctx_len].transpose(0, 1)
+        v = _gather_blocks(v_cache, blocks).view(-1, num_kv_heads, v_cache.shape[3])[:ctx_len].transpose(0, 1)
         # New token i sits at position ctx_len - q_len + i and sees positions up to its own.
         q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
         visible = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]  # [t, n]
-        ob = F.scaled_dot_product_attention(q[start:end].transpose(0, 1).float(), k, v, attn_mask=visible, scale=scale,
+        ob = F.scaled_dot_product_attention(q[start:end].transpose(0, 1).to(k.dtype), k, v, attn_mask=visible, scale=scale,
                                             enable_gqa=num_q_heads != num_kv_heads)  # [Hq, t, D]
         out[start:end] = ob.transpose(0, 1).to(q.dtype)
     return out

@@ -68,6 +68,28 @@ def test_seeded_request_is_reproducible_whatever_the_batch(full_model, chat_prom
         e.stop()
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_cpu_kv_cache_is_bf16_only_where_bf16_is_fast(full_model, monkeypatch, fast):
+    """bf16 weights get a bf16 KV cache (and bf16 attention) where bf16 is fast (CUDA, AMX-BF16
+    CPUs), an fp32 one elsewhere; fp32 weights always an fp32 one. `bf16_is_fast` is forced
+    both ways here (a stand-in for the CPU flag, in this test only), and a bf16 engine with
+    either cache generates."""
+    import copy
+
+    from veil.kernels import ops
+
+    monkeypatch.setattr(ops, "bf16_is_fast", lambda device="cpu": fast)
+    cfg = EngineConfig(kv_cache_bytes=16 << 20, max_tokens_per_step=64)
+    assert Engine(full_model, 2, cfg).cache.k[0].dtype == torch.float32
+    e = Engine(copy.deepcopy(full_model).to(torch.bfloat16), 2, cfg).start()
+    try:
+        assert e.cache.k[0].dtype == (torch.bfloat16 if fast else torch.float32)
+        [out] = _collect(e, [([1, 2, 3, 4, 5], 4, SamplingParams())])
+        assert len(out) == 4
+    finally:
+        e.stop()
+
+
 def test_client_threads_leave_a_core_to_a_loopback_server(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert client_threads("http://127.0.0.1:8443") == 1

@@ -422,6 +422,24 @@ def test_paged_prefill_twin_matches_decode_twin_for_single_tokens():
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_twins_attend_in_the_cache_dtype():
+    """The CPU twins compute in their cache's dtype (the engine keeps a bf16 cache only where
+    bf16 attention is fast): on a bf16 cache they return bf16 within bf16 rounding of the same
+    numbers attended in fp32, for decode and prefill alike."""
+    chunks = [(6, 6), (2, 13), (1, 40)]
+    q, kc, vc, tables, cu, lens = _make_prefill_case(chunks, 9, 3, 64, 16, torch.bfloat16, 33)
+    f32 = [t.float() for t in (q, kc, vc)]
+    got = paged_prefill_attention_torch(q, kc, vc, tables, cu, lens, 0.125)
+    ref = paged_prefill_attention_torch(*f32, tables, cu, lens, 0.125)
+    assert got.dtype == torch.bfloat16 and ref.dtype == torch.float32
+    torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
+    dq, dk, dv, dt, dl = _make_paged_case([5, 33, 70], 9, 3, 64, 16, torch.bfloat16, 34)
+    got = paged_decode_attention_torch(dq, dk, dv, dt, dl, 0.125)
+    ref = paged_decode_attention_torch(dq.float(), dk.float(), dv.float(), dt, dl, 0.125)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("case", PREFILL_CASES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_paged_prefill_matches_twin(case, dtype):
@@ -506,3 +524,25 @@ def test_kernels_compile_for_gpu():
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- fixed-weight GEMM
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_layouts_equal_the_plain_product(dtype):
+    """`Linear` (a weight laid out once: oneDNN-prepacked bf16 or an [in, out] fp32 copy on
+    CPU) equals `x @ W.T` on the weight as given, for every row count a step may bring, with
+    leading dims kept."""
+    from veil.kernels.linear import Linear
+
+    gen = _gen(40)
+    w = torch.randn(96, 64, generator=gen).to(dtype)
+    lin = Linear(w, "cpu")
+    expected = {torch.float32: "in-out copy", torch.bfloat16: "onednn-packed"}[dtype]
+    if dtype == torch.bfloat16 and not torch.backends.mkldnn.is_available():
+        expected = "view"
+    assert lin.layout == expected
+    for shape in ((1, 64), (5, 64), (16, 64), (64, 64), (300, 64), (2, 3, 64)):
+        x = torch.randn(*shape, generator=gen).to(dtype)
+        got = lin(x)
+        assert got.shape == (*shape[:-1], 96) and got.dtype == dtype
+        torch.testing.assert_close(got, x @ w.T, **TOL[dtype])
