@@ -1,0 +1,23 @@
+"""The suite runner's rules (tests/run_suite.py): at most `jobs` units at once, never two
+he_heavy units together (their memory peaks would add up), solo units alone."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("run_suite", Path(__file__).with_name("run_suite.py"))
+run_suite = sys.modules["run_suite"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+spec.loader.exec_module(run_suite)
+Unit, may_start = run_suite.Unit, run_suite._may_start
+
+
+def test_two_at_a_time_one_heavy_solo_alone():
+    heavy, heavy2 = Unit("a.py", "he_heavy", "heavy"), Unit("b.py", "he_heavy", "heavy")
+    normal, normal2 = Unit("c.py", "not he_heavy", "normal"), Unit("d.py", "not he_heavy", "normal")
+    solo = Unit("e.py", "not he_heavy", "solo")
+    assert may_start(heavy, [], 2) and may_start(normal, [heavy], 2)
+    assert not may_start(heavy2, [heavy], 2)  # one he_heavy unit at a time
+    assert not may_start(normal2, [heavy, normal], 2)  # two at a time
+    assert may_start(normal2, [normal], 2) and not may_start(normal2, [normal], 1)
+    assert not may_start(solo, [normal], 2) and may_start(solo, [], 2)  # nothing beside a solo unit
+    assert not may_start(normal, [solo], 2) and not may_start(heavy, [solo], 2)
