@@ -27,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "of the protected path")
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="weights dtype (default: bfloat16 on CUDA, float32 on CPU; the KV cache follows the "
-                        "weights on CUDA and is float32 on CPU)")
+                        "weights where bf16 is fast: CUDA and AMX-BF16 CPUs; float32 elsewhere)")
     p.add_argument("--threads", type=int,
                    help="torch intra-op threads of the engine (default: CPU count - 1, at least 1: the HTTP "
                         "event loop and the engine's own Python need a core, and intra-op threads that wait "

@@ -41,12 +41,13 @@ class ServerConfig:
     max_tokens_per_step: int = EngineConfig.max_tokens_per_step  # token budget of one engine iteration
     max_seqs_per_step: int = EngineConfig.max_seqs_per_step
     device: str = EngineConfig.device  # the engine's device ("cpu" | "cuda"): fast path and split sessions
-    dtype: str | None = None  # weights (and KV on CUDA); None → bfloat16 on CUDA, float32 on CPU
+    dtype: str | None = None  # weights; None → bfloat16 on CUDA, float32 on CPU (KV: Engine, ops.bf16_is_fast)
 
     @property
     def model_dtype(self) -> str:
-        # CPU: fp32, the dtype the accuracy figures are measured in, and on the development CPU
-        # faster than bf16 at decode batch sizes (its fp32 GEMM beat the bf16 one at 16 rows).
+        # CPU: fp32, the dtype the accuracy figures are measured in, and the faster one on CPUs
+        # without AMX (an AMD EPYC's fp32 GEMM beat its bf16 one at 16 rows); where the CPU has
+        # AMX-BF16, --dtype bfloat16 is ~1.9x faster (benchmarks/results/2026-11-26-cpu-fastpath).
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
 
     def engine_config(self) -> EngineConfig:
