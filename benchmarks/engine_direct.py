@@ -10,6 +10,7 @@ mean number of sequences per step (how full the batches were).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -26,13 +27,15 @@ def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", 
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.sampling import SamplingParams
 
-    if threads:
-        torch.set_num_threads(threads)
+    # The engine loop owns the torch threads (EngineConfig.threads): this thread stays at 1, and a
+    # caller that passes `ckpt` should have been at 1 since before loading it.
+    torch.set_num_threads(1)
     ckpt = ckpt or load_checkpoint()
     model = build_model(ckpt, dtype=getattr(torch, dtype))
     steps: list = []
     cfg = EngineConfig(kv_cache_bytes=int(kv_cache_gb * (1 << 30)), max_tokens_per_step=max_tokens_per_step,
-                       max_seqs_per_step=max_seqs, device=device, cuda_graphs=cuda_graphs)
+                       max_seqs_per_step=max_seqs, device=device, cuda_graphs=cuda_graphs,
+                       threads=threads or os.cpu_count() or 1)
     engine = Engine(model, 0, cfg, on_step=steps.append).start()
     done = threading.Semaphore(0)
     try:
@@ -69,7 +72,7 @@ def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", 
             rec.error = f"expected {req.max_new_tokens} tokens, got {rec.output_tokens}"
     s = summarize(records, duration)
     s.update(engine_stats(steps, duration))
-    s.update({"device": device, "dtype": dtype, "max_seqs": max_seqs, "threads": torch.get_num_threads(),
+    s.update({"device": device, "dtype": dtype, "max_seqs": max_seqs, "threads": cfg.threads,
               "cuda_graphs": bool(cuda_graphs and device.startswith("cuda"))})
     return s
 

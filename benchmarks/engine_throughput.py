@@ -15,8 +15,8 @@ so the baseline is the best a `transformers` user gets here. `--peer vllm_cpu.js
 per figure and writes JSON.
 
 Paths: ``fast`` (the served endpoint above; its client, this process, shares the machine with
-the server: the server gets ``--server-threads`` torch threads, by default all cores but one,
-and the report states the split), ``engine`` (the engine driven directly in this process, all
+the server: the server gets ``--server-threads`` torch threads, by default all cores as
+``veil serve``, and the report states the split), ``engine`` (the engine driven directly in this process, all
 requests at t=0, at most c sequences per step: the set-up of the vLLM peer's offline
 ``LLM.generate``; ``veil.benchmarks.engine_direct``) and ``reference``. ``--device cuda`` runs
 all three on the GPU. Fast and engine also report steps/s and mean sequences per step.
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from veil.server.config import ServerConfig
 
     args.dtype = ServerConfig(device=args.device, dtype=args.dtype).model_dtype
-    server_threads = args.server_threads or max(1, (os.cpu_count() or 2) - 1)
+    server_threads = args.server_threads or os.cpu_count() or 1  # veil serve's default
     results: dict = {"schema": "veil.engine_throughput/1", "workload": wl.description, "machine": machine_facts(),
                      "device": args.device, "dtype": args.dtype, "paths": {},
                      "threads": {"fast.server": server_threads,
@@ -239,7 +239,11 @@ def main(argv: list[str] | None = None) -> int:
                 proc.terminate()
                 proc.wait(30)
 
-    ckpt = None
+    import torch
+
+    ckpt, torch_threads = None, torch.get_num_threads()
+    if "engine" in paths:  # before loading: the engine loop must own the only thread team (EngineConfig.threads)
+        torch.set_num_threads(1)
     if {"engine", "reference"} & set(paths):
         from veil.engine.loader import load_checkpoint
 
@@ -261,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if "reference" in paths:
         from veil.benchmarks.reference_hf import DTYPES, run_reference
 
+        torch.set_num_threads(torch_threads)  # transformers runs in this thread (the engine's is gone)
         for name in (x for x in args.reference_dtypes.split(",") if x):
             print(f"reference: transformers generate ({name}), static batches of {args.batch_size}…",
                   file=sys.stderr, flush=True)

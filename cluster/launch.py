@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from veil.server.config import ServerConfig
@@ -59,7 +59,8 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
     ingress = serve.deployment(serve.ingress()(Ingress), name="Ingress", num_replicas=1,
                                max_ongoing_requests=4 * cc.max_ongoing_requests, ray_actor_options={"num_cpus": 0},
                                logging_config=QUIET_LOGS)
-    spec = ReplicaSpec(cfg.model_dtype, cc.replica_threads)
+    spec = ReplicaSpec(cfg.model_dtype)
+    cfg = replace(cfg, threads=cc.replica_threads)  # the replica's engine loop, not the launcher's
     return ingress.bind(engine.bind(cfg, spec, tenants_json), cfg, cc.replicas)
 
 

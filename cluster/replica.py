@@ -35,7 +35,6 @@ class ReplicaSpec:
     """What a replica needs beyond the server's settings to build its engine."""
 
     dtype: str = "float32"
-    threads: int = 1  # torch intra-op threads
 
 
 def load_half(cfg: ServerConfig, dtype_name: str):
@@ -55,7 +54,7 @@ class VeilReplica:
         import torch
         from ray import serve
 
-        torch.set_num_threads(spec.threads)
+        torch.set_num_threads(1)  # loading; the engine loop owns cfg.threads (EngineConfig.threads)
         self.id = serve.get_replica_context().replica_id.unique_id
         half = await asyncio.to_thread(load_half, cfg, spec.dtype)
         self.app = create_app(cfg, half, TenantStore.from_json(tenants_json))

@@ -35,6 +35,13 @@ class EngineConfig:
     # CUDA only: capture the full-model decode step as CUDA graphs for batches up to
     # max_seqs_per_step (at engine creation); False runs every step eagerly.
     cuda_graphs: bool = True
+    # CPU intra-op threads of the engine loop, set by the loop thread itself; 0 leaves torch's.
+    # The loop must own the process's only OpenMP team: a second team (the caller's, left by
+    # loading the model with several threads) outnumbers the cores, libgomp then wakes its
+    # workers by futex at every parallel op, and the loop's small ops ran ~10x slower
+    # (benchmarks/results/2026-11-26-cpu-fastpath). So callers stay at torch.set_num_threads(1)
+    # from before loading the model and give the engine its threads here.
+    threads: int = 0
 
 
 @dataclass
@@ -161,6 +168,8 @@ class Engine:
             done(reason if isinstance(reason, BaseException) else SessionClosed("the session was closed"))
 
     def _loop(self) -> None:
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)  # this thread's team; the caller's stays at 1
         try:
             while True:
                 with self._cv:

@@ -41,6 +41,7 @@ class ServerConfig:
     max_tokens_per_step: int = EngineConfig.max_tokens_per_step  # token budget of one engine iteration
     max_seqs_per_step: int = EngineConfig.max_seqs_per_step
     device: str = EngineConfig.device  # the engine's device ("cpu" | "cuda"): fast path and split sessions
+    threads: int = EngineConfig.threads  # the engine loop's torch threads (0: torch's setting)
     dtype: str | None = None  # weights; None → bfloat16 on CUDA, float32 on CPU (KV: Engine, ops.bf16_is_fast)
 
     @property
@@ -52,7 +53,7 @@ class ServerConfig:
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.block_size, self.kv_cache_bytes, self.max_tokens_per_step, self.max_seqs_per_step,
-                            self.device)
+                            self.device, threads=self.threads)
 
     def protected_limits(self) -> Limits:
         return Limits(self.max_protected_context, self.max_protected_kv_bytes, self.max_protected_kv_bytes_total)

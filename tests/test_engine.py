@@ -38,6 +38,21 @@ def test_paged_engine_equals_simple_cache(engine, chat_prompts, local_greedy):
     assert outs == local_greedy
 
 
+def test_the_engine_loop_sets_its_own_torch_threads(full_model, chat_prompts):
+    """EngineConfig.threads is set by the loop thread itself; the caller's thread keeps its count
+    (so that the loop's OpenMP team can be the process's only one)."""
+    mine = torch.get_num_threads()
+    seen = []
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=16 << 20, max_tokens_per_step=64, threads=mine + 1),
+               on_step=lambda s: seen.append(torch.get_num_threads())).start()
+    try:
+        _run_requests(e, chat_prompts[:1], 2)
+    finally:
+        e.stop()
+    assert seen and set(seen) == {mine + 1}
+    assert torch.get_num_threads() == mine
+
+
 def test_split_steps_equal_the_simple_cache(engine, full_model, chat_prompts):
     ids = chat_prompts[2]
     with torch.inference_mode():
