@@ -15,7 +15,7 @@ so the baseline is the best a `transformers` user gets here. `--peer vllm_cpu.js
 per figure and writes JSON.
 
 Paths: ``fast`` (the served endpoint above; its client, this process, shares the machine with
-the server: the server gets ``--server-threads`` torch threads, by default all cores as
+the server: the server gets ``--server-threads`` torch threads, by default torch's count as
 ``veil serve``, and the report states the split), ``engine`` (the engine driven directly in this process, all
 requests at t=0, at most c sequences per step: the set-up of the vLLM peer's offline
 ``LLM.generate``; ``veil.benchmarks.engine_direct``) and ``reference``. ``--device cuda`` runs
@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     from veil.server.config import ServerConfig
 
     args.dtype = ServerConfig(device=args.device, dtype=args.dtype).model_dtype
-    server_threads = args.server_threads or os.cpu_count() or 1  # veil serve's default
+    import torch
+
+    server_threads = args.server_threads or torch.get_num_threads()  # veil serve's default
     results: dict = {"schema": "veil.engine_throughput/1", "workload": wl.description, "machine": machine_facts(),
                      "device": args.device, "dtype": args.dtype, "paths": {},
                      "threads": {"fast.server": server_threads,
@@ -238,8 +240,6 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 proc.terminate()
                 proc.wait(30)
-
-    import torch
 
     ckpt, torch_threads = None, torch.get_num_threads()
     if "engine" in paths:  # before loading: the engine loop must own the only thread team (EngineConfig.threads)

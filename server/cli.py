@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -29,9 +28,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="weights dtype (default: bfloat16 on CUDA, float32 on CPU; the KV cache follows the "
                         "weights where bf16 is fast: CUDA and AMX-BF16 CPUs; float32 elsewhere)")
     p.add_argument("--threads", type=int,
-                   help="torch intra-op threads of the engine loop (default: the CPU count; on the 2-core "
-                        "development VM 2 threads served the engine_throughput workload 1.31x faster than 1, "
-                        "with its load generator on the same cores)")
+                   help="torch intra-op threads of the engine loop (default: torch's, i.e. the cores or "
+                        "OMP_NUM_THREADS; on the 2-core development VM 2 threads served the engine_throughput "
+                        "workload 1.31x faster than 1, with its load generator on the same cores)")
     p.add_argument("--kv-cache-gb", type=float, default=C.kv_cache_bytes / gb, help="memory budget of the paged KV pool")
     p.add_argument("--max-tokens-per-step", type=int, default=C.max_tokens_per_step,
                    help="token budget of one engine iteration")
@@ -97,6 +96,7 @@ def cmd_serve(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no CUDA device", file=sys.stderr)
         return 2
+    threads = args.threads or torch.get_num_threads()  # torch's default: the cores, or OMP_NUM_THREADS
     torch.set_num_threads(1)  # this thread loads the model; the engine loop owns the threads (EngineConfig.threads)
     if args.tls_self_signed:
         from veil.server.tls import make_self_signed
@@ -119,7 +119,7 @@ def cmd_serve(args) -> int:
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
                        max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)),
                        device=args.device, dtype=args.dtype,
-                       threads=args.threads or os.cpu_count() or 1)
+                       threads=threads)
     if args.replicas is not None:
         from veil.cluster.launch import cmd_serve_cluster
 
