@@ -10,7 +10,6 @@ mean number of sequences per step (how full the batches were).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -29,13 +28,13 @@ def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", 
 
     # The engine loop owns the torch threads (EngineConfig.threads): this thread stays at 1, and a
     # caller that passes `ckpt` should have been at 1 since before loading it.
+    threads = threads or torch.get_num_threads()
     torch.set_num_threads(1)
     ckpt = ckpt or load_checkpoint()
     model = build_model(ckpt, dtype=getattr(torch, dtype))
     steps: list = []
     cfg = EngineConfig(kv_cache_bytes=int(kv_cache_gb * (1 << 30)), max_tokens_per_step=max_tokens_per_step,
-                       max_seqs_per_step=max_seqs, device=device, cuda_graphs=cuda_graphs,
-                       threads=threads or os.cpu_count() or 1)
+                       max_seqs_per_step=max_seqs, device=device, cuda_graphs=cuda_graphs, threads=threads)
     engine = Engine(model, 0, cfg, on_step=steps.append).start()
     done = threading.Semaphore(0)
     try:

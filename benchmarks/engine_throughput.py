@@ -16,9 +16,9 @@ per figure and writes JSON.
 
 Paths: ``fast`` (the served endpoint above; its client, this process, shares the machine with
 the server: the server gets ``--server-threads`` torch threads, by default torch's count as
-``veil serve``, and the report states the split), ``engine`` (the engine driven directly in this process, all
-requests at t=0, at most c sequences per step: the set-up of the vLLM peer's offline
-``LLM.generate``; ``veil.benchmarks.engine_direct``) and ``reference``. ``--device cuda`` runs
+``veil serve``, and the report states the split), ``engine`` (the engine driven directly in
+this process, all requests at t=0, at most c sequences per step: the set-up of the vLLM peer's
+offline ``LLM.generate``; ``veil.benchmarks.engine_direct``) and ``reference``. ``--device cuda`` runs
 all three on the GPU. Fast and engine also report steps/s and mean sequences per step.
 """
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="weights of fast and engine (default: the server's, bfloat16 on CUDA and float32 on "
                         "CPU, where fp32 GEMMs at decode batch sizes ran faster than bf16 ones)")
-    p.add_argument("--engine-threads", type=int, help="torch threads of the engine path (default: all cores)")
+    p.add_argument("--engine-threads", type=int, help="torch threads of the engine path (default: torch's)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="engine path: run every step eagerly")
     p.add_argument("--reference-dtypes", default="float32,bfloat16",
                    help="transformers runs once per dtype; ratios use its fastest (the strongest baseline)")
@@ -209,12 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     args.dtype = ServerConfig(device=args.device, dtype=args.dtype).model_dtype
     import torch
 
-    server_threads = args.server_threads or torch.get_num_threads()  # veil serve's default
+    torch_threads = torch.get_num_threads()  # torch's default: the cores, or OMP_NUM_THREADS
+    server_threads = args.server_threads or torch_threads  # veil serve's default
     results: dict = {"schema": "veil.engine_throughput/1", "workload": wl.description, "machine": machine_facts(),
                      "device": args.device, "dtype": args.dtype, "paths": {},
                      "threads": {"fast.server": server_threads,
                                  "fast.client": "this process: the asyncio load generator (one Python thread)",
-                                 "engine": args.engine_threads or os.cpu_count()}}
+                                 "engine": args.engine_threads or torch_threads}}
     lines: list[str] = []
     print(f"workload: {wl.description} ({wl.output_tokens} output tokens)", file=sys.stderr, flush=True)
 
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.terminate()
                 proc.wait(30)
 
-    ckpt, torch_threads = None, torch.get_num_threads()
+    ckpt = None
     if "engine" in paths:  # before loading: the engine loop must own the only thread team (EngineConfig.threads)
         torch.set_num_threads(1)
     if {"engine", "reference"} & set(paths):
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in (int(x) for x in args.concurrency.split(",")):
             print(f"engine driven directly, at most {c} sequences per step…", file=sys.stderr, flush=True)
             s = run_engine(wl, args.device, args.dtype, c, args.kv_cache_gb, args.max_tokens_per_step,
-                           args.engine_threads or os.cpu_count(), not args.no_cuda_graphs, ckpt)
+                           args.engine_threads or torch_threads, not args.no_cuda_graphs, ckpt)
             results["paths"].setdefault("engine", {})[f"c{c}"] = s
             lines += figure_lines("engine", {k: v for k, v in s.items() if isinstance(v, (int, float, dict))
                                              and not isinstance(v, bool)}, f".c{c}")

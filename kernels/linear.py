@@ -34,7 +34,6 @@ class Linear:
         device = torch.device(device)
         w = w.detach()
         self.out_features, self.in_features = w.shape
-        self.dtype = w.dtype
         self.packed = self.kn = self.view = None
         if device.type == "cpu" and w.dtype == torch.bfloat16 and _onednn_prepack():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(device).contiguous(), batch_hint)
