@@ -8,8 +8,8 @@ transformations generic over its evaluator).
 Matrix-vector products: generalized diagonals ``diag_k[j] = W[j, (j+k) % cols]`` against an
 input replicated with period ``cols``; baby steps ``rot(x, b), b < n1`` from one
 ``rotate_many`` (a backend may hoist them), giant-step rotations ``g * n1`` pre-applied to the
-plaintexts, so a product costs ``n1 - 1 + n2 - 1`` rotations plus the folds of its layout
-(``MatvecPlan``). Diagonals are encoded at scale ``prime(level)``, so the rescaled output keeps
+plaintexts and undone by Horner's rule (every giant rotation is by ``n1``: one Galois key), so a
+product costs ``n1 - 1 + n2 - 1`` rotations plus the folds of its layout (``MatvecPlan``). Diagonals are encoded at scale ``prime(level)``, so the rescaled output keeps
 the input's scale.
 
 Layout conventions (``S = params.slot_count`` slots):
@@ -146,7 +146,7 @@ class MatvecPlan:
 
     @property
     def rotation_steps(self) -> list[int]:
-        steps = set(range(1, self.n1)) | {g * self.n1 for g in range(1, self.n2)}
+        steps = set(range(1, self.n1)) | ({self.n1} if self.n2 > 1 else set())  # giant steps: Horner
         h = self.fold_blocks // 2
         while h >= 1:
             steps.add(h * self.stride)
@@ -360,8 +360,13 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
         raise HEError(f"input at level {be.level(x)}, matrix encoded for {matrix.level}")
     plan = matrix.plan
     baby = [x, *be.rotate_many(x, range(1, plan.n1))]
+    # Giant steps by Horner's rule, highest first: acc <- rot(acc, n1) + inner_g. The same
+    # n2 - 1 rotations as rotating each inner_g by g * n1, but all by the one step n1, so the
+    # client makes one Galois key per product for them instead of n2 - 1.
     acc = None
-    for g in range(plan.n2):
+    for g in range(plan.n2 - 1, -1, -1):
+        if acc is not None:
+            acc = be.rotate(acc, plan.n1)
         terms = [(baby[b], matrix.plaintexts[g * plan.n1 + b]) for b in range(plan.n1)
                  if g * plan.n1 + b in matrix.plaintexts]
         if not terms:
@@ -370,8 +375,6 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
         # rescale before the giant-step rotation: a key switch at level l costs ~(l+1)(l+2)
         # NTTs, so rotating one level lower is cheaper than the extra rescales
         inner = be.rescale(inner)
-        if g:
-            inner = be.rotate(inner, g * plan.n1)
         acc = inner if acc is None else be.add(acc, inner)
     half = plan.fold_blocks // 2
     while half >= 1:  # fold the blocks onto block 0

@@ -21,7 +21,13 @@ from veil.protected.protocol import LEVELS, Levels
 __all__ = ["N1", "MATRIX_LAYOUTS", "LayerWeights", "EncodedLayer", "layer_weights_from_tensors", "matrix_shapes",
            "input_spans", "rope_cos_sin", "ffn_permutation"]
 
-N1 = 16  # shared baby-step count of every product (few Galois keys)
+#: Baby-step count of every product: the baby steps 1..15 rotate a product's input (hoisted
+#: where the backend can), their keys are shared by the four products; the giant steps all
+#: rotate by 16 one level lower (Horner's rule, ``veil.crypto.linear.matvec``). Fewer baby steps
+#: for W_qkv would shrink the keys (its baby-step keys are for level 7, whole keys) but cost the
+#: native backend, whose hoisted rotations are cheap, more giant steps: measured in
+#: benchmarks/results/2026-11-26-keys.
+N1 = 16
 
 #: Slot layout of each product (``veil.crypto.linear.MatvecPlan``). W_down (d x F, wide) uses
 #: the hybrid diagonal layout: half the plaintexts and 11 fewer rotations than "folded".
