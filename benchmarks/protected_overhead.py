@@ -162,8 +162,9 @@ NOT_FIGURES = ("tokens", "context", "new_tokens", "requests")
 
 def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_tokens: int, ckpt=None,
                         progress=print, reference_logits=None, server_args: list[str] | None = None,
-                        prefill_span: int | None = None) -> dict:
-    """Run every (path, context) against one server subprocess; returns results by path."""
+                        prefill_span: int | None = None, he_backend: str = "seal") -> dict:
+    """Run every (path, context) against one server subprocess; returns results by path. The
+    protected path runs ``he_backend`` on both ends."""
     from veil.client.sdk import VeilClient
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.split import client_half_from
@@ -174,11 +175,11 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
     half = client_half_from(ckpt, k)
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url, key = start_split_server(Path(tmp), k, server_args)
+        proc, url, key = start_split_server(Path(tmp), k, [*(server_args or []), "--he-backend", he_backend])
         try:
             for path in paths:
                 mode = PATH_MODES[path]
-                with VeilClient(url, key, mode=mode, half=half, timeout_s=3600,
+                with VeilClient(url, key, mode=mode, half=half, timeout_s=3600, he_backend=he_backend,
                                 prefill_span=prefill_span or MAX_SPAN) as client:
                     if mode == "protected":
                         t = time.perf_counter()
@@ -216,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                         "0.25 so that figures stay comparable with runs from before that change")
     p.add_argument("--prefill-span", type=int, default=None,
                    help="protected: prompt positions per round trip (default and most: veil.crypto.wire.MAX_SPAN)")
+    p.add_argument("--he-backend", default="seal", help="the protected path's HE backend, on both ends")
     p.add_argument("--out", type=Path, default=Path("bench_out/protected_overhead.json"))
     args = p.parse_args(argv)
     paths = [x for x in args.paths.split(",") if x]
@@ -226,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     res = measure_split_paths(paths, args.k, contexts, args.max_new_tokens,
                               progress=lambda m: print(m, file=sys.stderr, flush=True),
                               server_args=["--kv-cache-gb", str(args.server_kv_cache_gb)],
-                              prefill_span=args.prefill_span)
+                              prefill_span=args.prefill_span, he_backend=args.he_backend)
     results = {"schema": "veil.protected_overhead/1", "machine": machine_facts(), "k": args.k,
-               "prefill_span": args.prefill_span,
+               "prefill_span": args.prefill_span, "he_backend": args.he_backend,
                "param_set": PROTECTED_PARAMS.id, "paths": {p_: res[p_] for p_ in paths if p_ in res},
                "server_peak_rss_bytes": res["server_peak_rss_bytes"],
                "server_kv_cache_gb": args.server_kv_cache_gb,

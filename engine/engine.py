@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +87,7 @@ class Engine:
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._calls: deque[tuple[Callable, Future]] = deque()
         self.error: BaseException | None = None
         self.steps = 0
 
@@ -108,6 +111,30 @@ class Engine:
     def _check_alive(self) -> None:
         if self.error is not None or (self._thread is not None and not self._thread.is_alive()):
             raise EngineDead(f"the engine loop has stopped: {self.error!r}")
+
+    # -- work of other components on the loop thread --------------------------------------------
+    def call(self, fn: Callable):
+        """Run ``fn()`` on the loop thread, between two steps, and return its result (or raise
+        its exception). For other CPU work that uses torch's intra-op threads (the protected
+        path's native HE): the loop thread owns the process's OpenMP team (``EngineConfig.threads``),
+        and a second thread's team made a native rotation 2.1x slower than on the one team,
+        slower even than on one thread (benchmarks/results/2026-11-26-he-thread). Calls and
+        steps alternate while both wait."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut: Future = Future()
+        with self._cv:
+            self._check_alive()
+            if self._thread is None or self._stop:
+                raise EngineDead("the engine loop is not running")
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut.result()
+
+    def _fail_calls(self, error: BaseException) -> None:
+        """With the lock held: every queued call raises ``error`` in its caller."""
+        while self._calls:
+            self._calls.popleft()[1].set_exception(error)
 
     # -- full-model requests ---------------------------------------------------------------------
     def add_request(self, tenant: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
@@ -170,18 +197,33 @@ class Engine:
     def _loop(self) -> None:
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # this thread's team; the caller's stays at 1
+        last_was_call = False
         try:
             while True:
                 with self._cv:
-                    while not self._stop and not self.scheduler.has_work():
+                    while not self._stop and not self.scheduler.has_work() and not self._calls:
                         self._cv.wait()
                     if self._stop:
+                        self._fail_calls(EngineDead("the engine loop has stopped"))
                         return
-                    chunks = self.scheduler.schedule()
-                    # token chunks first (they also run layers [0, k)), within each kind decode
-                    # chunks first (their rows form one run for the decode kernel); stable otherwise
-                    chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
-                    batch = self.runner.prepare(chunks) if chunks else None
+                    # a queued call runs unless the previous turn ran one and a step waits
+                    turn = self._calls and not (last_was_call and self.scheduler.has_work())
+                    call = self._calls.popleft() if turn else None
+                    chunks = batch = None
+                    if call is None:
+                        chunks = self.scheduler.schedule()
+                        # token chunks first (they also run layers [0, k)), within each kind decode
+                        # chunks first (their rows form one run for the decode kernel); stable otherwise
+                        chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
+                        batch = self.runner.prepare(chunks) if chunks else None
+                last_was_call = call is not None
+                if call is not None:
+                    fn, fut = call
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 (the caller's exception, raised by the caller)
+                        fut.set_exception(e)
+                    continue
                 if batch is None:
                     time.sleep(0.001)
                     continue
@@ -198,6 +240,7 @@ class Engine:
             log.exception("engine loop crashed")
             self.error = e
             with self._cv:
+                self._fail_calls(EngineDead(f"the engine loop has stopped: {e!r}"))
                 for seq in list(self.scheduler.seqs.values()):
                     try:
                         self._finish(seq, e)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -79,7 +80,10 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.kv_util.set(s.kv_utilization)
 
     engine = Engine(half.model, half.k, cfg.engine_config(), on_step=on_step)
-    protected = ProtectedService(half, cfg)
+    # the native backend on the CPU computes with torch's intra-op threads: on the engine loop's
+    # OpenMP team (Engine.call), since a second team slows both
+    cpu_native = cfg.he_backend == "native" and torch.device(cfg.device).type == "cpu"
+    protected = ProtectedService(half, cfg, engine.call if cpu_native else None)
 
     def drop(s: Session) -> None:
         if s.path == "protected":

@@ -23,6 +23,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -62,8 +63,13 @@ class KeySet:
 
 
 class ProtectedService:
-    def __init__(self, half: ServerHalf, cfg: ServerConfig):
+    def __init__(self, half: ServerHalf, cfg: ServerConfig, compute: Callable | None = None):
+        """``compute(fn)`` runs ``fn()`` where the HE work should run and returns its result:
+        ``Engine.call`` where the native backend computes on the CPU, so that its torch ops use
+        the engine loop's OpenMP team instead of making a second one; ``None`` runs it on the
+        calling thread (the HE worker, a request's thread)."""
         self.half, self.cfg = half, cfg
+        self._compute = compute or (lambda fn: fn())
         self.params = PROTECTED_PARAMS
         make_backend(self.params, cfg.he_backend)  # refuses an unknown or test-only backend now
         budget = cfg.protected_device_bytes
@@ -82,13 +88,18 @@ class ProtectedService:
         with self._build_lock:
             if self._executor is None:
                 t = time.perf_counter()
-                be = self._backend()  # key-less: only encodes the weights
                 tensors = self.half.model.hf_state_dict()
                 cfg, dims = self.half.config, dims_of(self.half.config, self.params.slot_count)
-                weights = (layer_weights_from_tensors(tensors, cfg, i, dims) for i in range(self.half.k, cfg.num_layers))
-                self._executor = ProtectedExecutor(be, cfg, weights, self.cfg.protected_limits())
+
+                def build() -> ProtectedExecutor:
+                    be = self._backend()  # key-less: only encodes the weights
+                    weights = (layer_weights_from_tensors(tensors, cfg, i, dims)
+                               for i in range(self.half.k, cfg.num_layers))
+                    return ProtectedExecutor(be, cfg, weights, self.cfg.protected_limits())
+
+                self._executor = self._compute(build)
                 self._scheduler = StepScheduler(self._executor, self.cfg.protected_max_batch,
-                                                self.cfg.protected_batch_wait_ms / 1e3)
+                                                self.cfg.protected_batch_wait_ms / 1e3, self._compute)
                 log.info("protected executor ready: layers [%d, %d), %.1f GB of encoded weights, %.1f s",
                          self.half.k, self.half.config.num_layers, self._executor.encoded_bytes / 1e9,
                          time.perf_counter() - t)
@@ -124,9 +135,9 @@ class ProtectedService:
             raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps, or levels of them: "
                                                       f"{[(s, self.required_levels[s]) for s in short[:8]]} "
                                                       "(step, level needed)")
-        be = self._backend()
+        be = self._compute(self._backend)
         try:
-            be.import_public_material(material)
+            self._compute(lambda: be.import_public_material(material))
         except KeyMaterialError as e:
             raise KeysError(400, "bad_keys", str(e)) from None
         except torch.OutOfMemoryError:

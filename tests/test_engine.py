@@ -1,12 +1,13 @@
 """Engine units: the paged cache, scheduling, preemption, prefix sharing, and the loop."""
 
 import threading
+import time
 
 import httpx
 import pytest
 import torch
 
-from veil.engine.engine import Engine, EngineConfig
+from veil.engine.engine import Engine, EngineConfig, EngineDead
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
 from veil.engine.sampling import SamplingParams
@@ -197,3 +198,30 @@ def test_dead_engine_makes_health_503_and_requests_fail_fast(make_server):
     assert r.status_code == 503
     r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 503
+
+
+def test_call_runs_on_the_loop_thread_between_steps(full_model, chat_prompts):
+    """``Engine.call`` (other components' CPU work, on the loop's OpenMP team): runs on the loop
+    thread with the loop's torch threads, returns or raises in the caller, alternates with the
+    steps while requests run, and raises EngineDead once the loop has stopped."""
+    threads = torch.get_num_threads() + 1
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=16 << 20, max_tokens_per_step=64, threads=threads)).start()
+    try:
+        assert e.call(lambda: (threading.current_thread().name, torch.get_num_threads())) == ("veil-engine", threads)
+        with pytest.raises(ZeroDivisionError):
+            e.call(lambda: 1 / 0)
+        steps_seen, outs = [], {}
+        worker = threading.Thread(target=lambda: outs.update(r=_run_requests(e, chat_prompts[:2], 12)))
+        worker.start()
+        while e.steps == 0 and worker.is_alive():
+            time.sleep(0.001)
+        for _ in range(5):  # each call waits for a step in between while steps are pending
+            steps_seen.append(e.call(lambda: e.steps))
+        worker.join(300)
+        assert len(outs["r"]) == 2 and all(len(o) == 12 for o in outs["r"])
+        assert steps_seen == sorted(steps_seen)
+        assert len(set(steps_seen)) >= 4  # steps ran between the calls: no call starved them
+    finally:
+        e.stop()
+    with pytest.raises(EngineDead):
+        e.call(lambda: None)

@@ -93,3 +93,22 @@ def test_steps_that_may_not_batch_run_alone_at_once():
     out = _submit_all(sched, [("a", None), ("b", None)], gap=0.01)
     assert time.monotonic() - t < 2.0  # no waiting for mates
     assert sorted(len(c) for c in ex.calls) == [1, 1] and out[("b", None)][2] == 1
+
+
+def test_batches_run_where_compute_says():
+    """``compute`` (the server passes ``Engine.call`` for the native backend on the CPU) runs
+    every batch; its exception answers the batch's rows."""
+    ex = FakeExecutor({"k": 1})
+    ran_on = []
+
+    def compute(fn):
+        ran_on.append(threading.current_thread().name)
+        if len(ran_on) == 2:
+            raise RuntimeError("engine gone")
+        return fn()
+
+    sched = StepScheduler(ex, max_batch=4, max_wait_s=0.0, compute=compute)
+    assert sched.submit(("a", "k"))[0] == ("reply", "a")
+    with pytest.raises(RuntimeError, match="engine gone"):
+        sched.submit(("b", "k"))
+    assert ran_on == ["veil-he", "veil-he"] and len(ex.calls) == 1

@@ -58,3 +58,22 @@ def test_keys_beyond_the_device_budget_are_refused_with_429(ckpt, upload, import
 def test_bad_batching_and_memory_settings_are_refused_at_start(ckpt, bad):
     with pytest.raises(ValueError, match="protected_max_batch"):
         ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="native", **bad))
+
+
+def test_key_imports_run_where_compute_says(ckpt, upload):
+    """``compute`` (``Engine.call`` for the native backend on the CPU) builds the backend and
+    imports the keys; an exception it raises leaves no keys behind."""
+    seen = []
+
+    def compute(fn):
+        seen.append(fn)
+        if len(seen) == 4:
+            raise RuntimeError("the engine loop has stopped")
+        return fn()
+
+    half = SimpleNamespace(config=ckpt.config, k=28)
+    svc = ProtectedService(half, ServerConfig(he_backend="native"), compute)
+    assert svc.add_keys("alice", upload).tenant == "alice" and len(seen) == 2  # backend, import
+    with pytest.raises(RuntimeError, match="stopped"):
+        svc.add_keys("bob", upload)
+    assert [k.tenant for k in svc.keys.values()] == ["alice"]
