@@ -8,7 +8,8 @@ evaluation keys (a Galois key for every baby step, at the level of the product's
 key for level l holds (l+1)(l+2) of the 8 x 9 residue runs of a top-level key, so the baby
 steps of W_qkv (level 7) are the heaviest keys of the protected path. This benchmark times
 each product with the real shapes, slot layouts, input spans and levels of
-``veil.protected.weights`` (random weights: the time depends on the shapes only) and prints,
+``veil.protected.weights`` for the model's dimensions (random weights: the time depends on the
+shapes only) and prints,
 per backend, matrix and ``n1``: the median seconds of one product, its rotations, and its
 relative error against numpy. One ``figure products.<backend>.<matrix>.n1_<n1>.<metric>``
 line each, and JSON to ``--out``.
@@ -24,50 +25,45 @@ import time
 import numpy as np
 
 from veil.crypto.backend import make_backend
-from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.linear import MatvecPlan, encode_matrix, matvec, plan_matvec, replicate_input
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.layouts import LayoutDims
+from veil.engine.loader import load_checkpoint
+from veil.protected.layouts import LayoutDims, dims_of
 from veil.protected.protocol import LEVELS
 from veil.protected.weights import MATRIX_LAYOUTS, input_spans, matrix_shapes
 
-#: SmolLM2-135M, the shipped model (``dims_of`` of its config).
-DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=PROTECTED_PARAMS.slot_count)
 
-
-def _plans(n1s: list[int]) -> dict[tuple[str, int], object]:
-    spans = input_spans(DIMS)
+def _plans(dims: LayoutDims, n1s: list[int]) -> dict[tuple[str, int], MatvecPlan]:
+    spans = input_spans(dims)
     return {(name, n1): plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], n1)
-            for name, (rows, cols) in matrix_shapes(DIMS).items() for n1 in n1s}
+            for name, (rows, cols) in matrix_shapes(dims).items() for n1 in n1s}
 
 
 def _key_levels(plans) -> dict[int, int]:
-    """Every step the plans rotate by, at the highest level it runs at (baby steps at the
-    product's level, the rest one lower)."""
+    """Every step the plans rotate by, at the highest level it runs at."""
     need: dict[int, int] = {}
     for (name, _), plan in plans.items():
-        level = LEVELS.matrices[name]
-        for st in plan.rotation_steps:
-            lv = level if st < plan.n1 else level - 1
-            need[st] = max(need.get(st, 0), lv)
+        for st, level in plan.key_levels(LEVELS.matrices[name]).items():
+            need[st] = max(need.get(st, 0), level)
     return need
 
 
-def run(backend: str, device: str, n1s: list[int], repeat: int, fig) -> dict:
+def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int, fig) -> dict:
     opts = {"device": device} if backend == "native" else {}
     client = make_backend(PROTECTED_PARAMS, backend, **opts)
-    plans = _plans(n1s)
+    plans = _plans(dims, n1s)
     client.generate_keys(_key_levels(plans))
     server = make_backend(PROTECTED_PARAMS, backend, **opts)
     server.import_public_material(client.export_public_material())
     rng = np.random.default_rng(0)
     out = {}
     for (name, n1), plan in plans.items():
-        rows, cols = matrix_shapes(DIMS)[name]
+        rows, cols = matrix_shapes(dims)[name]
         level = LEVELS.matrices[name]
         w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
         x = rng.standard_normal(cols)
         ct = server.mod_switch_to(client.encrypt(replicate_input(x, PROTECTED_PARAMS.slot_count)), level)
-        m = encode_matrix(server, w, level, n1, MATRIX_LAYOUTS[name], max_input_span=input_spans(DIMS)[name])
+        m = encode_matrix(server, w, level, n1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
         matvec(server, m, ct)  # warm-up
         times = []
         for _ in range(repeat):
@@ -91,13 +87,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backends", default="seal,native")
     ap.add_argument("--device", default="cpu", help="where the native backend computes")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     fig = lambda k, v: print(f"figure products.{k} {v:.6g}", flush=True)  # noqa: E731
     n1s = [int(x) for x in args.n1.split(",")]
+    dims = dims_of(load_checkpoint(args.model).config, PROTECTED_PARAMS.slot_count)
     results = {}
     for backend in args.backends.split(","):
-        results.update(run(backend, args.device, n1s, args.repeat, fig))
+        results.update(run(dims, backend, args.device, n1s, args.repeat, fig))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

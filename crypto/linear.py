@@ -9,8 +9,8 @@ Matrix-vector products: generalized diagonals ``diag_k[j] = W[j, (j+k) % cols]``
 input replicated with period ``cols``; baby steps ``rot(x, b), b < n1`` from one
 ``rotate_many`` (a backend may hoist them), giant-step rotations ``g * n1`` pre-applied to the
 plaintexts and undone by Horner's rule (every giant rotation is by ``n1``: one Galois key), so a
-product costs ``n1 - 1 + n2 - 1`` rotations plus the folds of its layout (``MatvecPlan``). Diagonals are encoded at scale ``prime(level)``, so the rescaled output keeps
-the input's scale.
+product costs ``n1 - 1 + n2 - 1`` rotations plus the folds of its layout (``MatvecPlan``).
+Diagonals are encoded at scale ``prime(level)``, so the rescaled output keeps the input's scale.
 
 Layout conventions (``S = params.slot_count`` slots):
 
@@ -153,6 +153,12 @@ class MatvecPlan:
             h //= 2
         steps.update(self.row_folds)
         return sorted(steps)
+
+    def key_levels(self, level: int) -> dict[int, int]:
+        """Each rotation step of a product whose input sits at ``level``, with the level it
+        rotates at: the baby steps rotate the input, the giant steps and folds run after the
+        rescale, one level lower."""
+        return {st: level if st < self.n1 else level - 1 for st in self.rotation_steps}
 
     @property
     def rotations(self) -> int:

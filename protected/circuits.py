@@ -429,9 +429,8 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS) -> dict[int, int]
     spans = input_spans(dims)
     for name, (rows, cols) in matrix_shapes(dims).items():
         plan = plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], N1)
-        baby = set(range(1, plan.n1))
-        use(baby, lv.matrices[name])  # the baby steps rotate the input
-        use(set(plan.rotation_steps) - baby, lv.matrices[name] - 1)  # giant steps, folds: after the rescale
+        for st, level in plan.key_levels(lv.matrices[name]).items():
+            use({st}, level)
     hd = dims.head_dim
     use({hd // 2, -(hd // 2)}, lv.w)  # RoPE on y
     use({dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}, lv.kv)  # KV lanes -> head slots (k̂ at 4, v̂ at 5)

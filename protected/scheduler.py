@@ -12,6 +12,7 @@ exception, and the HE seconds of its batch divided by the rows (the batch's cost
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,8 +82,7 @@ class StepScheduler:
                     batch = [self._queue.pop(0)]
             before = dict(self.ex.be.times)
             try:
-                msgs = [p.msg for p in batch]
-                results = self._compute(lambda: self.ex.handle_batch(msgs))  # noqa: B023 (runs now)
+                results = self._compute(functools.partial(self.ex.handle_batch, [p.msg for p in batch]))
             except BaseException as e:  # noqa: BLE001 (handle_batch answers per row; this is a bug guard)
                 results = [e] * len(batch)
             spent = {k: (v - before.get(k, 0.0)) / len(batch) for k, v in self.ex.be.times.items()

@@ -135,9 +135,14 @@ class ProtectedService:
             raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps, or levels of them: "
                                                       f"{[(s, self.required_levels[s]) for s in short[:8]]} "
                                                       "(step, level needed)")
-        be = self._compute(self._backend)
+
+        def load() -> HEBackend:
+            be = self._backend()
+            be.import_public_material(material)
+            return be
+
         try:
-            self._compute(lambda: be.import_public_material(material))
+            be = self._compute(load)
         except KeyMaterialError as e:
             raise KeysError(400, "bad_keys", str(e)) from None
         except torch.OutOfMemoryError:

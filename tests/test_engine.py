@@ -219,7 +219,6 @@ def test_call_runs_on_the_loop_thread_between_steps(full_model, chat_prompts):
             steps_seen.append(e.call(lambda: e.steps))
         worker.join(300)
         assert len(outs["r"]) == 2 and all(len(o) == 12 for o in outs["r"])
-        assert steps_seen == sorted(steps_seen)
         assert len(set(steps_seen)) >= 4  # steps ran between the calls: no call starved them
     finally:
         e.stop()

@@ -62,18 +62,19 @@ def test_bad_batching_and_memory_settings_are_refused_at_start(ckpt, bad):
 
 def test_key_imports_run_where_compute_says(ckpt, upload):
     """``compute`` (``Engine.call`` for the native backend on the CPU) builds the backend and
-    imports the keys; an exception it raises leaves no keys behind."""
+    imports the keys, in one call; an exception it raises leaves no keys behind."""
     seen = []
 
     def compute(fn):
         seen.append(fn)
-        if len(seen) == 4:
+        if len(seen) == 2:
             raise RuntimeError("the engine loop has stopped")
         return fn()
 
     half = SimpleNamespace(config=ckpt.config, k=28)
     svc = ProtectedService(half, ServerConfig(he_backend="native"), compute)
-    assert svc.add_keys("alice", upload).tenant == "alice" and len(seen) == 2  # backend, import
+    ks = svc.add_keys("alice", upload)
+    assert ks.tenant == "alice" and ks.backend.rotation_steps and len(seen) == 1
     with pytest.raises(RuntimeError, match="stopped"):
         svc.add_keys("bob", upload)
     assert [k.tenant for k in svc.keys.values()] == ["alice"]
