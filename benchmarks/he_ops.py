@@ -3,6 +3,7 @@
 
 Operations at the top level of the parameter set (default the protected path's,
 ckks-n16384-l7-v1): encode, encrypt (the seeded upload), decrypt, ct x pt (no rescale),
+the sum of ``--hoist`` ct x pt products (``dot_plain``: a BSGS inner sum, no rescale),
 ct x ct + relinearize (no rescale), rescale, rotate, hoisted rotate x k (``rotate_many``, total
 and per rotation), the NTT of one polynomial's limbs (SEAL: ``transform_to_ntt`` of a
 two-polynomial ciphertext, halved), and a download's rounded wire form (``crypto/rounding.py``:
@@ -65,9 +66,10 @@ def _pair(name: str, params, device: str, steps: list[int], compile: bool):
     return client, server
 
 
-def _server_ops(server, ct, cy, pt, prod, steps) -> dict:
+def _server_ops(server, ct, cy, pt, prod, steps, babies) -> dict:
     top = server.params.top_level
     return {
+        f"dot_plain{len(babies)}": lambda: server.dot_plain(babies, [pt] * len(babies)),
         "ct_x_pt": lambda: server.multiply_plain(ct, pt, rescale=False),
         "ct_x_ct_relin": lambda: server.multiply(ct, cy, rescale=False),
         "rescale": lambda: server.rescale(prod),
@@ -93,11 +95,12 @@ def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile
     cy = server.deserialize(client.encrypt_to_bytes(y))
     pt = server.encode(y, top, server.prime(top))
     prod = server.multiply_plain(ct, pt, rescale=False)
-    ops = _server_ops(server, ct, cy, pt, prod, steps)
+    babies = [ct, *server.rotate_many(ct, steps[:-1])]  # a BSGS inner sum's terms
+    ops = _server_ops(server, ct, cy, pt, prod, steps, babies)
     if compile:  # the compiled server must give the eager residues, bit for bit
         eager = make_backend(params, name, allow_test_backends=params.test_only, device=device)
         eager.import_public_material(client.export_public_material())
-        for op, (f, g) in {k: (ops[k], v) for k, v in _server_ops(eager, ct, cy, pt, prod, steps).items()}.items():
+        for op, (f, g) in {k: (ops[k], v) for k, v in _server_ops(eager, ct, cy, pt, prod, steps, babies).items()}.items():
             got, want = f(), g()
             got, want = (got, want) if isinstance(got, list) else ([got], [want])
             for a, b in zip(got, want, strict=True):
@@ -108,7 +111,7 @@ def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile
         "encrypt": _median_ms(lambda: client.encrypt_to_bytes(x), repeat, sync),
         "decrypt": _median_ms(lambda: client.decrypt(ct), repeat, sync),
     }
-    for op in ("ct_x_pt", "ct_x_ct_relin", "rescale", "rotate", f"rotate_many{hoist}"):
+    for op in ("ct_x_pt", f"dot_plain{hoist}", "ct_x_ct_relin", "rescale", "rotate", f"rotate_many{hoist}"):
         out[op] = _median_ms(ops[op], repeat, sync)
     out[f"rotate_many{hoist}_per_rotation"] = out[f"rotate_many{hoist}"] / hoist
     fn, share = _ntt_op(name, server, ct, repeat)

@@ -31,12 +31,15 @@ def test_compiled_operations_equal_eager():
         be.import_public_material(client.export_public_material())
     x = np.linspace(-1, 1, P.slot_count)
     ct = eager.deserialize(client.encrypt_to_bytes(x))
+    ct2 = eager.deserialize(client.encrypt_to_bytes(x[::-1].copy()))
+    pt, pt2 = eager.encode(x), eager.encode(np.cos(x))
     ops = {
         "multiply": lambda be: [be.multiply(ct, ct, rescale=False)],
         "rescale": lambda be: [be.rescale(ct)],
         "rotate": lambda be: [be.rotate(ct, 1)],
         "rotate_many": lambda be: be.rotate_many(ct, [1, -2]),
         "rotate low": lambda be: [be.rotate(be.mod_switch_to(ct, 0), -2)],
+        "dot_plain": lambda be: [be.dot_plain([ct, ct2, ct], [pt, pt, pt2])],
     }
     for name, op in ops.items():
         for a, b in zip(op(eager), op(comp), strict=True):

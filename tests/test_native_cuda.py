@@ -3,7 +3,10 @@
 Runs only where torch sees a CUDA device (skipped elsewhere). The arithmetic is exact modular
 arithmetic (the float64 quotient estimates only choose a representative that the final
 reduction fixes), so a server on the GPU must produce byte-identical ciphertexts to a server
-on the CPU fed the same upload and the same public keys.
+on the CPU fed the same upload, the same public keys and the same plaintexts. Encoding is not
+exact (a complex FFT on each device, rounded): the tests below encode on the CPU and hand both
+servers that plaintext, and ``test_cuda_encoding_matches_cpu`` bounds how far the devices'
+encodings differ.
 """
 
 import os
@@ -12,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from veil.crypto.backend import make_backend
-from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.backend import Plaintext, make_backend
+from veil.crypto.linear import EncodedMatrix, encode_matrix, matvec, plan_matvec, replicate_input
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext, galois_element
 from veil.crypto.params import PROTECTED_PARAMS
@@ -38,6 +41,15 @@ def servers():
     return client, cpu, gpu
 
 
+def _to(s, pt: Plaintext) -> Plaintext:
+    """A plaintext on ``s``'s device."""
+    return Plaintext(pt._obj.to(s.device), pt.params_id, pt.level, pt.scale, pt.nbytes)
+
+
+def _matrix_to(s, m: EncodedMatrix) -> EncodedMatrix:
+    return EncodedMatrix(m.params_id, m.level, m.plan, {u: _to(s, pt) for u, pt in m.plaintexts.items()})
+
+
 def _both(servers, fn):
     client, cpu, gpu = servers
     rng = np.random.default_rng(5)
@@ -45,22 +57,23 @@ def _both(servers, fn):
     up_x, up_y = client.encrypt_to_bytes(x), client.encrypt_to_bytes(y)
     out = []
     for s in (cpu, gpu):
-        out.append(s.serialize(fn(s, s.deserialize(up_x), s.deserialize(up_y), x, y)))
+        enc = lambda v, level, s=s: _to(s, cpu.encode(v, level=level))  # noqa: E731
+        out.append(s.serialize(fn(s, enc, s.deserialize(up_x), s.deserialize(up_y), x, y)))
     return client, out
 
 
 @pytest.mark.parametrize("op", ["multiply_plain", "rotate", "rotate_many", "multiply", "dot_plain"])
 def test_cuda_server_equals_cpu_server_bit_for_bit(servers, op):
-    def fn(s, a, b, x, y):
+    def fn(s, enc, a, b, x, y):
         if op == "multiply_plain":
-            return s.multiply_plain(a, s.encode(y, level=s.level(a)))
+            return s.multiply_plain(a, enc(y, s.level(a)))
         if op == "rotate":
             return s.rotate(a, 100)
         if op == "rotate_many":
             return s.add(*s.rotate_many(a, [1, -3]))
         if op == "multiply":
             return s.multiply(a, b)
-        return s.rescale(s.dot_plain([a, b], [s.encode(x, level=s.level(a)), s.encode(y, level=s.level(a))]))
+        return s.rescale(s.dot_plain([a, b], [enc(x, s.level(a)), enc(y, s.level(a))]))
 
     client, (cpu_bytes, gpu_bytes) = _both(servers, fn)
     assert cpu_bytes == gpu_bytes
@@ -71,11 +84,9 @@ def test_cuda_matvec_decrypts_to_the_product(servers):
     rng = np.random.default_rng(6)
     w, v = rng.standard_normal((64, 64)) / 8, rng.standard_normal(64)
     up = client.encrypt_to_bytes(replicate_input(v, SLOTS))
-    outs = []
+    outs, enc = [], encode_matrix(cpu, w, P.top_level, n1=8)
     for s in (cpu, gpu):
-        ct = s.deserialize(up)
-        enc = encode_matrix(s, w, s.level(ct), n1=8)
-        outs.append(s.serialize(matvec(s, enc, ct)))
+        outs.append(s.serialize(matvec(s, _matrix_to(s, enc), s.deserialize(up))))
     assert outs[0] == outs[1]
     got = client.decrypt(client.deserialize(outs[1]))[:64]
     np.testing.assert_allclose(got, w @ v, atol=1e-4)
@@ -88,15 +99,28 @@ def test_cuda_session_batch_equals_each_cpu_row(servers):
     rng = np.random.default_rng(7)
     w = rng.standard_normal((64, 64)) / 8
     ups = [client.encrypt_to_bytes(replicate_input(rng.standard_normal(64), SLOTS)) for _ in range(2)]
+    enc = encode_matrix(cpu, w, P.top_level, n1=8)
 
     def fn(s, ct):
-        out = matvec(s, encode_matrix(s, w, s.level(ct), n1=8), ct)
+        out = matvec(s, _matrix_to(s, enc), ct)
         return s.multiply(s.add(s.rotate(out, 100), s.rotate_many(out, [1, -3])[1]), out)
 
     batch = gpu.batched([gpu, gpu])
     rows = batch.unstack(fn(batch, batch.stack([gpu.deserialize(u) for u in ups])))
     for up, row in zip(ups, rows, strict=True):
         assert gpu.serialize(row) == cpu.serialize(fn(cpu, cpu.deserialize(up)))
+
+
+def test_cuda_encoding_matches_cpu(servers):
+    """The two devices' encodings are one polynomial up to their FFTs' rounding: no coefficient
+    differs by more than 1, and few differ at all."""
+    _, cpu, gpu = servers
+    x = np.random.default_rng(8).uniform(-50, 50, SLOTS)
+    level = P.top_level
+    basis, ntt = cpu._ctx.data(level)
+    a, b = (ntt.inverse(s.encode(x, level=level)._obj.cpu()) for s in (cpu, gpu))
+    diff = basis.center(basis.sub(a, b))[0]  # a coefficient's difference shows in every limb
+    assert int(diff.abs().max()) <= 1 and int((diff != 0).sum()) < P.poly_modulus_degree // 20
 
 
 # ---- the Triton kernels of the native backend (veil.kernels.ckks_*) vs their CPU twins ------------

@@ -76,7 +76,7 @@ def test_ntt_and_encoding_match_seal(params):
     x = rng.uniform(-50, 50, params.slot_count)
     seal_pt = sc.encode(x, lvl, params.scale)
     theirs = torch.from_numpy(read_flat(seal_pt, 0, res.size).astype(np.int64).reshape(res.shape))
-    ours = ntt.forward(rns.to_residues(torch.from_numpy(enc.encode(x, params.scale)), basis))
+    ours = ntt.forward(rns.to_residues(enc.encode(x, params.scale), basis))
     diff = basis.center(basis.sub(ntt.inverse(ours), ntt.inverse(theirs)))
     assert int(diff.abs().max()) <= 1 and int((diff != 0).sum()) < ctx.n // 100
     digits = rns.balanced_digits(ntt.inverse(theirs), ctx, level)

@@ -67,7 +67,7 @@ class NativeBackend(Evaluator, HEBackend):
             compile = os.environ.get("VEIL_NATIVE_COMPILE", "") == "1"
         self._ctx = RnsContext(params, device, compile)
         self._n, self._slots = params.poly_modulus_degree, params.slot_count
-        self._encoder = Encoder(self._n)
+        self._encoder = Encoder(self._n, self.device)
         self._sk: K.SecretKey | None = None
         self._pk: K.PublicKey | None = None
         self._rlk: K.SwitchKey | None = None
@@ -194,7 +194,7 @@ class NativeBackend(Evaluator, HEBackend):
         except ValueError as e:
             raise HEError(str(e)) from e
         basis, ntt = self._ctx.data(level)
-        return ntt.forward(rns.to_residues(torch.from_numpy(coeffs).to(self.device), basis))
+        return ntt.forward(rns.to_residues(coeffs, basis))
 
     def encode(self, values, level=None, scale=None) -> Plaintext:
         level = self._level(level)

@@ -9,12 +9,18 @@ slot ``i``: a left rotation by ``s`` with Galois element ``3^s mod 2N``, as in S
 
 Encoding rounds the coefficients to integers (the encoding error, ~N*2^-53 relative of the
 largest coefficient, is far below the encryption noise); decoding takes float64 coefficients
-(``rns.digits_to_float``). Plain numpy on the CPU: both ends of the FFT are host data.
+(``rns.digits_to_float``).
+
+Encoding runs on the backend's device (``torch.fft`` in complex128): a server encodes plaintexts
+on its hot path (the first protected layer's W_gate|up and W_down under a fresh permutation for
+every position, RoPE tables, masks), and a host FFT there would put a CPU round trip inside
+every GPU step. Decoding stays numpy: it ends a client's decryption, whose result is host data.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 __all__ = ["Encoder"]
 
@@ -23,36 +29,42 @@ MAX_COEFF = 2.0**62
 
 
 class Encoder:
-    def __init__(self, n: int) -> None:
-        self.n, self.slots = n, n // 2
+    def __init__(self, n: int, device: torch.device | str = "cpu") -> None:
+        self.n, self.slots, self.device = n, n // 2, torch.device(device)
         pos = np.array([pow(3, i, 2 * n) for i in range(self.slots)], dtype=np.int64)
         self.at = (pos - 1) // 2  # E index of zeta^(3^i)
         self.conj_at = (2 * n - pos - 1) // 2  # E index of zeta^(-3^i)
         k = np.arange(n)
         self.twist = np.exp(1j * np.pi * k / n)  # zeta^k
+        self._at = torch.from_numpy(self.at).to(self.device)
+        self._conj_at = torch.from_numpy(self.conj_at).to(self.device)
+        self._untwist = torch.from_numpy(self.twist.conj()).to(self.device)
 
-    def embed(self, values: np.ndarray, scale: float) -> np.ndarray:
-        """Real slot values ``[..., <= N/2]`` -> real coefficients ``[..., N]`` (float64,
-        unrounded)."""
-        v = np.asarray(values, dtype=np.float64)
-        if v.shape[-1] > self.slots:
-            raise ValueError(f"{v.shape[-1]} values exceed {self.slots} slots")
-        e = np.zeros(v.shape[:-1] + (self.n,), dtype=np.complex128)
-        e[..., self.at[: v.shape[-1]]] = v * scale
-        e[..., self.conj_at[: v.shape[-1]]] = v * scale
-        return (np.fft.fft(e, axis=-1) * self.twist.conj()).real / self.n
+    def embed(self, values, scale: float) -> torch.Tensor:
+        """Real slot values ``[..., <= N/2]`` (array or tensor) -> real coefficients ``[..., N]``
+        (float64 on the encoder's device, unrounded)."""
+        v = torch.as_tensor(values, dtype=torch.float64).to(self.device)
+        width = v.shape[-1]
+        if width > self.slots:
+            raise ValueError(f"{width} values exceed {self.slots} slots")
+        e = torch.zeros(v.shape[:-1] + (self.n,), dtype=torch.complex128, device=self.device)
+        sv = (v * scale).to(torch.complex128)
+        e[..., self._at[:width]] = sv
+        e[..., self._conj_at[:width]] = sv
+        return (torch.fft.fft(e, dim=-1) * self._untwist).real / self.n
 
-    def encode(self, values: np.ndarray, scale: float, bound: float = MAX_COEFF) -> np.ndarray:
-        """Slot values -> integer coefficients (int64). ``ValueError`` if a coefficient
-        reaches ``bound`` (half the modulus, at most 2^62) or a value is not finite."""
+    def encode(self, values, scale: float, bound: float = MAX_COEFF) -> torch.Tensor:
+        """Slot values -> integer coefficients (int64, on the encoder's device). ``ValueError``
+        if a coefficient reaches ``bound`` (half the modulus, at most 2^62) or a value is not
+        finite."""
         coeffs = self.embed(values, scale)
-        peak = np.max(np.abs(coeffs), initial=0.0)
+        peak = float(coeffs.abs().max()) if coeffs.numel() else 0.0  # one sync per batch of vectors
         if not np.isfinite(peak):
             raise ValueError("values must be finite")
         if peak >= min(bound, MAX_COEFF):
             raise ValueError(f"encoded coefficients reach 2^{np.log2(peak):.1f}: values too large "
                              "for this scale and level")
-        return np.rint(coeffs).astype(np.int64)
+        return coeffs.round_().to(torch.int64)
 
     def decode(self, coeffs: np.ndarray, scale: float) -> np.ndarray:
         """Coefficients ``[..., N]`` (float64) -> real slot values ``[..., N/2]``."""

@@ -17,7 +17,6 @@ from veil.crypto.native import keys as K
 from veil.crypto.native import keyswitch, rns, serial
 from veil.crypto.native.context import galois_element
 from veil.crypto.native.sampling import DIGIT_BITS, Stream
-from veil.kernels.ckks_ops import mac
 
 __all__ = ["Evaluator"]
 
@@ -73,7 +72,8 @@ class Evaluator:
     def dot_plain(self, cts: Sequence[Ciphertext], pts: Sequence[Plaintext]) -> Ciphertext:
         """``sum_i cts[i] * pts[i]`` (not rescaled), fused: lazy products accumulated in int64
         and reduced once per ``2^63 / q`` terms (63 for the 57-bit primes); one Triton kernel
-        on CUDA (``veil.kernels.ckks_ops.mac``, whose twin is the torch loop)."""
+        on CUDA (``veil.kernels.ckks_ops.mac``, whose twin is the torch loop), the loop compiled
+        elsewhere when the backend compiles (``rns.mac``)."""
         if len(cts) != len(pts) or not cts:
             raise HEError(f"dot_plain of {len(cts)} ciphertexts and {len(pts)} plaintexts")
         first = self._unwrap(cts[0])
@@ -88,7 +88,7 @@ class Evaluator:
                 raise HEError(f"scale mismatch in dot_plain: {c.scale * pt.scale} vs {scale}")
             datas.append(c.data)
         basis, _ = self._ctx.data(level)
-        return self._wrap(mac(datas, ms, basis), level, self._product_scale(scale, level))
+        return self._wrap(rns.mac(datas, ms, basis, self._ctx.compile), level, self._product_scale(scale, level))
 
     def multiply(self, a: Ciphertext, b: Ciphertext, rescale: bool = True,
                  relinearize: bool = True) -> Ciphertext:

@@ -27,9 +27,10 @@ import torch
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis, MulConst
 from veil.crypto.native.ntt import compiled
-from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const, use_triton
+from veil.kernels.ckks_ops import key_inner_triton, mac_torch, sub_mul_const, use_triton
+from veil.kernels.ckks_ops import mac as mac_kernel
 
-__all__ = ["to_residues", "rescale", "decompose", "key_inner", "mod_down",
+__all__ = ["to_residues", "rescale", "decompose", "key_inner", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
 
 
@@ -75,7 +76,9 @@ def _needs_reduction(digit_primes: tuple[int, ...], primes: tuple[int, ...]) -> 
     return out
 
 
-def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
+def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, index: torch.Tensor | None) -> torch.Tensor:
+    if index is not None:  # compiled, the gather is read inside the products' loop (no gathered copy)
+        d = d.index_select(-1, index)
     acc = None  # one digit at a time: each step's operands stay in cache
     for j in range(d.shape[-3]):
         p = basis.mul_lazy(d[..., j, None, :, :], key.select(-3, j))  # a batch's per-row keys broadcast
@@ -93,9 +96,16 @@ def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = 
     kernel gathers as it reads (``veil.kernels.ckks_ops``), and the code below is its twin."""
     if use_triton(d):
         return key_inner_triton(d, key, basis, index)
-    if index is not None:
-        d = d.index_select(-1, index)
-    return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
+    return (compiled(_key_inner) if compile else _key_inner)(d, key, basis, index)
+
+
+def mac(a, w, basis: Basis, compile: bool = False) -> torch.Tensor:
+    """``sum_k a[k] * w[k]`` for ``dot_plain`` (``ckks_ops.mac``: the Triton kernel on CUDA,
+    its twin elsewhere). ``compile``: the twin through ``torch.compile``, one fused pass over
+    the terms instead of a dozen eager operations per term (a graph per number of terms)."""
+    if compile and not use_triton(a[0]):
+        return compiled(mac_torch)(list(a), list(w), basis)
+    return mac_kernel(a, w, basis)
 
 
 def mod_down(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
