@@ -14,6 +14,8 @@ between round trips, as S separate SDKs would.
 Per session count: the step's wall time, the TPOT every session sees (all finish together),
 aggregate tokens/s (S / wall), server seconds by operation, and each session's next token from
 its decrypted h_L (final norm and LM head in the clear) against the plaintext model's.
+``--warmup`` first steps each count once untimed (fresh sessions either way), so that compiled
+code is timed warm.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ctx", type=int, default=16, help="the timed step's position + 1")
     ap.add_argument("--spread", action="store_true",
                     help="session b steps at position ctx - 1 - b: the batch's rows stand at different positions")
+    ap.add_argument("--warmup", action="store_true",
+                    help="step each session count once untimed first (with VEIL_NATIVE_COMPILE=1 the first "
+                         "step of a batch size compiles)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i, dims) for i in layers]
     ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
 
-    for n in counts:
+    for n, timed in [(n, t) for n in counts for t in ((False, True) if args.warmup else (True,))]:
         sessions, states = [], []
         pos = [args.ctx - 1 - (b if args.spread else 0) for b in range(n)]
         for be, p in zip(clients[:n], pos, strict=True):
@@ -116,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
                 else:
                     msgs[i] = nxt
         wall = time.perf_counter() - t0
+        if not timed:
+            for s in sessions:
+                ex.drop_session(s.id)
+            continue
         tokens = [int(model.logits(torch.from_numpy(h).float()[None])[-1].argmax()) for h in outs]
         fig(f"sessions.tpot_s.s{n}", wall)
         fig(f"aggregate_tok_s.s{n}", n / wall)
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in counts[1:]:
             fig(f"sessions.aggregate_speedup.s{n}", FIGURES[f"aggregate_tok_s.s{n}"] / FIGURES["aggregate_tok_s.s1"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "spread": args.spread,
+    args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "spread": args.spread, "warmup": args.warmup,
                                     "device": args.device,
                                     "model": ckpt.source, "figures": FIGURES}, indent=2))
 
