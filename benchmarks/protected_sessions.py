@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         for n in counts[1:]:
             fig(f"sessions.aggregate_speedup.s{n}", FIGURES[f"aggregate_tok_s.s{n}"] / FIGURES["aggregate_tok_s.s1"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "spread": args.spread, "warmup": args.warmup,
-                                    "device": args.device,
+    args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "spread": args.spread,
+                                    "warmup": args.warmup, "device": args.device,
                                     "model": ckpt.source, "figures": FIGURES}, indent=2))
 
 

@@ -32,12 +32,11 @@ class Encoder:
     def __init__(self, n: int, device: torch.device | str = "cpu") -> None:
         self.n, self.slots, self.device = n, n // 2, torch.device(device)
         pos = np.array([pow(3, i, 2 * n) for i in range(self.slots)], dtype=np.int64)
+        # numpy for decoding (host data), tensors on the device for encoding
         self.at = (pos - 1) // 2  # E index of zeta^(3^i)
-        self.conj_at = (2 * n - pos - 1) // 2  # E index of zeta^(-3^i)
-        k = np.arange(n)
-        self.twist = np.exp(1j * np.pi * k / n)  # zeta^k
+        self.twist = np.exp(1j * np.pi * np.arange(n) / n)  # zeta^k
         self._at = torch.from_numpy(self.at).to(self.device)
-        self._conj_at = torch.from_numpy(self.conj_at).to(self.device)
+        self._conj_at = torch.from_numpy((2 * n - pos - 1) // 2).to(self.device)  # E index of zeta^(-3^i)
         self._untwist = torch.from_numpy(self.twist.conj()).to(self.device)
 
     def embed(self, values, scale: float) -> torch.Tensor:

@@ -27,8 +27,8 @@ import torch
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis, MulConst
 from veil.crypto.native.ntt import compiled
-from veil.kernels.ckks_ops import key_inner_triton, mac_torch, sub_mul_const, use_triton
-from veil.kernels.ckks_ops import mac as mac_kernel
+from veil.kernels import ckks_ops
+from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const, use_triton
 
 __all__ = ["to_residues", "rescale", "decompose", "key_inner", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
@@ -104,8 +104,8 @@ def mac(a, w, basis: Basis, compile: bool = False) -> torch.Tensor:
     its twin elsewhere). ``compile``: the twin through ``torch.compile``, one fused pass over
     the terms instead of a dozen eager operations per term (a graph per number of terms)."""
     if compile and not use_triton(a[0]):
-        return compiled(mac_torch)(list(a), list(w), basis)
-    return mac_kernel(a, w, basis)
+        return compiled(ckks_ops.mac_torch)(list(a), list(w), basis)
+    return ckks_ops.mac(a, w, basis)
 
 
 def mod_down(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
