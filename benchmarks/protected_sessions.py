@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     server_be = make_backend(PROTECTED_PARAMS, "native", device=args.device)  # encodes the weights only
     weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i, dims) for i in layers]
     ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
+    ex.be.synchronize = True  # on CUDA: each op kind's seconds are its own (protected/timing.py)
 
     for n, timed in [(n, t) for n in counts for t in ((False, True) if args.warmup else (True,))]:
         sessions, states = [], []
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
             sessions.append(s)
             states.append(c)
         ex.be.reset()
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
         server = client = 0.0
         t0 = time.perf_counter()
         msgs = [c.token_message(h0[p]) for c, p in zip(states, pos, strict=True)]
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         fig(f"sessions.client_s.s{n}", client)
         for kind, sec in sorted(ex.be.times.items()):
             fig(f"sessions.server_s.{kind}.s{n}", sec)
+        if args.device.startswith("cuda"):  # weights, every session's keys and caches, the step's peak
+            fig(f"sessions.device_peak_gb.s{n}", torch.cuda.max_memory_allocated() / 1e9)
         fig(f"sessions.tokens_equal_plaintext.s{n}", float(tokens == [want[p] for p in pos]))
         print(f"# s{n}: positions {pos}, tokens {tokens}, plaintext {[want[p] for p in pos]}", flush=True)
         for shape, dt in sorted(ex.be.matvec_by_shape.items()):

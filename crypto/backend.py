@@ -221,9 +221,15 @@ class HEBackend(abc.ABC):
 
     def encode_many(self, values: Sequence[np.ndarray], level: int | None = None,
                     scale: float | None = None) -> list[Plaintext]:
-        """Encode several vectors at one level and scale (a matrix's diagonals); a backend may
-        batch them (the native one runs one FFT and one NTT per chunk of vectors)."""
+        """Encode several vectors at one level and scale (a matrix's diagonals): a sequence of
+        vectors, or a 2-D array of them (or of ``encodable``'s kind); a backend may batch them
+        (the native one runs one FFT and one NTT per chunk of vectors)."""
         return [self.encode(v, level, scale) for v in values]
+
+    def encodable(self, a: np.ndarray):
+        """``a`` in the form ``encode_many`` takes fastest, for values kept to be re-encoded
+        often (the native backend: a float64 tensor on its device); host backends: ``a``."""
+        return a
 
     @abc.abstractmethod
     def level(self, ct: Ciphertext) -> int: ...

@@ -37,6 +37,7 @@ __all__ = [
     "bsgs_split",
     "EncodedMatrix",
     "encode_matrix",
+    "encode_matrices",
     "matvec",
     "replicate",
     "replicate_input",
@@ -324,25 +325,16 @@ def _diagonals(w: np.ndarray, plan: MatvecPlan) -> np.ndarray:
     return w[j[None, :], (j[None, :] + np.arange(cols)[:, None]) % cols]
 
 
-def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
-                  max_input_span: int | None = None) -> EncodedMatrix:
-    """Encode the diagonals of ``weight`` for inputs at ``level``, giant-step rotations
-    pre-applied. ``max_input_span``: the input is periodic on fewer slots than all of them
-    (the plan must read no further)."""
-    w = np.asarray(weight, dtype=np.float64)
-    if w.ndim != 2:
-        raise HEError("weight must be a 2-D matrix")
-    slots = be.params.slot_count
-    span = slots if max_input_span is None else min(max_input_span, slots)
-    try:
-        plan = plan_matvec(w.shape[0], w.shape[1], span, layout, n1)
-    except ValueError as e:
-        raise HEError(str(e)) from e
-    if level == 0:
-        raise HEError("a matrix product needs a level to rescale into")
-    diags, scale = _diagonals(w, plan), float(be.prime(level))
-    bufs: dict[int, np.ndarray] = {}
+@functools.lru_cache(maxsize=32)
+def _diagonal_index(plan: MatvecPlan, slots: int) -> tuple[tuple[int, ...], np.ndarray]:
+    """Where each slot of each diagonal plaintext reads ``W`` from: ``(keys, index)`` with
+    ``index[k, slot]`` the flat position in ``W`` of plaintext ``keys[k]``'s slot (``-1``: zero).
+    Found by laying out the matrix of flat positions + 1 (0 stays the padding), so it is the
+    layout itself, not a second description of it."""
+    w = np.arange(1, plan.rows * plan.cols + 1, dtype=np.float64).reshape(plan.rows, plan.cols)
+    diags = _diagonals(w, plan)
     owners = plan.diagonal_owners()  # "bsgs": one block holding every diagonal
+    keys, bufs = [], []
     for u in range(plan.diagonals_per_block):
         g = u // plan.n1
         buf = np.zeros(slots)
@@ -351,11 +343,56 @@ def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None 
                 start = t * plan.stride + g * plan.n1
                 buf[start : start + plan.diag_len] = diags[row[u]]
         if np.any(buf):
-            bufs[u] = buf
-    if not bufs:
+            keys.append(u)
+            bufs.append(buf)
+    return tuple(keys), np.stack(bufs).astype(np.int64) - 1 if bufs else np.zeros((0, slots), np.int64)
+
+
+def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
+                  max_input_span: int | None = None) -> EncodedMatrix:
+    """Encode the diagonals of ``weight`` for inputs at ``level``, giant-step rotations
+    pre-applied. ``max_input_span``: the input is periodic on fewer slots than all of them
+    (the plan must read no further)."""
+    w = np.asarray(weight, dtype=np.float64)
+    if w.ndim != 2:
+        raise HEError("weight must be a 2-D matrix")
+    return encode_matrices(be, w[None], level, n1, layout, max_input_span)[0]
+
+
+def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, layout: str = "bsgs",
+                    max_input_span: int | None = None) -> list[EncodedMatrix]:
+    """``encode_matrix`` for B matrices of one shape ``[B, rows, cols]`` (numpy, or a torch
+    tensor where the backend encodes tensors: ``HEBackend.encodable``) in one ``encode_many``:
+    the slots are gathered from each matrix by one index, and every result holds the same
+    diagonals (those non-zero in any of the matrices)."""
+    if weights.ndim != 3:
+        raise HEError("weights must be a stack of 2-D matrices")
+    batch, rows, cols = weights.shape
+    span = be.params.slot_count if max_input_span is None else min(max_input_span, be.params.slot_count)
+    try:
+        plan = plan_matvec(rows, cols, span, layout, n1)
+    except ValueError as e:
+        raise HEError(str(e)) from e
+    if level == 0:
+        raise HEError("a matrix product needs a level to rescale into")
+    keys, index = _diagonal_index(plan, be.params.slot_count)
+    flat = weights.reshape(batch, rows * cols)
+    if isinstance(flat, np.ndarray):
+        vals = np.where(index >= 0, flat[:, np.maximum(index, 0)].astype(np.float64), 0.0)
+        nonzero = vals.any(axis=(0, 2))
+    else:  # a torch tensor: gathered where it lives
+        import torch
+
+        at = torch.as_tensor(index, device=flat.device)
+        vals = torch.where(at >= 0, flat[:, at.clamp(min=0)].double(), 0.0)
+        nonzero = vals.ne(0).any(-1).any(0).cpu().numpy()
+    if not nonzero.any():
         raise HEError("all-zero matrix")
-    plaintexts = dict(zip(bufs, be.encode_many(list(bufs.values()), level, scale), strict=True))
-    return EncodedMatrix(be.params.id, level, plan, plaintexts)
+    keep = np.flatnonzero(nonzero)
+    vals = vals[:, keep].reshape(batch * keep.size, -1)
+    pts = be.encode_many(vals, level, float(be.prime(level)))
+    return [EncodedMatrix(be.params.id, level, plan, {keys[k]: pts[b * keep.size + j] for j, k in enumerate(keep)})
+            for b in range(batch)]
 
 
 def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:

@@ -11,10 +11,11 @@ decrypted polynomial by ``e0 + e1·s``: for a ternary secret of N coefficients i
 client decrypts grows by at most 3%. Nothing the server sends is more than it sent before
 (the rounded coefficients are a function of the old ones).
 
-Rounding in RNS needs the coefficient itself, so the ciphertext is taken out of NTT form and
-CRT-composed (Python ints; downloads have at most three primes); the client reduces
-``ĉ`` modulo each prime and returns to NTT form. Backends supply the residues and rebuild the
-ciphertext; everything else is here.
+Rounding needs the coefficients, so the ciphertext is taken out of NTT form; the rounded value
+is then computed from the residues in fixed-width arithmetic (``_round``: 32-bit limbs, no CRT
+composition into Python ints), and the client gets each residue of ``ĉ`` the same way
+(``unround``) and returns to NTT form. Backends supply the residues and rebuild the ciphertext;
+everything else is here.
 
 Form (little endian)::
 
@@ -28,6 +29,8 @@ import math
 import struct
 
 import numpy as np
+
+from veil.crypto import wide
 
 __all__ = ["MAGIC", "MARGIN_BITS", "RoundedError", "bits_for", "crt", "is_rounded", "round_to_bytes", "parse",
            "unround"]
@@ -65,27 +68,56 @@ def crt(residues: np.ndarray, primes, centered: bool = False) -> np.ndarray:
     return np.where(acc > q // 2, acc - q, acc) if centered else acc
 
 
-def _pack_bits(values: np.ndarray, bits: int) -> bytes:
-    """Python ints below 2^bits -> ``bits`` bits each, LSB first."""
-    words = -(-bits // 64)
-    out = np.empty((values.size, words), dtype="<u8")
-    rest = values
-    for w in range(words):
-        out[:, w] = (rest & 0xFFFF_FFFF_FFFF_FFFF).astype(np.uint64)
-        rest = rest >> 64
-    b = np.unpackbits(out.view(np.uint8).reshape(values.size, 8 * words), axis=1, bitorder="little")
+def _pack_bits(limbs: np.ndarray, bits: int) -> bytes:
+    """Values as 32-bit limbs ``[count, W]`` (each below 2^bits) -> ``bits`` bits each, LSB first."""
+    b = np.unpackbits(limbs.astype("<u4").view(np.uint8), axis=1, bitorder="little")
     return np.packbits(b[:, :bits], bitorder="little").tobytes()
 
 
 def _unpack_bits(buf: bytes, count: int, bits: int) -> np.ndarray:
-    words = -(-bits // 64)
+    """The inverse of ``_pack_bits``: 32-bit limbs ``[count, ceil(bits / 32)]`` (uint64)."""
+    width = -(-bits // 32)
     b = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")[: count * bits]
-    full = np.zeros((count, 64 * words), dtype=np.uint8)
+    full = np.zeros((count, 32 * width), dtype=np.uint8)
     full[:, :bits] = b.reshape(count, bits)
-    w = np.packbits(full, axis=1, bitorder="little").view("<u8").reshape(count, words)
-    out = np.zeros(count, dtype=object)
-    for i in range(words - 1, -1, -1):
-        out = (out << 64) + w[:, i].astype(object)
+    return np.packbits(full, axis=1, bitorder="little").view("<u4").astype(np.uint64)
+
+
+def _from_ints(values: np.ndarray, width: int) -> np.ndarray:
+    return np.array([wide.to_limbs(int(v), width) for v in values], dtype=np.uint64).reshape(-1, width)
+
+
+def _round_exact(residues: np.ndarray, primes, bits: int) -> np.ndarray:
+    """``round(c * 2^bits / Q) mod 2^bits`` through Python ints (``L, count`` residues -> limbs):
+    the definition, used where the fast path cannot decide a rounding."""
+    q = math.prod(primes)
+    c = crt(residues, primes)
+    return _from_ints(((c << bits) + q // 2) // q % (1 << bits), -(-bits // 32))
+
+
+def _round(residues: np.ndarray, primes, bits: int) -> np.ndarray:
+    """``round(c * 2^bits / Q) mod 2^bits`` of the CRT values ``c`` of ``(L, count)`` residues,
+    as 32-bit limbs ``[count, W]``, without composing ``c``.
+
+    With ``f_i = [r_i * (Q/q_i)^-1 * 2^bits]_{q_i}``, ``c * 2^bits / Q = sum_i f_i / q_i + a
+    (mod 2^bits)`` where ``a = sum_i -f_i * q_i^-1 mod 2^bits`` is an integer: the fractions
+    decide only the rounding, ``round(sum_i f_i / q_i)``. Doubles get that sum within 1e-15;
+    the coefficients whose sum lies near a half (none in practice: Q is odd, so the exact value
+    is never a half) are rounded through ``_round_exact`` instead."""
+    q, mod = math.prod(primes), 1 << bits
+    cols = np.zeros((residues.shape[1], -(-bits // 32)), dtype=np.uint64)
+    frac = np.zeros(residues.shape[1])
+    for r, qi in zip(residues, primes, strict=True):
+        f = wide.ShoupConst((pow(q // qi, -1, qi) << bits) % qi, qi).mul(r.astype(np.uint64))
+        frac += f.astype(np.float64) / qi
+        parts = np.stack([f & wide.MASK32, f >> np.uint64(32)], axis=1)
+        wide.mul_mod_2k(parts, (-pow(qi, -1, mod)) % mod, bits, out=cols)
+    up = np.floor(frac + 0.5)
+    cols[:, 0] += up.astype(np.uint64)
+    out = wide.carry(cols, bits)
+    near = np.flatnonzero(np.abs(frac - np.floor(frac) - 0.5) < 2.0**-30)
+    if near.size:
+        out[near] = _round_exact(residues[:, near], primes, bits)
     return out
 
 
@@ -94,9 +126,7 @@ def round_to_bytes(coeffs: np.ndarray, primes, level: int, scale: float, bits: i
     polys, limbs, n = coeffs.shape
     if limbs != len(primes) or not 1 <= bits <= math.prod(primes).bit_length():
         raise ValueError("residues do not match the primes, or bits out of range")
-    q = math.prod(primes)
-    c = crt(coeffs.transpose(1, 0, 2).reshape(limbs, polys * n), primes)
-    r = ((c << bits) + q // 2) // q % (1 << bits)
+    r = _round(coeffs.transpose(1, 0, 2).reshape(limbs, polys * n), primes, bits)
     return _HEAD.pack(MAGIC, level, polys, bits, scale) + _pack_bits(r, bits)
 
 
@@ -122,11 +152,22 @@ def parse(data: bytes, n: int, primes_of) -> tuple[int, int, int, float, bytes]:
 
 
 def unround(body: bytes, polys: int, n: int, primes, bits: int) -> np.ndarray:
-    """The rounded coefficients -> coefficient-form residues ``(polys, L, N)`` (uint64)."""
-    q = math.prod(primes)
+    """The rounded coefficients -> coefficient-form residues ``(polys, L, N)`` (uint64).
+
+    ``c = floor((r * Q + 2^(bits-1)) / 2^bits)``; with ``low = (r * Q + 2^(bits-1)) mod 2^bits``
+    (wide limbs) and ``r * Q = 0 mod q_i``, each residue is ``(2^(bits-1) - low) * 2^-bits mod
+    q_i``: no Python ints."""
+    q, mod = math.prod(primes), 1 << bits
     r = _unpack_bits(body, polys * n, bits)
-    c = (r * q + (1 << (bits - 1))) >> bits
+    low = wide.mul_mod_2k(r, q, bits)
+    low[:, (bits - 1) // 32] += np.uint64(1 << ((bits - 1) % 32))
+    low = wide.carry(low, bits)
     out = np.empty((polys, len(primes), n), dtype=np.uint64)
     for i, qi in enumerate(primes):
-        out[:, i, :] = (c % qi).astype(np.uint64).reshape(polys, n)
+        acc = np.zeros(polys * n, dtype=np.uint64)
+        for k in range(low.shape[1]):  # low mod q_i, limb by limb
+            acc += wide.ShoupConst(pow(2, 32 * k, qi), qi).mul(low[:, k])
+            acc = np.where(acc >= np.uint64(qi), acc - np.uint64(qi), acc)
+        c = wide.ShoupConst(pow(mod, -1, qi), qi).mul((np.uint64(pow(2, bits - 1, qi) + qi) - acc) % np.uint64(qi))
+        out[:, i, :] = c.reshape(polys, n)
     return out

@@ -401,10 +401,10 @@ class ProtectedExecutor:
 
     def _shuffled(self, be: HEBackend, layer: EncodedLayer, rows: int) -> tuple[EncodedMatrix, EncodedMatrix]:
         """The first layer's W_gate|up and W_down under a fresh secret permutation (per row of a batch)."""
+        gus, downs = layer.shuffled_ffn(be, [ffn_permutation(self.dims.ffn) for _ in range(rows)])
         if rows == 1:
-            return layer.shuffled_ffn(be, ffn_permutation(self.dims.ffn))
-        mats = [layer.shuffled_ffn(be, ffn_permutation(self.dims.ffn)) for _ in range(rows)]
-        return stack_matrices(be, [m[0] for m in mats]), stack_matrices(be, [m[1] for m in mats])
+            return gus[0], downs[0]
+        return stack_matrices(be, gus), stack_matrices(be, downs)
 
     def _load(self, c: Circuit, msg: ProtectedMessage, tags: dict[int, str], level: int) -> dict[int, Ciphertext]:
         """The span's ciphertexts, exactly one per expected position with its tag, each

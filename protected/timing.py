@@ -4,6 +4,12 @@ Kinds: matvec (whole products, their rotations included), ctct, rotations, refre
 serialization, other. ``section(kind)`` attributes everything inside it to ``kind``: a product
 written over the interface (``veil.crypto.linear.matvec``) calls ``rotate`` and
 ``multiply_plain`` many times, and the report wants the product as one figure.
+
+On a GPU the ops return before their kernels finish, so a kind's wall time would carry the
+queued work of earlier ones (measured 2026-11-26: unsynchronized, the matvecs of a 16-session
+step took the blame for the FFN shuffle's encodes). ``synchronize = True`` (the benchmarks set
+it for CUDA) waits for the device at every timed boundary: each kind's figure is then its own,
+at the price of the overlap between host and device.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+
+import torch
 
 from veil.crypto.backend import HEBackend
 
@@ -38,6 +46,8 @@ class TimedBackend:
         self.times: dict[str, float] = share.times if share else defaultdict(float)
         self.counts: dict[str, int] = share.counts if share else defaultdict(int)
         self.matvec_by_shape: dict[str, float] = share.matvec_by_shape if share else defaultdict(float)
+        self._root = share._root if share else self  # holds ``synchronize`` for every sharer
+        self.synchronize = False
         self._open = False  # inside a section: inner ops are not counted again
 
     @property
@@ -47,17 +57,24 @@ class TimedBackend:
     def sharing(self, backend: HEBackend) -> TimedBackend:
         return TimedBackend(backend, share=self)
 
+    def _now(self) -> float:
+        if self._root.synchronize:
+            device = getattr(self._be, "device", None)
+            if isinstance(device, torch.device) and device.type == "cuda":
+                torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     @contextlib.contextmanager
     def section(self, kind: str, detail: str | None = None):
         """Time the block as one ``kind`` (``detail``: matvec shape, e.g. "576x1536@4")."""
         if self._open:
             yield
             return
-        self._open, t = True, time.perf_counter()
+        self._open, t = True, self._now()
         try:
             yield
         finally:
-            self._open, dt = False, time.perf_counter() - t
+            self._open, dt = False, self._now() - t
             self.times[kind] += dt
             self.counts[kind] += 1
             if detail is not None:
@@ -72,11 +89,11 @@ class TimedBackend:
         def timed(*a, **kw):
             if self._open:
                 return attr(*a, **kw)
-            t = time.perf_counter()
+            t = self._now()
             try:
                 return attr(*a, **kw)
             finally:
-                self.times[kind] += time.perf_counter() - t
+                self.times[kind] += self._now() - t
                 self.counts[name] += 1
 
         return timed

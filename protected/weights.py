@@ -9,12 +9,14 @@ every KV head serves the head slots ``g ≡ its index (mod kv_heads)``.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from veil.crypto.backend import HEBackend
-from veil.crypto.linear import EncodedMatrix, encode_matrix
+from veil.crypto.linear import EncodedMatrix, encode_matrices, encode_matrix
 from veil.protected.layouts import LayoutDims
 from veil.protected.protocol import LEVELS, Levels
 
@@ -81,6 +83,10 @@ def _encode(be: HEBackend, name: str, w: np.ndarray, dims: LayoutDims, levels: L
     return encode_matrix(be, w, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
 
 
+def _encode_all(be: HEBackend, name: str, ws, dims: LayoutDims, levels: Levels) -> list[EncodedMatrix]:
+    return encode_matrices(be, ws, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
+
+
 class EncodedLayer:
     """The four products of one block, each encoded at the level its input sits at. Encoded
     plaintexts depend on no key: one copy serves every session and tenant.
@@ -94,24 +100,31 @@ class EncodedLayer:
         self.index, self.dims, self.levels = weights.index, dims, levels
         mats = {name: _encode(be, name, w, dims, levels) for name, w in weights.matrices().items()}
         self.wqkv, self.wo, self.wgu, self.wdown = mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"]
-        self.ffn = (weights.w_gu, weights.w_down) if shuffled else None
+        self.ffn = (be.encodable(weights.w_gu), be.encodable(weights.w_down)) if shuffled else None
 
     @property
     def nbytes(self) -> int:
         return sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
 
-    def shuffled_ffn(self, be: HEBackend, perm: np.ndarray) -> tuple[EncodedMatrix, EncodedMatrix]:
-        """W_gate|up with its rows and W_down with its columns in the order ``perm`` (the same
-        permutation of the F coordinates for gate and up): û comes out permuted, SiLU and ⊙ act
-        coordinate by coordinate, so the client's m is permuted the same way and W_down's
-        permuted columns undo it. The client never learns the order."""
+    def shuffled_ffn(self, be: HEBackend, perms: Sequence[np.ndarray]) -> tuple[list[EncodedMatrix], list[EncodedMatrix]]:
+        """For each permutation ``perm`` of ``perms`` (one per row of a batch): W_gate|up with its
+        rows and W_down with its columns in the order ``perm`` (the same permutation of the F
+        coordinates for gate and up): û comes out permuted, SiLU and ⊙ act coordinate by
+        coordinate, so the client's m is permuted the same way and W_down's permuted columns
+        undo it. The client never learns the order. All rows are gathered and encoded
+        together, where the weights live (the device, for the native backend)."""
         if self.ffn is None:
             raise ValueError(f"layer {self.index} keeps no FFN weights to shuffle")
         w_gu, w_down = self.ffn
         f = w_down.shape[1]
-        rows = np.concatenate([perm, f + perm])
-        return (_encode(be, "wgu", w_gu[rows], self.dims, self.levels),
-                _encode(be, "wdown", w_down[:, perm], self.dims, self.levels))
+        rows = np.stack([np.concatenate([p, f + p]) for p in perms])
+        cols = np.stack(perms)
+        if not isinstance(w_gu, np.ndarray):  # a tensor: index it with one of its own
+            rows, cols = (w_gu.new_tensor(rows, dtype=torch.int64), w_gu.new_tensor(cols, dtype=torch.int64))
+        gu = w_gu[rows]  # [B, 2F, D]
+        down = w_down[:, cols].permute(1, 0, 2) if not isinstance(w_down, np.ndarray) \
+            else w_down[:, cols].transpose(1, 0, 2)  # [B, D, F]
+        return (_encode_all(be, "wgu", gu, self.dims, self.levels), _encode_all(be, "wdown", down, self.dims, self.levels))
 
 
 def ffn_permutation(n: int) -> np.ndarray:
@@ -126,8 +139,6 @@ def ffn_permutation(n: int) -> np.ndarray:
 
 def rope_cos_sin(cfg, position: int) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin of one position over head_dim lanes, exactly as ``LlamaModel`` computes them."""
-    import torch
-
     from veil.engine.model import RotaryEmbedding
 
     rot = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)

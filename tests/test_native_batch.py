@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from veil.crypto.backend import HEError
-from veil.crypto.linear import encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.linear import encode_matrices, encode_matrix, matvec, plan_matvec, replicate_input
 from veil.crypto.native.batch import NativeBatch
 from veil.crypto.params import TEST_PARAMS_ID, get_params
 
@@ -168,3 +168,25 @@ def test_batch_keys_are_the_steps_every_row_holds(rows):
         NativeBatch([c for c, _ in rows])
     with pytest.raises(HEError, match="one level"):
         batch.stack([rows[0][1].deserialize(rows[0][0].encrypt_to_bytes(np.ones(SLOTS), level=lv)) for lv in (1, 2, 2)])
+
+
+@pytest.mark.parametrize("layout,shape", [("bsgs", (64, 64)), ("folded", (40, 64)), ("wide", (24, 96))])
+def test_matrices_encoded_together_equal_each_alone(rows, layout, shape):
+    """``encode_matrices`` (one gather, one ``encode_many``; the first protected layer's
+    per-row shuffled FFN) = ``encode_matrix`` per matrix, bit for bit, from an array and from
+    the backend's device tensor; a diagonal zero in one matrix only is kept for all (as zeros)."""
+    be = rows[0][1]
+    ws = np.random.default_rng(6).standard_normal((3, *shape))
+    if layout == "bsgs":
+        j = np.arange(shape[0])
+        ws[1, j, (j + 5) % shape[1]] = 0.0  # diagonal 5 of the second matrix only
+    for stack in (ws, be.encodable(ws)):
+        together = encode_matrices(be, stack, 2, layout=layout)
+        for w, m in zip(ws, together, strict=True):
+            alone = encode_matrix(be, w, 2, layout=layout)
+            assert m.plan == alone.plan and set(alone.plaintexts) <= set(m.plaintexts)
+            for u, pt in m.plaintexts.items():
+                want = alone.plaintexts[u]._obj if u in alone.plaintexts else torch.zeros_like(pt._obj)
+                assert torch.equal(pt._obj, want)
+        if layout == "bsgs":
+            assert len(together[1].plaintexts) == len(encode_matrix(be, ws[1], 2).plaintexts) + 1

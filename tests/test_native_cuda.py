@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from veil.crypto.backend import Plaintext, make_backend
-from veil.crypto.linear import EncodedMatrix, encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.linear import (
+    EncodedMatrix,
+    encode_matrices,
+    encode_matrix,
+    matvec,
+    plan_matvec,
+    replicate_input,
+)
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext, galois_element
 from veil.crypto.params import PROTECTED_PARAMS
@@ -122,6 +129,18 @@ def test_cuda_encoding_matches_cpu(servers):
     diff = basis.center(basis.sub(a, b))[0]  # a coefficient's difference shows in every limb
     assert int(diff.abs().max()) <= 1 and int((diff != 0).sum()) < P.poly_modulus_degree // 20
 
+
+
+def test_cuda_matrices_encoded_together_from_a_device_tensor(servers):
+    """The shuffled FFN's path on a GPU: ``encode_matrices`` gathers the diagonals from the
+    weights' device tensor and encodes them in GPU-sized chunks; each equals the same device's
+    ``encode_matrix`` of the host array, bit for bit."""
+    _, _, gpu = servers
+    ws = np.random.default_rng(9).standard_normal((3, 96, 64))
+    for m, w in zip(encode_matrices(gpu, gpu.encodable(ws), 4, n1=8), ws, strict=True):
+        alone = encode_matrix(gpu, w, 4, n1=8)
+        assert m.plaintexts.keys() == alone.plaintexts.keys()
+        assert all(torch.equal(m.plaintexts[u]._obj, pt._obj) for u, pt in alone.plaintexts.items())
 
 # ---- the Triton kernels of the native backend (veil.kernels.ckks_*) vs their CPU twins ------------
 # On CUDA the backend's NTTs, key inner products and rescale / ModDown tails run as Triton kernels,

@@ -234,3 +234,29 @@ def test_ffn_permutation_comes_from_the_os_csprng(monkeypatch):
     perm = ffn_permutation(1536)
     assert sorted(perm.tolist()) == list(range(1536)) and perm.tolist() != list(range(1536))
     assert len({tuple(ffn_permutation(3).tolist()) for _ in range(200)}) == 6
+
+
+def test_timed_backend_waits_for_a_cuda_device_only_when_asked(monkeypatch):
+    """``synchronize`` (set on the executor's TimedBackend) reaches the session backends that
+    share its counters, and waits only for CUDA backends. The backend here is a stand-in that
+    claims a CUDA device (this unit test checks the timer, not HE); the device wait is recorded."""
+    import torch
+
+    from veil.protected.timing import TimedBackend
+
+    class ClaimsCuda:
+        device = torch.device("cuda")
+
+        def add(self, a, b):
+            return a + b
+
+    waits = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device))
+    root = TimedBackend(ClaimsCuda())
+    session = root.sharing(ClaimsCuda())
+    assert session.add(1, 2) == 3 and waits == []
+    root.synchronize = True
+    assert session.add(1, 2) == 3 and len(waits) == 2
+    with session.section("matvec"):
+        session.add(1, 2)  # inside a section only its ends wait
+    assert len(waits) == 4 and root.counts["add"] == 2 and root.counts["matvec"] == 1

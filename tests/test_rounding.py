@@ -55,3 +55,42 @@ def test_form_is_validated():
             rounding.parse(bad, N, at)
     with pytest.raises(rounding.RoundedError, match="scale"):
         rounding.parse(blob[:8] + np.float64(np.nan).tobytes() + blob[16:], N, at)
+
+
+def _definition(values, bits):
+    q = math.prod(PRIMES)
+    return [((v << bits) + q // 2) // q % (1 << bits) for v in values]
+
+
+def _limbs_to_ints(limbs):
+    return [sum(int(x) << (32 * k) for k, x in enumerate(row)) for row in limbs]
+
+
+@pytest.mark.parametrize("bits", [1, 31, 32, 33, 64, 100, 147, 148])
+def test_fixed_width_rounding_equals_the_definition(bits):
+    """``_round`` (limbs, Shoup products, a double for the carry of the fractions) against
+    ``round(c * 2^bits / Q)`` in Python ints, and ``unround`` against ``round(r * Q / 2^bits)``."""
+    q = math.prod(PRIMES)
+    rng = np.random.default_rng(bits)
+    values = [int.from_bytes(rng.bytes(20), "little") % q for _ in range(N)]
+    values[:5] = [0, 1, q - 1, q // 2, q // 2 + 1]
+    got = _limbs_to_ints(rounding._round(_residues(values), PRIMES, bits))
+    assert got == _definition(values, bits)
+    body = rounding._pack_bits(rounding._round(_residues(values), PRIMES, bits), bits)
+    back = rounding.unround(body, 1, N, PRIMES, bits)[0]
+    want = [((r * q + (1 << (bits - 1))) >> bits) for r in got]
+    assert np.array_equal(back, _residues(want))
+
+
+def test_roundings_near_a_half_take_the_exact_path(monkeypatch):
+    """Values whose ``c * 2^bits / Q`` lies within 2^-100 of a half-integer, where a double
+    cannot decide: they go through Python ints and still equal the definition."""
+    q, bits = math.prod(PRIMES), 20
+    values = [((2 * k + 1) * q >> (bits + 1)) % q for k in range(N)]  # (k + 1/2) Q / 2^bits, rounded down
+    values += [(v + 1) % q for v in values]  # and just above
+    calls = []
+    exact = rounding._round_exact
+    monkeypatch.setattr(rounding, "_round_exact", lambda r, p, b: calls.append(r.shape[1]) or exact(r, p, b))
+    got = _limbs_to_ints(rounding._round(_residues(values), PRIMES, bits))
+    assert got == _definition(values, bits)
+    assert calls and sum(calls) >= N
