@@ -104,7 +104,10 @@ class EncodedLayer:
 
     @property
     def nbytes(self) -> int:
-        return sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
+        """Encoded products, and the clear FFN weights the shuffle re-encodes (float64 on the
+        native backend's device: 21 MB for SmolLM2)."""
+        clear = sum(w.nbytes for w in self.ffn) if self.ffn is not None else 0
+        return clear + sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
 
     def shuffled_ffn(self, be: HEBackend, perms: Sequence[np.ndarray]) -> tuple[list[EncodedMatrix], list[EncodedMatrix]]:
         """For each permutation ``perm`` of ``perms`` (one per row of a batch): W_gate|up with its

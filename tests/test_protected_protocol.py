@@ -369,6 +369,16 @@ def test_first_layer_ffn_coordinates_are_shuffled_per_position(ckpt, keys, execu
     np.testing.assert_allclose(a[FIRST + 1], b[FIRST + 1], atol=1e-3 * np.abs(a[FIRST + 1]).max())
 
 
+def test_held_bytes_count_the_first_layers_clear_ffn_weights(executor):
+    """The first protected layer keeps W_gate|up and W_down in the clear for the shuffle;
+    ``--protected-device-gb`` must count them with the encoded weights."""
+    first, second = executor.layers[0], executor.layers[1]
+    clear = sum(w.nbytes for w in first.ffn)
+    assert second.ffn is None and clear == 3 * executor.dims.ffn * executor.dims.d * 8  # float64
+    encoded = sum(m.nbytes for m in (first.wqkv, first.wo, first.wgu, first.wdown))
+    assert first.nbytes == encoded + clear and executor.encoded_bytes == first.nbytes + second.nbytes
+
+
 def test_flooding_sits_20_bits_above_the_mlp_mask_residue(ckpt, keys, executor, plain, he_backend):
     """The 0/1 mask that cleans the MLP download leaves of the folded partial sums of W_gate|up
     (its encoding error times them, in the slots it zeroes) at least 2^20 times less than the
