@@ -378,7 +378,7 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     keys, index = _diagonal_index(plan, be.params.slot_count)
     flat = weights.reshape(batch, rows * cols)
     if isinstance(flat, np.ndarray):
-        vals = np.where(index >= 0, flat[:, np.maximum(index, 0)].astype(np.float64), 0.0)
+        vals = np.where(index >= 0, flat[:, np.maximum(index, 0)].astype(np.float64, copy=False), 0.0)
         nonzero = vals.any(axis=(0, 2))
     else:  # a torch tensor: gathered where it lives
         import torch

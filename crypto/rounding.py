@@ -25,12 +25,15 @@ Form (little endian)::
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 
 import numpy as np
+import torch
 
 from veil.crypto import wide
+from veil.crypto.native.modarith import Basis
 
 __all__ = ["MAGIC", "MARGIN_BITS", "RoundedError", "bits_for", "crt", "is_rounded", "round_to_bytes", "parse",
            "unround"]
@@ -95,6 +98,17 @@ def _round_exact(residues: np.ndarray, primes, bits: int) -> np.ndarray:
     return _from_ints(((c << bits) + q // 2) // q % (1 << bits), -(-bits // 32))
 
 
+@functools.lru_cache(maxsize=16)
+def _basis(primes: tuple[int, ...]) -> Basis:
+    return Basis.of(primes)
+
+
+def _mul_const(basis: Basis, consts: list[int], x: torch.Tensor) -> torch.Tensor:
+    """``x * consts mod q``, one constant per limb of ``x`` ``[L, count]`` (residues)."""
+    w = torch.tensor([c % q for c, q in zip(consts, basis.primes, strict=True)], dtype=torch.int64)
+    return basis.const(w.view(-1, 1)).mul(x)
+
+
 def _round(residues: np.ndarray, primes, bits: int) -> np.ndarray:
     """``round(c * 2^bits / Q) mod 2^bits`` of the CRT values ``c`` of ``(L, count)`` residues,
     as 32-bit limbs ``[count, W]``, without composing ``c``.
@@ -104,11 +118,13 @@ def _round(residues: np.ndarray, primes, bits: int) -> np.ndarray:
     decide only the rounding, ``round(sum_i f_i / q_i)``. Doubles get that sum within 1e-15;
     the coefficients whose sum lies near a half (none in practice: Q is odd, so the exact value
     is never a half) are rounded through ``_round_exact`` instead."""
+    primes = tuple(primes)
     q, mod = math.prod(primes), 1 << bits
+    fs = _mul_const(_basis(primes), [pow(q // qi, -1, qi) << bits for qi in primes],
+                    torch.from_numpy(residues.astype(np.int64))).numpy().astype(np.uint64)
     cols = np.zeros((residues.shape[1], -(-bits // 32)), dtype=np.uint64)
     frac = np.zeros(residues.shape[1])
-    for r, qi in zip(residues, primes, strict=True):
-        f = wide.ShoupConst((pow(q // qi, -1, qi) << bits) % qi, qi).mul(r.astype(np.uint64))
+    for f, qi in zip(fs, primes, strict=True):
         frac += f.astype(np.float64) / qi
         parts = np.stack([f & wide.MASK32, f >> np.uint64(32)], axis=1)
         wide.mul_mod_2k(parts, (-pow(qi, -1, mod)) % mod, bits, out=cols)
@@ -157,17 +173,19 @@ def unround(body: bytes, polys: int, n: int, primes, bits: int) -> np.ndarray:
     ``c = floor((r * Q + 2^(bits-1)) / 2^bits)``; with ``low = (r * Q + 2^(bits-1)) mod 2^bits``
     (wide limbs) and ``r * Q = 0 mod q_i``, each residue is ``(2^(bits-1) - low) * 2^-bits mod
     q_i``: no Python ints."""
-    q, mod = math.prod(primes), 1 << bits
-    r = _unpack_bits(body, polys * n, bits)
-    low = wide.mul_mod_2k(r, q, bits)
+    primes = tuple(primes)
+    basis, q, mod = _basis(primes), math.prod(primes), 1 << bits
+    low = wide.mul_mod_2k(_unpack_bits(body, polys * n, bits), q, bits)
     low[:, (bits - 1) // 32] += np.uint64(1 << ((bits - 1) % 32))
-    low = wide.carry(low, bits)
-    out = np.empty((polys, len(primes), n), dtype=np.uint64)
-    for i, qi in enumerate(primes):
-        acc = np.zeros(polys * n, dtype=np.uint64)
-        for k in range(low.shape[1]):  # low mod q_i, limb by limb
-            acc += wide.ShoupConst(pow(2, 32 * k, qi), qi).mul(low[:, k])
-            acc = np.where(acc >= np.uint64(qi), acc - np.uint64(qi), acc)
-        c = wide.ShoupConst(pow(mod, -1, qi), qi).mul((np.uint64(pow(2, bits - 1, qi) + qi) - acc) % np.uint64(qi))
-        out[:, i, :] = c.reshape(polys, n)
-    return out
+    low = torch.from_numpy(wide.carry(low, bits).astype(np.int64)).T  # [W, count], limbs < 2^32
+    # low mod q_i = sum_k limb_k * 2^(32k): W lazy products in (-q, q), reduced once per ``step``
+    # of them (all at once for the protected primes: 32 x 2^57 < 2^62)
+    radix = torch.tensor([[pow(2, 32 * k, qi) for k in range(low.shape[0])] for qi in primes], dtype=torch.int64)
+    terms = basis.const(radix[..., None]).mul_lazy(low.expand(len(primes), -1, -1))
+    step = (1 << 62) // max(primes)
+    acc = basis.reduce(terms[:, :step].sum(1))
+    for k in range(step, terms.shape[1], step):
+        acc = basis.add(acc, basis.reduce(terms[:, k : k + step].sum(1)))
+    half = torch.tensor([pow(2, bits - 1, qi) for qi in primes], dtype=torch.int64).view(-1, 1)
+    c = _mul_const(basis, [pow(mod, -1, qi) for qi in primes], basis.sub(half.expand_as(acc), acc))
+    return c.numpy().astype(np.uint64).reshape(len(primes), polys, n).transpose(1, 0, 2).copy()

@@ -1,6 +1,6 @@
-"""Wide integers as vectors of 32-bit limbs in numpy ``uint64`` lanes, and modular products of
-64-bit lanes by a constant (Shoup): exact arithmetic on thousands of coefficients at once
-without Python integers.
+"""Wide integers as vectors of 32-bit limbs in numpy ``uint64`` lanes: exact arithmetic modulo
+``2^bits`` on thousands of coefficients at once without Python integers (products modulo the
+primes are ``veil.crypto.native.modarith``'s).
 
 Why: the rounded downloads (``crypto/rounding.py``) map every coefficient of a ciphertext
 through values of ~130 bits. Done with numpy object arrays of Python ints that took ~25 ms per
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MASK32", "to_limbs", "carry", "mul_mod_2k", "mulhi", "ShoupConst"]
+__all__ = ["MASK32", "to_limbs", "carry", "mul_mod_2k"]
 
 MASK32 = np.uint64(0xFFFF_FFFF)
 _S32 = np.uint64(32)
@@ -52,29 +52,3 @@ def mul_mod_2k(a: np.ndarray, c: int, bits: int, out: np.ndarray | None = None) 
             if j + k + 1 < width:
                 out[:, j + k + 1] += p >> _S32
     return out
-
-
-def mulhi(a: np.ndarray, c: int) -> np.ndarray:
-    """The high 64 bits of ``a * c`` for ``uint64`` lanes ``a`` and a constant ``c < 2^64``."""
-    a0, a1 = a & MASK32, a >> _S32
-    c0, c1 = np.uint64(c & 0xFFFF_FFFF), np.uint64(c >> 32)
-    lo, m1, m2 = a0 * c0, a1 * c0, a0 * c1
-    mid = (lo >> _S32) + (m1 & MASK32) + (m2 & MASK32)  # < 3 * 2^32
-    return a1 * c1 + (m1 >> _S32) + (m2 >> _S32) + (mid >> _S32)
-
-
-class ShoupConst:
-    """``a -> a * w mod q`` for ``uint64`` lanes ``a`` (any value below 2^64) and a constant
-    ``w``, ``q < 2^63``: the quotient from ``floor(w * 2^64 / q)`` is off by at most one, so one
-    conditional subtraction ends in ``[0, q)``."""
-
-    def __init__(self, w: int, q: int) -> None:
-        if not 1 < q < 1 << 63:
-            raise ValueError("modulus out of range")
-        self.q, self.w = q, w % q
-        self._wq = (self.w << 64) // q
-
-    def mul(self, a: np.ndarray) -> np.ndarray:
-        q = np.uint64(self.q)
-        r = a * np.uint64(self.w) - mulhi(a, self._wq) * q  # wraps mod 2^64 to the exact r in [0, 2q)
-        return np.where(r >= q, r - q, r)

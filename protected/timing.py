@@ -5,11 +5,12 @@ serialization, other. ``section(kind)`` attributes everything inside it to ``kin
 written over the interface (``veil.crypto.linear.matvec``) calls ``rotate`` and
 ``multiply_plain`` many times, and the report wants the product as one figure.
 
-On a GPU the ops return before their kernels finish, so a kind's wall time would carry the
-queued work of earlier ones (measured 2026-11-26: unsynchronized, the matvecs of a 16-session
-step took the blame for the FFN shuffle's encodes). ``synchronize = True`` (the benchmarks set
-it for CUDA) waits for the device at every timed boundary: each kind's figure is then its own,
-at the price of the overlap between host and device.
+On a GPU the ops return before their kernels finish, so a kind's wall time can carry the
+queued work of earlier ones (2026-11-26, 16 sessions on an H200: once the FFN shuffle's encodes
+ran on the device, unsynchronized matvec time rose from 1.43 to 2.40 s while the step got
+faster, most likely waiting for those encodes). ``synchronize = True`` (the benchmarks set it;
+it reaches every sharer) waits for a CUDA backend's device at every timed boundary: each kind's
+figure is then its own, at the price of the overlap between host and device.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class TimedBackend:
         self.counts: dict[str, int] = share.counts if share else defaultdict(int)
         self.matvec_by_shape: dict[str, float] = share.matvec_by_shape if share else defaultdict(float)
         self._root = share._root if share else self  # holds ``synchronize`` for every sharer
-        self.synchronize = False
+        self._sync_on = False
+        device = getattr(backend, "device", None)  # what a wait waits for: a CUDA backend's device
+        self._cuda = device if isinstance(device, torch.device) and device.type == "cuda" else None
         self._open = False  # inside a section: inner ops are not counted again
 
     @property
@@ -57,11 +60,17 @@ class TimedBackend:
     def sharing(self, backend: HEBackend) -> TimedBackend:
         return TimedBackend(backend, share=self)
 
+    @property
+    def synchronize(self) -> bool:
+        return self._root._sync_on
+
+    @synchronize.setter
+    def synchronize(self, on: bool) -> None:
+        self._root._sync_on = on
+
     def _now(self) -> float:
-        if self._root.synchronize:
-            device = getattr(self._be, "device", None)
-            if isinstance(device, torch.device) and device.type == "cuda":
-                torch.cuda.synchronize(device)
+        if self._cuda is not None and self._root._sync_on:
+            torch.cuda.synchronize(self._cuda)
         return time.perf_counter()
 
     @contextlib.contextmanager

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from veil.crypto.backend import HEBackend
-from veil.crypto.linear import EncodedMatrix, encode_matrices, encode_matrix
+from veil.crypto.linear import EncodedMatrix, encode_matrices
 from veil.protected.layouts import LayoutDims
 from veil.protected.protocol import LEVELS, Levels
 
@@ -79,11 +79,8 @@ def input_spans(dims: LayoutDims) -> dict[str, int]:
     return {"wqkv": whole, "wo": dims.value_span, "wgu": whole, "wdown": dims.slots}
 
 
-def _encode(be: HEBackend, name: str, w: np.ndarray, dims: LayoutDims, levels: Levels) -> EncodedMatrix:
-    return encode_matrix(be, w, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
-
-
-def _encode_all(be: HEBackend, name: str, ws, dims: LayoutDims, levels: Levels) -> list[EncodedMatrix]:
+def _encode(be: HEBackend, name: str, ws, dims: LayoutDims, levels: Levels) -> list[EncodedMatrix]:
+    """Product ``name``'s matrices ``[B, rows, cols]`` (an array, or ``be.encodable``'s tensor)."""
     return encode_matrices(be, ws, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
 
 
@@ -98,7 +95,8 @@ class EncodedLayer:
     def __init__(self, be: HEBackend, weights: LayerWeights, dims: LayoutDims, levels: Levels = LEVELS,
                  shuffled: bool = False):
         self.index, self.dims, self.levels = weights.index, dims, levels
-        mats = {name: _encode(be, name, w, dims, levels) for name, w in weights.matrices().items()}
+        mats = {name: _encode(be, name, np.asarray(w, dtype=np.float64)[None], dims, levels)[0]
+                for name, w in weights.matrices().items()}
         self.wqkv, self.wo, self.wgu, self.wdown = mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"]
         self.ffn = (be.encodable(weights.w_gu), be.encodable(weights.w_down)) if shuffled else None
 
@@ -124,10 +122,8 @@ class EncodedLayer:
         cols = np.stack(perms)
         if not isinstance(w_gu, np.ndarray):  # a tensor: index it with one of its own
             rows, cols = (w_gu.new_tensor(rows, dtype=torch.int64), w_gu.new_tensor(cols, dtype=torch.int64))
-        gu = w_gu[rows]  # [B, 2F, D]
-        down = w_down[:, cols].permute(1, 0, 2) if not isinstance(w_down, np.ndarray) \
-            else w_down[:, cols].transpose(1, 0, 2)  # [B, D, F]
-        return (_encode_all(be, "wgu", gu, self.dims, self.levels), _encode_all(be, "wdown", down, self.dims, self.levels))
+        gu, down = w_gu[rows], w_down[:, cols].swapaxes(0, 1)  # [B, 2F, D], [B, D, F]
+        return _encode(be, "wgu", gu, self.dims, self.levels), _encode(be, "wdown", down, self.dims, self.levels)
 
 
 def ffn_permutation(n: int) -> np.ndarray:

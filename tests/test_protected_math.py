@@ -260,3 +260,5 @@ def test_timed_backend_waits_for_a_cuda_device_only_when_asked(monkeypatch):
     with session.section("matvec"):
         session.add(1, 2)  # inside a section only its ends wait
     assert len(waits) == 4 and root.counts["add"] == 2 and root.counts["matvec"] == 1
+    session.synchronize = False  # one switch for all: set through any sharer
+    assert not root.synchronize and session.add(1, 2) == 3 and len(waits) == 4

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from veil.crypto import rounding
-from veil.crypto.params import PROTECTED_PARAMS
+from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS
 
 PRIMES = PROTECTED_PARAMS.primes[:3]
 N = 64
 
 
-def _residues(values):
-    return np.stack([np.array([v % q for v in values], dtype=np.uint64) for q in PRIMES])
+def _residues(values, primes=PRIMES):
+    return np.stack([np.array([v % q for v in values], dtype=np.uint64) for q in primes])
 
 
 def test_round_trip_error_is_half_a_step():
@@ -57,8 +57,8 @@ def test_form_is_validated():
         rounding.parse(blob[:8] + np.float64(np.nan).tobytes() + blob[16:], N, at)
 
 
-def _definition(values, bits):
-    q = math.prod(PRIMES)
+def _definition(values, bits, primes=PRIMES):
+    q = math.prod(primes)
     return [((v << bits) + q // 2) // q % (1 << bits) for v in values]
 
 
@@ -66,20 +66,24 @@ def _limbs_to_ints(limbs):
     return [sum(int(x) << (32 * k) for k, x in enumerate(row)) for row in limbs]
 
 
-@pytest.mark.parametrize("bits", [1, 31, 32, 33, 64, 100, 147, 148])
-def test_fixed_width_rounding_equals_the_definition(bits):
-    """``_round`` (limbs, Shoup products, a double for the carry of the fractions) against
+WIDE_PRIMES = TEST_PARAMS.primes[:3]  # 60-bit q_0: unround reduces its lazy sums in steps
+
+
+@pytest.mark.parametrize("primes,bits", [(PRIMES, b) for b in (1, 31, 32, 33, 64, 100, 147, 148)]
+                         + [(WIDE_PRIMES, b) for b in (33, 100, 140)])
+def test_fixed_width_rounding_equals_the_definition(primes, bits):
+    """``_round`` (limbs, modarith products, a double for the carry of the fractions) against
     ``round(c * 2^bits / Q)`` in Python ints, and ``unround`` against ``round(r * Q / 2^bits)``."""
-    q = math.prod(PRIMES)
+    q = math.prod(primes)
     rng = np.random.default_rng(bits)
     values = [int.from_bytes(rng.bytes(20), "little") % q for _ in range(N)]
     values[:5] = [0, 1, q - 1, q // 2, q // 2 + 1]
-    got = _limbs_to_ints(rounding._round(_residues(values), PRIMES, bits))
-    assert got == _definition(values, bits)
-    body = rounding._pack_bits(rounding._round(_residues(values), PRIMES, bits), bits)
-    back = rounding.unround(body, 1, N, PRIMES, bits)[0]
+    got = _limbs_to_ints(rounding._round(_residues(values, primes), primes, bits))
+    assert got == _definition(values, bits, primes)
+    body = rounding._pack_bits(rounding._round(_residues(values, primes), primes, bits), bits)
+    back = rounding.unround(body, 1, N, primes, bits)[0]
     want = [((r * q + (1 << (bits - 1))) >> bits) for r in got]
-    assert np.array_equal(back, _residues(want))
+    assert np.array_equal(back, _residues(want, primes))
 
 
 def test_roundings_near_a_half_take_the_exact_path(monkeypatch):
