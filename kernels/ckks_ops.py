@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from veil.kernels import ckks_cpu
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy, use_triton
 
@@ -186,12 +187,22 @@ def mac_triton(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
 
 
 def mac(a, w, basis) -> torch.Tensor:
-    """:func:`mac_torch`, in one Triton kernel on CUDA tensors (``use_triton``) when every
-    weight is one ``[L, N]`` plaintext (per-row weights of a batch take the twin)."""
-    if use_triton(a[0]) and all(x.dim() == 2 for x in w):
+    """:func:`mac_torch`, in one kernel when every weight is one ``[L, N]`` plaintext (per-row
+    weights of a batch take the twin): Triton on CUDA tensors (``use_triton``), C on CPU
+    tensors (``ckks_cpu``, where it could be built)."""
+    if kernel_takes_mac(a, w):
+        if a[0].device.type == "cpu":
+            return ckks_cpu.mac_cpu(basis.primes, list(a), list(w))
         return mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
                           w if torch.is_tensor(w) else torch.stack(list(w)), basis)
     return mac_torch(a, w, basis)
+
+
+def kernel_takes_mac(a, w) -> bool:
+    """Whether :func:`mac` runs a kernel for these terms, not the twin."""
+    shared = all(x.dim() == 2 for x in w)
+    cpu = a[0].device.type == "cpu" and ckks_cpu.available()
+    return shared and (use_triton(a[0]) or cpu)
 
 
 # ---- rescale / ModDown tail: (x - r) * c ----------------------------------------------------------

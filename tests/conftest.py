@@ -9,8 +9,10 @@ HE backends: a test that takes the ``he_backend`` fixture runs once per backend 
 that sets ``HE_HEAVY = True`` marks its SEAL runs ``he_heavy``: SEAL's memory pool never
 returns memory, so tests/run_suite.py runs those in a process of their own. ``native`` runs the
 interface contract everywhere, but the modules that chain hundreds of rotations (``HE_HEAVY``
-ones and ``NATIVE_OPT_IN = True``) take it only with ``VEIL_TEST_NATIVE=1``: eager torch on
-the CPU spends minutes where SEAL spends seconds (its own tests cover what they exercise).
+ones and ``NATIVE_OPT_IN = True``) take it only with ``VEIL_TEST_NATIVE=1``: a second run of
+the suite's heaviest modules would cost CI minutes, and without a C compiler (the CPU kernels of
+``veil.kernels.ckks_cpu``) eager torch spends minutes where SEAL spends seconds; the native
+backend's own tests cover what those modules exercise.
 """
 
 import os

@@ -66,14 +66,14 @@ class Evaluator:
             raise HEError("no level left to rescale")
         scale = self._product_scale(c.scale * pt.scale, c.level)
         basis, _ = self._ctx.data(c.level)
-        out = self._wrap(basis.mul(c.data, m), c.level, scale)
+        out = self._wrap(rns.mul_plain(c.data, m, basis), c.level, scale)
         return self.rescale(out) if rescale else out
 
     def dot_plain(self, cts: Sequence[Ciphertext], pts: Sequence[Plaintext]) -> Ciphertext:
         """``sum_i cts[i] * pts[i]`` (not rescaled), fused: lazy products accumulated in int64
         and reduced once per ``2^63 / q`` terms (63 for the 57-bit primes); one Triton kernel
-        on CUDA (``veil.kernels.ckks_ops.mac``, whose twin is the torch loop), the loop compiled
-        elsewhere when the backend compiles (``rns.mac``)."""
+        on CUDA, one C kernel on the CPU (``veil.kernels.ckks_ops.mac``, whose twin is the torch
+        loop), the loop compiled elsewhere when the backend compiles (``rns.mac``)."""
         if len(cts) != len(pts) or not cts:
             raise HEError(f"dot_plain of {len(cts)} ciphertexts and {len(pts)} plaintexts")
         first = self._unwrap(cts[0])

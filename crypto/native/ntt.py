@@ -7,7 +7,9 @@ butterfly network with twiddles ``psi^brev(k)`` and leaves slot ``j`` holding th
 with ``psi^-brev(k)``, the factor ``1/N`` folded into its last stage. One stage is one batched
 operation over every limb and leading dim (a loop over log N stages, never over coefficients).
 On CUDA tensors the transforms run as Triton kernels (``veil.kernels.ckks_ntt``: the same
-network, tables and lazy-reduction plan, two stages per launch); this torch code is their twin.
+network, tables and lazy-reduction plan, two stages per launch), on CPU tensors as a C kernel
+(``veil.kernels.ckks_cpu``: the same network, all stages of a limb in cache) where a C
+compiler is present; this torch code is their twin (``NttTables.twin``).
 
 In NTT form an automorphism ``X -> X^g`` is a permutation of the evaluation points, the same
 for every prime: ``automorphism_index(g)`` gives the gather index.
@@ -20,6 +22,7 @@ import functools
 import torch
 
 from veil.crypto.native.modarith import Basis, MulConst, _PartConst
+from veil.kernels import ckks_cpu
 from veil.kernels.ckks_arith import use_triton
 from veil.kernels.ckks_ntt import ntt_triton
 
@@ -207,6 +210,13 @@ class NttTables:
         self._check(x)
         if use_triton(x):  # the same transform, two stages per Triton launch
             return ntt_triton(self, x, inverse)
+        if x.device.type == "cpu" and ckks_cpu.available():  # the same transform, in C
+            return ckks_cpu.ntt_cpu(self.basis.primes, x, inverse)
+        return self.twin(x, inverse)
+
+    def twin(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
+        """The transform in torch, one batched operation per stage: the kernels' reference."""
+        self._check(x)
         shape = x.shape
         x = x.reshape(-1, shape[-2], self.n)  # one rank for every caller: one compiled graph
 

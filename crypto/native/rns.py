@@ -27,10 +27,10 @@ import torch
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis, MulConst
 from veil.crypto.native.ntt import compiled
-from veil.kernels import ckks_ops
+from veil.kernels import ckks_cpu, ckks_ops
 from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const, use_triton
 
-__all__ = ["to_residues", "rescale", "decompose", "key_inner", "mac", "mod_down",
+__all__ = ["to_residues", "rescale", "decompose", "key_inner", "mul_plain", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
 
 
@@ -93,17 +93,30 @@ def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = 
     ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
     (``K * q < 2^63``: ``RnsContext`` checks it). ``index`` (``[N]``, e.g. a Galois gather
     index) is applied to the digits first, ``d.index_select(-1, index)``; on CUDA one Triton
-    kernel gathers as it reads (``veil.kernels.ckks_ops``), and the code below is its twin."""
+    kernel gathers as it reads (``veil.kernels.ckks_ops``), on the CPU one C kernel (one key;
+    ``veil.kernels.ckks_cpu``), and the code below is their twin."""
     if use_triton(d):
         return key_inner_triton(d, key, basis, index)
+    if d.device.type == "cpu" and key.dim() == 4 and ckks_cpu.available():
+        return ckks_cpu.key_inner_cpu(basis.primes, d, key, index)
     return (compiled(_key_inner) if compile else _key_inner)(d, key, basis, index)
+
+
+def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
+    """ct x pt: ``c`` ``[..., L, N]`` times a plaintext ``m`` (``[L, N]``, or a batch's per-row
+    ``[B, 1, L, N]``) in ``[0, q)``. On the CPU one pass of the C multiply-accumulate with one
+    term, where ``Basis.mul`` makes a dozen eager passes over memory; ``Basis.mul`` elsewhere."""
+    if c.device.type == "cpu" and m.dim() == 2 and ckks_cpu.available():
+        return ckks_cpu.mac_cpu(basis.primes, [c], [m])
+    return basis.mul(c, m)
 
 
 def mac(a, w, basis: Basis, compile: bool = False) -> torch.Tensor:
     """``sum_k a[k] * w[k]`` for ``dot_plain`` (``ckks_ops.mac``: the Triton kernel on CUDA,
-    its twin elsewhere). ``compile``: the twin through ``torch.compile``, one fused pass over
-    the terms instead of a dozen eager operations per term (a graph per number of terms)."""
-    if compile and not use_triton(a[0]):
+    the C kernel on the CPU, its twin elsewhere). ``compile``: where no kernel takes the terms,
+    the twin through ``torch.compile``, one fused pass over the terms instead of a dozen eager
+    operations per term (a graph per number of terms)."""
+    if compile and not ckks_ops.kernel_takes_mac(a, w):
         return compiled(ckks_ops.mac_torch)(list(a), list(w), basis)
     return ckks_ops.mac(a, w, basis)
 

@@ -1,0 +1,203 @@
+"""The native CKKS backend's CPU kernels (``ckks_cpu.c``), built on first use and called by ctypes.
+
+* ``ntt_cpu``: the negacyclic NTT / INTT. Twin: ``veil.crypto.native.ntt.NttTables.twin`` (the
+  same network and tables; both end canonical, so outputs are equal bit for bit). Why C: the
+  twin makes one pass over memory per butterfly stage (compiled, ~600 µs per 16,384-point limb
+  on the development VM, 7× SEAL's transform); the kernel keeps a limb in cache across stages.
+* ``mac_cpu``: ``dot_plain``'s sum of ct × pt products (twin: ``ckks_ops.mac_torch``), and
+  ``key_inner_cpu``: a key switch's digits × key, a rotation's Galois gather read inside it
+  (twin: ``rns._key_inner``). Eager torch spends a dozen passes over memory per term; the
+  kernel sums exact 128-bit products in one pass, both key halves per read of the digits, and
+  reads each weight block once for all rows of a batch.
+
+Tests: ``tests/test_ckks_cpu.py``. On CUDA tensors the Triton kernels run instead.
+
+The C file is compiled once per source hash with the system C compiler (``$CC``, else ``cc``;
+Triton and Inductor need one too) into ``$VEIL_KERNEL_CACHE`` (default
+``~/.cache/veil/kernels``), written under a temporary name and renamed, so concurrent builders
+never load a half-written library. No compiler, a failed build or ``VEIL_CPU_KERNELS=0``: the
+twin runs, and ``available()`` says so. The loops are OpenMP loops on torch's own runtime
+(``_build``); ctypes releases the GIL during each call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu"]
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("ckks_cpu.c")
+_MAX_Q = 1 << 62  # the lazy bounds need 4q < 2^64
+_FLAGS = ("-O3", "-shared", "-fPIC")  # portable: the hot loops are scalar 64x64->128-bit products
+
+
+def enabled() -> bool:
+    """``VEIL_CPU_KERNELS=0`` keeps the torch twins on the CPU (benchmarks compare both)."""
+    return os.environ.get("VEIL_CPU_KERNELS", "1") != "0"
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("VEIL_KERNEL_CACHE") or Path.home() / ".cache" / "veil" / "kernels")
+
+
+def _build(cc: str, out: Path) -> None:
+    """With OpenMP where the compiler has it: the library then names ``libgomp.so.1``, which
+    resolves to the copy torch already loaded, so the kernels' parallel loops run on the calling
+    thread's torch team (its ``torch.set_num_threads``), never on a second team that would
+    compete with it for the cores. Without OpenMP the loops run on the calling thread alone."""
+    base = [cc, *_FLAGS, "-o", str(out), str(_SOURCE)]
+    try:
+        subprocess.run(base + ["-fopenmp"], check=True, capture_output=True, timeout=120)
+    except subprocess.CalledProcessError:
+        log.warning("the C compiler has no OpenMP: the CPU CKKS kernels run on one thread")
+        subprocess.run(base, check=True, capture_output=True, timeout=120)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The compiled kernel, or None (and one log line) where it cannot be built."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        log.info("no C compiler: the native backend runs its torch twins on the CPU")
+        return None
+    src = _SOURCE.read_bytes()
+    tag = hashlib.sha256(src + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"ckks_cpu-{tag}.so"
+    try:
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+                part = Path(tmp) / out.name
+                _build(cc, part)
+                os.replace(part, out)
+        lib = ctypes.CDLL(str(out))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("building the CPU CKKS kernels failed (%s): the torch twins run instead", e)
+        return None
+    p = ctypes.c_void_p
+    i64 = ctypes.c_int64
+    lib.veil_ntt_table.argtypes = [p, p, p, i64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
+    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int]
+    lib.veil_mac.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, p]
+    lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether CPU tensors take the kernel (enabled and built)."""
+    return enabled() and _library() is not None
+
+
+@functools.lru_cache(maxsize=128)
+def _prime_table(q: int, n: int) -> torch.Tensor:
+    """One prime's twiddles and their Shoup quotients (the C file's table layout), uint64 bits
+    in an int64 tensor."""
+    from veil.crypto.native.ntt import _twiddles
+
+    if not 0 < q < _MAX_Q:
+        raise ValueError(f"the CPU kernels need primes below 2^62, got {q}")
+    fw, inv, n_inv = _twiddles(q, n)
+    w, winv = np.asarray(fw, dtype=np.uint64), np.asarray(inv, dtype=np.uint64)  # alive for the call
+    tab = torch.empty(4 * n + 4, dtype=torch.int64)
+    _library().veil_ntt_table(tab.data_ptr(), w.ctypes.data, winv.ctypes.data, n, q, n_inv, inv[1] * n_inv % q)
+    return tab
+
+
+class _Basis:
+    """The ctypes arrays of one tuple of primes: their values and their tables' addresses."""
+
+    def __init__(self, primes: tuple[int, ...], n: int) -> None:
+        self.tables = [_prime_table(q, n) for q in primes]  # kept alive: the pointers below
+        self.qs = (ctypes.c_uint64 * len(primes))(*primes)
+        self.tabs = (ctypes.c_void_p * len(primes))(*[t.data_ptr() for t in self.tables])
+
+
+@functools.lru_cache(maxsize=256)
+def _basis(primes: tuple[int, ...], n: int) -> _Basis:
+    return _Basis(primes, n)
+
+
+def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """Forward (coefficients -> NTT form) or inverse NTT of ``x [..., len(primes), N]``, int64 on
+    the CPU with ``|x| < q`` per limb; a new tensor, canonical ``[0, q)``."""
+    lib, n, limbs = _library(), x.shape[-1], x.shape[-2]
+    if x.dtype != torch.int64 or x.device.type != "cpu" or limbs != len(primes):
+        raise ValueError(f"expected int64 CPU residues [..., {len(primes)}, N], got {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}")
+    basis = _basis(primes, n)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    lib.veil_ntt_rows(out.data_ptr(), x.data_ptr(), x.numel() // n, limbs, n, basis.qs, basis.tabs, int(inverse))
+    return out
+
+
+def _check(primes: tuple[int, ...], tensors, n: int) -> None:
+    plane = (len(primes), n)
+    for t in tensors:
+        if t.dtype != torch.int64 or t.device.type != "cpu" or tuple(t.shape[-2:]) != plane:
+            raise ValueError(f"expected int64 CPU residues [..., {plane[0]}, {n}], got {t.dtype} "
+                             f"{tuple(t.shape)} on {t.device}")
+    if any(not 0 < q < _MAX_Q for q in primes):
+        raise ValueError(f"the CPU kernels need primes below 2^62, got {max(primes)}")
+
+
+def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int, index: torch.Tensor | None,
+         w: list[torch.Tensor], outs: int) -> torch.Tensor:
+    """``veil_mac`` into ``out`` ``[rows, outs, L, N]`` (contiguous)."""
+    limbs, n = len(primes), out.shape[-1]
+    a_arr = (ctypes.c_void_p * len(a_ptrs))(*a_ptrs)
+    w_arr = (ctypes.c_void_p * len(w))(*[t.data_ptr() for t in w])
+    qs = (ctypes.c_uint64 * limbs)(*primes)
+    idx = None if index is None else index.data_ptr()
+    rows = out.numel() // (outs * limbs * n)
+    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, idx, w_arr, len(a_ptrs), outs, rows, limbs, n, qs)
+    return out
+
+
+def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
+    """``sum_k a[k] * w[k] mod q`` in ``[0, q)``: ``a[k]`` ``[..., L, N]`` (one shape for all k) in
+    ``(-q, q)``, ``w[k]`` ``[L, N]`` canonical, all int64 CPU residues (``ckks_ops.mac_torch``'s
+    contract, which asks for canonical terms)."""
+    a = [t.contiguous() for t in a]
+    w = [t.contiguous() for t in w]
+    if not a or len(a) != len(w):
+        raise ValueError(f"{len(a)} terms against {len(w)} weights")
+    n = a[0].shape[-1]
+    _check(primes, a + w, n)
+    if any(t.shape != a[0].shape for t in a) or any(t.dim() != 2 for t in w):
+        raise ValueError("the terms must share one shape and every weight be one [L, N] plaintext")
+    out = torch.empty(a[0].shape, dtype=torch.int64)
+    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, None, w, 1)
+
+
+def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, key: torch.Tensor,
+                  index: torch.Tensor | None = None) -> torch.Tensor:
+    """``sum_j d_j * key_j`` (``rns.key_inner``'s contract, one key): digits ``d`` ``[..., K, L, N]``
+    and a key ``[2, K, L, N]``, canonical -> ``[..., 2, L, N]``; ``index`` ``[N]`` gathers the
+    digits' coefficients first (read inside the product: no gathered copy)."""
+    n, k = d.shape[-1], d.shape[-3]
+    if key.dim() != 4 or key.shape[:2] != (2, k):
+        raise ValueError(f"a key [2, {k}, L, N] for {k} digits, got {tuple(key.shape)}")
+    d = d.contiguous()
+    _check(primes, [d, key], n)
+    w = [key[o, j].contiguous() for j in range(k) for o in range(2)]  # views: a level's run of limbs
+    if index is not None:
+        index = index.to(torch.int64).contiguous()
+        if index.shape != (n,) or bool(((index < 0) | (index >= n)).any()):
+            raise ValueError(f"a gather index of {n} positions in [0, {n})")
+    plane = len(primes) * n
+    out = torch.empty((*d.shape[:-3], 2, len(primes), n), dtype=torch.int64)
+    return _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, index, w, 2)

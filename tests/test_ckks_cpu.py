@@ -1,0 +1,183 @@
+"""The CPU kernels in C (``veil.kernels.ckks_cpu``) vs their torch twins, bit for bit: the NTT vs
+``NttTables.twin``, the multiply-accumulate vs ``ckks_ops.mac_torch``; and the dispatch around them.
+
+Bases as in ``test_ckks_kernels``: the production chain (57/55-bit and 36-bit primes), 60-bit
+primes next to 50- and 40-bit ones (the kernel's lazy bounds need 4q < 2^64: 60 bits is the
+widest the project uses), at a small N, at N=2048 and at the production N=16384 on a data
+level's view of the master tables. The kernel is compiled on first use; without a C compiler
+the module is skipped (and the twin runs in production, which the last tests check).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from veil.crypto.native import rns
+from veil.crypto.native.context import RnsContext
+from veil.crypto.native.modarith import Basis
+from veil.crypto.native.ntt import NttTables, automorphism_index
+from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
+from veil.kernels import ckks_cpu, ckks_ops
+
+PROT = PROTECTED_PARAMS.primes
+MASTER = (PROT[-1],) + PROT[:-1]  # the backend's limb order [p, q_0, ...]
+P60 = get_params("ckks-n16384-l6-v1").primes
+MIXED = (P60[0], P60[-1], P60[1], get_params(TEST_PARAMS_ID, allow_test_params=True).primes[1])
+
+pytestmark = pytest.mark.skipif(not ckks_cpu.available(),
+                                reason="no C compiler (or VEIL_CPU_KERNELS=0): the twin runs")
+
+
+def _signed(primes, lead: tuple[int, ...], n: int, seed: int) -> torch.Tensor:
+    """Residues ``[*lead, L, N]`` in ``(-q, q)``, the lazy range both transforms accept, with the
+    edges ``-(q-1)``, 0 and ``q-1`` in every limb."""
+    rng = np.random.default_rng(seed)
+    cols = [rng.integers(-q + 1, q, (*lead, n), dtype=np.int64) for q in primes]
+    for c, q in zip(cols, primes, strict=True):
+        c[..., :3] = (-q + 1, 0, q - 1)
+    return torch.from_numpy(np.stack(cols, axis=-2))
+
+
+@pytest.mark.parametrize("n", [16, 2048])
+@pytest.mark.parametrize("primes", [MASTER, MIXED], ids=["protected", "60-50-40"])
+def test_kernel_equals_twin(primes, n):
+    tables = NttTables(Basis.of(primes), n)
+    x = _signed(primes, (2, 3), n, seed=n).transpose(0, 1)  # non-contiguous, 6 rows per limb
+    fw = ckks_cpu.ntt_cpu(primes, x, inverse=False)
+    assert torch.equal(fw, tables.twin(x, inverse=False))
+    back = ckks_cpu.ntt_cpu(primes, fw, inverse=True)
+    assert torch.equal(back, tables.twin(fw, inverse=True))
+    assert torch.equal(back, torch.where(x < 0, x + tables.basis.q, x))  # the round trip
+    signed_ntt = torch.where(fw % 3 == 0, fw - tables.basis.q, fw)  # inverse of a lazy input
+    assert torch.equal(ckks_cpu.ntt_cpu(primes, signed_ntt, inverse=True), back)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_production_size_on_a_level_view_any_thread_count(threads):
+    """A level's tables are a view into the master tables; rows split across threads (3 rows
+    of 4 limbs over 3 threads: chunks that start inside a polynomial)."""
+    ctx = RnsContext(PROTECTED_PARAMS)
+    basis, tables = ctx.data(3)
+    x = _signed(basis.primes, (3,), ctx.n, seed=threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fw = tables.forward(x)
+        back = tables.inverse(fw)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(fw, tables.twin(x, inverse=False))
+    assert torch.equal(back, tables.twin(fw, inverse=True))
+
+
+def test_tables_dispatch_cpu_tensors_to_the_kernel(monkeypatch):
+    tables = NttTables(Basis.of(MIXED), 64)
+    x = _signed(MIXED, (1,), 64, seed=1)
+    calls = []
+    real = ckks_cpu.ntt_cpu
+    monkeypatch.setattr(ckks_cpu, "ntt_cpu", lambda *a: calls.append(a[2]) or real(*a))
+    tables.inverse(tables.forward(x))
+    assert calls == [False, True]
+    monkeypatch.setenv("VEIL_CPU_KERNELS", "0")  # the switch benchmarks use: the twin runs
+    assert torch.equal(tables.forward(x), real(MIXED, x, False)) and calls == [False, True]
+
+
+def _canonical(primes, lead, n, seed):
+    x = _signed(primes, lead, n, seed)
+    return torch.where(x < 0, x + torch.tensor(primes).view(-1, 1), x)
+
+
+@pytest.mark.parametrize(("primes", "terms", "lead"), [
+    (MASTER, 1, (2,)), (MASTER, 16, (2,)), (MASTER, 5, (3, 2)),
+    (MIXED, 7, (2,)),
+    (MIXED[:1], 300, (1,)),  # a 60-bit prime: past 256 products the 128-bit sum is reduced on the way
+], ids=["protected-1", "protected-16", "protected-batch", "60-50-40", "60-bit-300-terms"])
+def test_mac_equals_twin(primes, terms, lead):
+    n = 1024 if terms < 100 else 16  # 1024: positions split across threads, blocks across limbs
+    a = [_canonical(primes, lead, n, seed=k) for k in range(terms)]
+    w = [_canonical(primes, (), n, seed=1000 + k) for k in range(terms)]
+    want = ckks_ops.mac_torch(a, w, Basis.of(primes))
+    assert torch.equal(ckks_cpu.mac_cpu(primes, a, w), want)
+    assert torch.equal(ckks_ops.mac(a, w, Basis.of(primes)), want)  # the dispatch takes the kernel
+
+
+def test_ct_times_pt_is_the_one_term_kernel():
+    """``rns.mul_plain`` (ct x pt) takes the kernel with one term and equals ``Basis.mul``, also on
+    lazy ``(-q, q)`` ciphertext residues; a batch's per-row plaintexts take ``Basis.mul``."""
+    basis = Basis.of(MASTER)
+    c, m = _signed(MASTER, (2, 2), 256, seed=8), _canonical(MASTER, (), 256, seed=9)
+    assert torch.equal(rns.mul_plain(c, m, basis), basis.mul(c, m))
+    assert torch.equal(ckks_cpu.mac_cpu(MASTER, [c], [m]), basis.mul(c, m))
+    rows = _canonical(MASTER, (2, 1), 256, seed=10)
+    assert torch.equal(rns.mul_plain(c, rows, basis), basis.mul(c, rows))
+
+
+def test_mac_edges_and_shapes():
+    q = MIXED[0]
+    top = torch.full((1, 1, 16), q - 1, dtype=torch.int64)  # (q-1)^2 summed 600 times
+    got = ckks_cpu.mac_cpu((q,), [top] * 600, [top[0]] * 600)
+    assert got.flatten().tolist() == [600 * (q - 1) ** 2 % q] * 16
+    view = _canonical(MASTER, (2,), 64, seed=5)[:, :, ::2]  # non-contiguous terms are copied
+    w = _canonical(MASTER, (), 32, seed=6)
+    assert torch.equal(ckks_cpu.mac_cpu(MASTER, [view], [w]), ckks_ops.mac_torch([view], [w], Basis.of(MASTER)))
+    with pytest.raises(ValueError, match="one shape"):
+        ckks_cpu.mac_cpu(MIXED, [torch.zeros(2, 4, 16, dtype=torch.int64), torch.zeros(1, 4, 16, dtype=torch.int64)],
+                         [torch.zeros(4, 16, dtype=torch.int64)] * 2)
+    with pytest.raises(ValueError, match="terms against"):
+        ckks_cpu.mac_cpu(MIXED, [torch.zeros(4, 16, dtype=torch.int64)], [])
+
+
+@pytest.mark.parametrize("gather", [False, True], ids=["relinearize", "rotate"])
+@pytest.mark.parametrize("lead", [(), (3,)], ids=["one", "rows"])
+def test_key_inner_equals_twin(gather, lead):
+    """A key's view for a lower level (a run of limbs of the master key, as ``SwitchKey.at``
+    hands out), digits with leading rows, with and without a Galois gather."""
+    n, digits = 1024, 3
+    master = torch.stack([_canonical(MASTER, (digits,), n, seed=20 + o) for o in range(2)])  # [2, K, 9, N]
+    run = slice(0, 5)
+    primes, key = MASTER[run], master[:, :, run]
+    d = _canonical(primes, (*lead, digits), n, seed=7)
+    index = automorphism_index(pow(3, 5, 2 * n), n) if gather else None
+    want = rns._key_inner(d, key, Basis.of(primes), index)
+    assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, key, index), want)
+    assert torch.equal(rns.key_inner(d, key, Basis.of(primes), index=index), want)  # dispatched
+    with pytest.raises(ValueError, match="gather index"):
+        ckks_cpu.key_inner_cpu(primes, d, key, torch.full((n,), n))  # would read past the limb
+
+
+def test_mac_per_row_weights_take_the_twin(monkeypatch):
+    """A batch's per-row plaintexts (``[B, L, N]`` weights) are the twin's (as on CUDA)."""
+    a = [_canonical(MIXED, (2,), 16, seed=k) for k in range(2)]
+    rows = [_canonical(MIXED, (2,), 16, seed=10 + k) for k in range(2)]
+    assert not ckks_ops.kernel_takes_mac(a, rows) and ckks_ops.kernel_takes_mac(a, [r[0] for r in rows])
+    monkeypatch.setattr(ckks_cpu, "mac_cpu", lambda *x: pytest.fail("the kernel took per-row weights"))
+    ckks_ops.mac(a, rows, Basis.of(MIXED))
+
+
+def test_refuses_what_it_cannot_transform():
+    with pytest.raises(ValueError, match="below 2\\^62"):
+        ckks_cpu.ntt_cpu((2**62 + 1,), torch.zeros(1, 16, dtype=torch.int64), inverse=False)
+    with pytest.raises(ValueError, match="int64 CPU residues"):
+        ckks_cpu.ntt_cpu(MIXED, torch.zeros(3, 16, dtype=torch.int64), inverse=False)  # 3 limbs, 4 primes
+    with pytest.raises(ValueError, match="int64 CPU residues"):
+        ckks_cpu.ntt_cpu(MIXED[:1], torch.zeros(1, 16, dtype=torch.int32), inverse=False)
+
+
+def test_without_a_compiler_the_twin_runs(monkeypatch, tmp_path):
+    """A machine without a working ``cc``: the build fails, ``available()`` is false, and the
+    tables still transform (through the twin)."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("VEIL_KERNEL_CACHE", str(tmp_path / "cache"))
+    ckks_cpu._library.cache_clear()
+    try:
+        assert not ckks_cpu.available()
+        tables = NttTables(Basis.of(MIXED), 16)
+        x = _signed(MIXED, (1,), 16, seed=2)
+        assert torch.equal(tables.inverse(tables.forward(x)), torch.where(x < 0, x + tables.basis.q, x))
+        a, w = [_canonical(MIXED, (2,), 16, seed=3)], [_canonical(MIXED, (), 16, seed=4)]
+        assert not ckks_ops.kernel_takes_mac(a, w)
+        ckks_ops.mac(a, w, Basis.of(MIXED))  # the twin
+    finally:
+        ckks_cpu._library.cache_clear()  # the next caller loads the real build again
