@@ -279,7 +279,8 @@ def test_speculative_decoding_keeps_greedy_output(server, client, ckpt, full_mod
 
 
 @pytest.mark.skipif(os.environ.get("VEIL_TEST_NATIVE") != "1",
-                    reason="native on both ends costs ~4x SEAL's CPU time here; VEIL_TEST_NATIVE=1 runs it")
+                    reason="~4 min of CI even with the C kernels (server and client in one process); "
+                           "VEIL_TEST_NATIVE=1 runs it")
 def test_native_protected_greedy_equals_plaintext_greedy(ckpt, full_model, live_server_cls, tmp_path_factory):
     """The same two prompts and 8 tokens with the native backend on the server and the client:
     native keys, seeded native uploads, native evaluation and refresh give plain greedy's tokens."""
