@@ -113,10 +113,10 @@ def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
 
 def mac(a, w, basis: Basis, compile: bool = False) -> torch.Tensor:
     """``sum_k a[k] * w[k]`` for ``dot_plain`` (``ckks_ops.mac``: the Triton kernel on CUDA,
-    the C kernel on the CPU, its twin elsewhere). ``compile``: where no kernel takes the terms,
-    the twin through ``torch.compile``, one fused pass over the terms instead of a dozen eager
-    operations per term (a graph per number of terms)."""
-    if compile and not ckks_ops.kernel_takes_mac(a, w):
+    the C kernel on the CPU, its twin elsewhere). ``compile``: off CUDA, where the C kernel does
+    not take the terms, the twin through ``torch.compile``, one fused pass over the terms
+    instead of a dozen eager operations per term (a graph per number of terms)."""
+    if compile and not use_triton(a[0]) and not ckks_ops.kernel_takes_mac(a, w):
         return compiled(ckks_ops.mac_torch)(list(a), list(w), basis)
     return ckks_ops.mac(a, w, basis)
 
