@@ -4,8 +4,9 @@
 Bases as in ``test_ckks_kernels``: the production chain (57/55-bit and 36-bit primes), 60-bit
 primes next to 50- and 40-bit ones (the kernel's lazy bounds need 4q < 2^64: 60 bits is the
 widest the project uses), at a small N, at N=2048 and at the production N=16384 on a data
-level's view of the master tables. The kernel is compiled on first use; without a C compiler
-the module is skipped (and the twin runs in production, which the last tests check).
+level's view of the master tables. The kernels are compiled on first use; without a C compiler
+the module is skipped (the twins then run in production: the last test fakes a missing
+compiler to check that).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _signed(primes, lead: tuple[int, ...], n: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [16, 2048])
 @pytest.mark.parametrize("primes", [MASTER, MIXED], ids=["protected", "60-50-40"])
-def test_kernel_equals_twin(primes, n):
+def test_ntt_kernel_equals_twin(primes, n):
     tables = NttTables(Basis.of(primes), n)
     x = _signed(primes, (2, 3), n, seed=n).transpose(0, 1)  # non-contiguous, 6 rows per limb
     fw = ckks_cpu.ntt_cpu(primes, x, inverse=False)
@@ -56,8 +57,8 @@ def test_kernel_equals_twin(primes, n):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_production_size_on_a_level_view_any_thread_count(threads):
-    """A level's tables are a view into the master tables; rows split across threads (3 rows
-    of 4 limbs over 3 threads: chunks that start inside a polynomial)."""
+    """A level's tables are a view into the master tables; the 12 rows (3 polynomials of 4
+    limbs) split across 1-3 OpenMP threads, in chunks that start inside a polynomial."""
     ctx = RnsContext(PROTECTED_PARAMS)
     basis, tables = ctx.data(3)
     x = _signed(basis.primes, (3,), ctx.n, seed=threads)
