@@ -7,7 +7,7 @@ launcher ``*_triton`` and its twin ``*_torch``.
 The native CKKS backend's kernels (``ckks_ntt``, ``ckks_ops``, on the products of
 ``ckks_arith``) are dispatched from ``veil.crypto.native`` (``ntt``, ``rns``); ``mac`` and
 ``sub_mul_const`` pick kernel or twin by device like the ops above. The CPU kernels are C,
-not Triton: ``ckks_cpu`` (the NTT and the multiply-accumulate of ``dot_plain`` and key
+not Triton: ``ckks_cpu`` (the NTT and the multiply-accumulate of ``dot_plain``, ct×pt and key
 switching, for CPU tensors; compiled on first use where a C compiler exists).
 """
 

@@ -4,7 +4,8 @@
   same network and tables; both end canonical, so outputs are equal bit for bit). Why C: the
   twin makes one pass over memory per butterfly stage (compiled, ~600 µs per 16,384-point limb
   on the development VM, 7× SEAL's transform); the kernel keeps a limb in cache across stages.
-* ``mac_cpu``: ``dot_plain``'s sum of ct × pt products (twin: ``ckks_ops.mac_torch``), and
+* ``mac_cpu``: ``dot_plain``'s sum of ct × pt products, and a single ct × pt as one term
+  (twin: ``ckks_ops.mac_torch``), and
   ``key_inner_cpu``: a key switch's digits × key, a rotation's Galois gather read inside it
   (twin: ``rns._key_inner``). Eager torch spends a dozen passes over memory per term; the
   kernel sums exact 128-bit products in one pass, both key halves per read of the digits, and
@@ -107,8 +108,6 @@ def _prime_table(q: int, n: int) -> torch.Tensor:
     in an int64 tensor."""
     from veil.crypto.native.ntt import _twiddles
 
-    if not 0 < q < _MAX_Q:
-        raise ValueError(f"the CPU kernels need primes below 2^62, got {q}")
     fw, inv, n_inv = _twiddles(q, n)
     w, winv = np.asarray(fw, dtype=np.uint64), np.asarray(inv, dtype=np.uint64)  # alive for the call
     tab = torch.empty(4 * n + 4, dtype=torch.int64)
@@ -116,35 +115,39 @@ def _prime_table(q: int, n: int) -> torch.Tensor:
     return tab
 
 
-class _Basis:
-    """The ctypes arrays of one tuple of primes: their values and their tables' addresses."""
+@functools.lru_cache(maxsize=256)
+def _primes(primes: tuple[int, ...]) -> ctypes.Array:
+    """The primes as the C array the kernels take (built once per basis, not per call)."""
+    return (ctypes.c_uint64 * len(primes))(*primes)
+
+
+class _Tables:
+    """The NTT tables' addresses for one tuple of primes (the tensors kept alive with them)."""
 
     def __init__(self, primes: tuple[int, ...], n: int) -> None:
-        self.tables = [_prime_table(q, n) for q in primes]  # kept alive: the pointers below
-        self.qs = (ctypes.c_uint64 * len(primes))(*primes)
-        self.tabs = (ctypes.c_void_p * len(primes))(*[t.data_ptr() for t in self.tables])
+        self.tables = [_prime_table(q, n) for q in primes]
+        self.ptrs = (ctypes.c_void_p * len(primes))(*[t.data_ptr() for t in self.tables])
 
 
 @functools.lru_cache(maxsize=256)
-def _basis(primes: tuple[int, ...], n: int) -> _Basis:
-    return _Basis(primes, n)
+def _tables(primes: tuple[int, ...], n: int) -> _Tables:
+    return _Tables(primes, n)
 
 
 def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool) -> torch.Tensor:
     """Forward (coefficients -> NTT form) or inverse NTT of ``x [..., len(primes), N]``, int64 on
     the CPU with ``|x| < q`` per limb; a new tensor, canonical ``[0, q)``."""
-    lib, n, limbs = _library(), x.shape[-1], x.shape[-2]
-    if x.dtype != torch.int64 or x.device.type != "cpu" or limbs != len(primes):
-        raise ValueError(f"expected int64 CPU residues [..., {len(primes)}, N], got {x.dtype} "
-                         f"{tuple(x.shape)} on {x.device}")
-    basis = _basis(primes, n)
+    n = x.shape[-1]
+    _check(primes, [x], n)
     x = x.contiguous()
     out = torch.empty_like(x)
-    lib.veil_ntt_rows(out.data_ptr(), x.data_ptr(), x.numel() // n, limbs, n, basis.qs, basis.tabs, int(inverse))
+    _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), x.numel() // n, len(primes), n, _primes(primes),
+                             _tables(primes, n).ptrs, int(inverse))
     return out
 
 
 def _check(primes: tuple[int, ...], tensors, n: int) -> None:
+    """Int64 CPU residues ``[..., L, N]`` over primes the lazy bounds allow; else ValueError."""
     plane = (len(primes), n)
     for t in tensors:
         if t.dtype != torch.int64 or t.device.type != "cpu" or tuple(t.shape[-2:]) != plane:
@@ -160,10 +163,10 @@ def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int, index:
     limbs, n = len(primes), out.shape[-1]
     a_arr = (ctypes.c_void_p * len(a_ptrs))(*a_ptrs)
     w_arr = (ctypes.c_void_p * len(w))(*[t.data_ptr() for t in w])
-    qs = (ctypes.c_uint64 * limbs)(*primes)
     idx = None if index is None else index.data_ptr()
     rows = out.numel() // (outs * limbs * n)
-    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, idx, w_arr, len(a_ptrs), outs, rows, limbs, n, qs)
+    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, idx, w_arr, len(a_ptrs), outs, rows, limbs, n,
+                        _primes(primes))
     return out
 
 
