@@ -7,7 +7,9 @@ Builds an engine (not started: the steps are driven here, one at a time), prefil
 C tokens, then times `--steps` decode steps split into host preparation (`ModelRunner.prepare`),
 the forward pass and sampling (`ModelRunner.run`) and postprocessing, and profiles them with the
 torch profiler: the op table, and the shares of matmuls, attention (KV gather and the attention
-itself), sampling and everything else. Prints `figure step.<metric> <value>` lines.
+itself), sampling and everything else. The engine's C kernels (`veil.kernels.llama_cpu`) are not
+torch ops, so during the profiled steps each call is wrapped in a profiler range named
+`veil_cpu::<kernel>` to be counted. Prints `figure step.<metric> <value>` lines.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 
 CATEGORIES = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "mkldnn::_linear_pointwise"),
-    "attention": ("aten::_scaled_dot_product", "aten::index_select", "aten::_softmax"),
+    "attention": ("aten::_scaled_dot_product", "aten::index_select", "aten::_softmax",
+                  "veil_cpu::paged_attention"),
     "sampling": ("aten::argmax", "aten::sort", "aten::searchsorted", "aten::cumsum"),
 }
 
@@ -30,6 +33,13 @@ def category(name: str) -> str:
         if name.startswith(prefixes):
             return cat
     return "other"
+
+
+def _ranged(name: str, f):
+    def call(*args, **kwargs):
+        with torch.profiler.record_function(f"veil_cpu::{name}"):
+            return f(*args, **kwargs)
+    return call
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     times = [step() for _ in range(args.steps)]
     prep, run, post = (sum(t[i] for t in times) / len(times) for i in range(3))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    from veil.kernels import llama_cpu
+
+    for name in ("paged_attention", "add_rms_norm", "rope", "silu_and_mul", "store_kv"):
+        setattr(llama_cpu, name, _ranged(name, getattr(llama_cpu, name)))
     with profile(activities=activities) as prof:
         for _ in range(args.steps):
             step()

@@ -1,8 +1,9 @@
 """Triton kernels of the inference engine, each with a pure-torch reference twin.
 
-Import the public ops from here (or ``veil.kernels.ops``): they run Triton on CUDA tensors
-and the torch twin on CPU. The per-kernel modules hold the ``@triton.jit`` kernel, its
-launcher ``*_triton`` and its twin ``*_torch``.
+Import the public ops from here (or ``veil.kernels.ops``): they run Triton on CUDA tensors,
+the C kernels of ``llama_cpu`` on CPU tensors where a C compiler built them (``cbuild``), and
+the torch twin otherwise. The per-kernel modules hold the ``@triton.jit`` kernel, its launcher
+``*_triton`` and its twin ``*_torch``.
 
 The native CKKS backend's kernels (``ckks_ntt``, ``ckks_ops``, on the products of
 ``ckks_arith``) are dispatched from ``veil.crypto.native`` (``ntt``, ``rns``); ``mac`` and

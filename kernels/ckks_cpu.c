@@ -131,7 +131,9 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
 /* out[r, o, e] = sum_k a_k[r, gather(e)] * w[k * outs + o][e] mod q(limb of e), for rows r in
  * [0, rows), outputs o in [0, outs <= MAC_OUTS), and flat positions e of the [L, N] plane.
  * a_k[r] starts at a[k] + r * a_row_stride; gather(e) = e, or with an index (a Galois
- * automorphism, [N]) limb * n + index[e - limb * n]. w[.]: [L, N]; out: [rows, outs, L, N].
+ * automorphism, [N]) limb * n + index[e - limb * n]. w[.]: [L, N], shared by every row
+ * (w_row_stride 0), or one per w_row_div consecutive rows (a batch's per-session plaintexts:
+ * row r reads w[.] + (r / w_row_div) * w_row_stride); out: [rows, outs, L, N].
  * The terms a may be lazy, in (-q, q); the weights w are canonical.
  * dot_plain is outs = 1 without an index; the key inner product outs = 2 (the key's halves),
  * one pass over the digits for both. A block of positions is done for every row before the
@@ -139,8 +141,8 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
  * bits, reduced every `per` terms so the sum cannot wrap (per = the most products of
  * canonical operands that fit). */
 void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const int64_t *index,
-              const int64_t *const *w, int64_t terms, int64_t outs, int64_t rows, int64_t limbs,
-              int64_t n, const uint64_t *qs) {
+              const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms, int64_t outs,
+              int64_t rows, int64_t limbs, int64_t n, const uint64_t *qs) {
     const int64_t plane = limbs * n, per_limb = (n + MAC_BLOCK - 1) / MAC_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < limbs * per_limb; b++) {
@@ -168,7 +170,7 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const
                 else
                     for (int64_t j = 0; j < len; j++) x[j] = lift(src[pos + j], q);
                 for (int64_t o = 0; o < outs; o++) {
-                    const uint64_t *y = (const uint64_t *)(w[k * outs + o] + e);
+                    const uint64_t *y = (const uint64_t *)(w[k * outs + o] + (r / w_row_div) * w_row_stride + e);
                     for (int64_t j = 0; j < len; j++) acc[o][j] += (u128)x[j] * y[j];
                 }
                 held++;

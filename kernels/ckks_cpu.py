@@ -11,88 +11,42 @@
   kernel sums exact 128-bit products in one pass, both key halves per read of the digits, and
   reads each weight block once for all rows of a batch.
 
-Tests: ``tests/test_ckks_cpu.py``. On CUDA tensors the Triton kernels run instead.
-
-The C file is compiled once per source hash with the system C compiler (``$CC``, else ``cc``;
-Triton and Inductor need one too) into ``$VEIL_KERNEL_CACHE`` (default
-``~/.cache/veil/kernels``), written under a temporary name and renamed, so concurrent builders
-never load a half-written library. No compiler, a failed build or ``VEIL_CPU_KERNELS=0``: the
-twin runs, and ``available()`` says so. The loops are OpenMP loops on torch's own runtime
-(``_build``); ctypes releases the GIL during each call.
+Tests: ``tests/test_ckks_cpu.py``. On CUDA tensors the Triton kernels run instead. Built on
+first use by ``cbuild`` (no compiler, a failed build or ``VEIL_CPU_KERNELS=0``: the twin runs,
+and ``available()`` says so); the loops are OpenMP loops on torch's own team.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu"]
+from veil.kernels import cbuild
 
-log = logging.getLogger(__name__)
+__all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu", "row_weights"]
 
 _SOURCE = Path(__file__).with_name("ckks_cpu.c")
 _MAX_Q = 1 << 62  # the lazy bounds need 4q < 2^64
-_FLAGS = ("-O3", "-shared", "-fPIC")  # portable: the hot loops are scalar 64x64->128-bit products
-
-
-def enabled() -> bool:
-    """``VEIL_CPU_KERNELS=0`` keeps the torch twins on the CPU (benchmarks compare both)."""
-    return os.environ.get("VEIL_CPU_KERNELS", "1") != "0"
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("VEIL_KERNEL_CACHE") or Path.home() / ".cache" / "veil" / "kernels")
-
-
-def _build(cc: str, out: Path) -> None:
-    """With OpenMP where the compiler has it: the library then names ``libgomp.so.1``, which
-    resolves to the copy torch already loaded, so the kernels' parallel loops run on the calling
-    thread's torch team (its ``torch.set_num_threads``), never on a second team that would
-    compete with it for the cores. Without OpenMP the loops run on the calling thread alone."""
-    base = [cc, *_FLAGS, "-o", str(out), str(_SOURCE)]
-    try:
-        subprocess.run(base + ["-fopenmp"], check=True, capture_output=True, timeout=120)
-    except subprocess.CalledProcessError:
-        log.warning("the C compiler has no OpenMP: the CPU CKKS kernels run on one thread")
-        subprocess.run(base, check=True, capture_output=True, timeout=120)
+_FLAGS = ("-O3",)  # portable: the hot loops are scalar 64x64->128-bit products
+enabled = cbuild.enabled
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, or None (and one log line) where it cannot be built."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        log.info("no C compiler: the native backend runs its torch twins on the CPU")
-        return None
-    src = _SOURCE.read_bytes()
-    tag = hashlib.sha256(src + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"ckks_cpu-{tag}.so"
-    try:
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-                part = Path(tmp) / out.name
-                _build(cc, part)
-                os.replace(part, out)
-        lib = ctypes.CDLL(str(out))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("building the CPU CKKS kernels failed (%s): the torch twins run instead", e)
+    lib = cbuild.load(_SOURCE, _FLAGS)
+    if lib is None:
         return None
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
     lib.veil_ntt_table.argtypes = [p, p, p, i64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
     lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int]
-    lib.veil_mac.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, p]
+    lib.veil_mac.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
     return lib
 
@@ -158,21 +112,41 @@ def _check(primes: tuple[int, ...], tensors, n: int) -> None:
 
 
 def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int, index: torch.Tensor | None,
-         w: list[torch.Tensor], outs: int) -> torch.Tensor:
-    """``veil_mac`` into ``out`` ``[rows, outs, L, N]`` (contiguous)."""
+         w: list[torch.Tensor], outs: int, w_rows: tuple[int, int] = (0, 1)) -> torch.Tensor:
+    """``veil_mac`` into ``out`` ``[rows, outs, L, N]`` (contiguous); ``w_rows``: the weights'
+    (row stride, rows per weight row), ``(0, 1)`` for weights every row shares."""
     limbs, n = len(primes), out.shape[-1]
     a_arr = (ctypes.c_void_p * len(a_ptrs))(*a_ptrs)
     w_arr = (ctypes.c_void_p * len(w))(*[t.data_ptr() for t in w])
     idx = None if index is None else index.data_ptr()
     rows = out.numel() // (outs * limbs * n)
-    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, idx, w_arr, len(a_ptrs), outs, rows, limbs, n,
-                        _primes(primes))
+    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, idx, w_arr, *w_rows, len(a_ptrs), outs, rows, limbs,
+                        n, _primes(primes))
     return out
+
+
+def row_weights(a_shape: torch.Size, w_shape: torch.Size) -> tuple[int, int] | None:
+    """How the C kernel reads weights of ``w_shape`` against terms of ``a_shape`` (both
+    ``[..., L, N]``): ``(0, 1)`` for one ``[L, N]`` plaintext, ``(L * N, rows per weight)`` for
+    per-row plaintexts whose leading dims are a's up to some point, then ones (a batch's
+    ``[B, 1, L, N]`` against ciphertexts ``[B, 2, L, N]``); None for anything else (the twin)."""
+    if len(w_shape) == 2:
+        return (0, 1)
+    lead_a, lead_w = a_shape[:-2], w_shape[:-2]
+    if len(lead_w) != len(lead_a) or w_shape[-2:] != a_shape[-2:]:
+        return None
+    i = len(lead_w)
+    while i and lead_w[i - 1] == 1:
+        i -= 1
+    if tuple(lead_w[:i]) != tuple(lead_a[:i]):
+        return None
+    return (w_shape[-2] * w_shape[-1], math.prod(lead_a[i:]))
 
 
 def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
     """``sum_k a[k] * w[k] mod q`` in ``[0, q)``: ``a[k]`` ``[..., L, N]`` (one shape for all k) in
-    ``(-q, q)``, ``w[k]`` ``[L, N]`` canonical, all int64 CPU residues (``ckks_ops.mac_torch``'s
+    ``(-q, q)``, ``w[k]`` canonical, one ``[L, N]`` plaintext or a batch's per-row plaintexts
+    (``row_weights``; one shape for all k), all int64 CPU residues (``ckks_ops.mac_torch``'s
     contract, which asks for canonical terms)."""
     a = [t.contiguous() for t in a]
     w = [t.contiguous() for t in w]
@@ -180,10 +154,11 @@ def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
         raise ValueError(f"{len(a)} terms against {len(w)} weights")
     n = a[0].shape[-1]
     _check(primes, a + w, n)
-    if any(t.shape != a[0].shape for t in a) or any(t.dim() != 2 for t in w):
-        raise ValueError("the terms must share one shape and every weight be one [L, N] plaintext")
+    w_rows = row_weights(a[0].shape, w[0].shape)
+    if any(t.shape != a[0].shape for t in a) or any(t.shape != w[0].shape for t in w) or w_rows is None:
+        raise ValueError("the terms must share one shape, and the weights one shape: [L, N] or per row")
     out = torch.empty(a[0].shape, dtype=torch.int64)
-    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, None, w, 1)
+    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, None, w, 1, w_rows)
 
 
 def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, key: torch.Tensor,

@@ -187,9 +187,9 @@ def mac_triton(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
 
 
 def mac(a, w, basis) -> torch.Tensor:
-    """:func:`mac_torch`, in one kernel when every weight is one ``[L, N]`` plaintext (per-row
-    weights of a batch take the twin): Triton on CUDA tensors (``use_triton``), C on CPU
-    tensors (``ckks_cpu``, where it could be built)."""
+    """:func:`mac_torch`, in one kernel: Triton on CUDA tensors (``use_triton``) when every
+    weight is one ``[L, N]`` plaintext (a batch's per-row weights take the twin there), C on
+    CPU tensors (``ckks_cpu``, where it could be built) for those and for per-row weights."""
     if kernel_takes_mac(a, w):
         if a[0].device.type == "cpu":
             return ckks_cpu.mac_cpu(basis.primes, list(a), list(w))
@@ -200,9 +200,10 @@ def mac(a, w, basis) -> torch.Tensor:
 
 def kernel_takes_mac(a, w) -> bool:
     """Whether :func:`mac` runs a kernel for these terms, not the twin."""
-    shared = all(x.dim() == 2 for x in w)
-    cpu = a[0].device.type == "cpu" and ckks_cpu.available()
-    return shared and (use_triton(a[0]) or cpu)
+    if use_triton(a[0]):
+        return all(x.dim() == 2 for x in w)
+    return (a[0].device.type == "cpu" and ckks_cpu.available() and len({x.shape for x in w}) == 1
+            and ckks_cpu.row_weights(a[0].shape, w[0].shape) is not None)
 
 
 # ---- rescale / ModDown tail: (x - r) * c ----------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Public kernel API: each op runs its Triton kernel on CUDA tensors and its torch twin otherwise.
+"""Public kernel API: each op runs its Triton kernel on CUDA tensors, its C kernel
+(``llama_cpu``, where a C compiler built it) on fp32/bf16 CPU tensors, and its torch twin
+otherwise (``VEIL_CPU_KERNELS=0`` keeps the twins on the CPU).
 
 ``force_triton=True`` runs the Triton kernel whatever the device; on CPU tensors that needs
 ``TRITON_INTERPRET=1`` set before ``veil.kernels`` is imported (the tests do this). The choice
@@ -19,10 +21,12 @@ import functools
 
 import torch
 
+from veil.kernels import llama_cpu
 from veil.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
-from veil.kernels.kv_store import store_kv_torch, store_kv_triton
+from veil.kernels.kv_store import _check_store_args, store_kv_torch, store_kv_triton
 from veil.kernels.paged_attention import (
     DEFAULT_PARTITION_SIZE,
+    _check_decode_args,
     paged_decode_attention_torch,
     paged_decode_attention_triton,
 )
@@ -31,7 +35,12 @@ from veil.kernels.prefill_attention import (
     paged_prefill_attention_triton,
 )
 from veil.kernels.rmsnorm import add_rms_norm_torch, add_rms_norm_triton
-from veil.kernels.rope import apply_rope_torch, apply_rope_triton, build_rope_cache
+from veil.kernels.rope import (
+    _check_rope_args,
+    apply_rope_torch,
+    apply_rope_triton,
+    build_rope_cache,
+)
 
 __all__ = [
     "DEFAULT_PARTITION_SIZE",
@@ -49,6 +58,11 @@ __all__ = [
 
 def _use_triton(t: torch.Tensor, force_triton: bool) -> bool:
     return force_triton or t.is_cuda
+
+
+def _use_c(*tensors: torch.Tensor) -> bool:
+    """CPU tensors of one activation dtype that the C kernels take (``llama_cpu.takes``)."""
+    return all(t.dtype == tensors[0].dtype for t in tensors) and llama_cpu.takes(*tensors)
 
 
 @functools.cache
@@ -82,6 +96,8 @@ def add_rms_norm(
     """
     if _use_triton(x, force_triton):
         return add_rms_norm_triton(x, residual, weight, eps)
+    if _use_c(x, *(() if residual is None else (residual,))) and llama_cpu.takes(weight):
+        return llama_cpu.add_rms_norm(x, residual, weight, eps)
     return add_rms_norm_torch(x, residual, weight, eps)
 
 
@@ -107,6 +123,9 @@ def apply_rope(
     """
     if _use_triton(q, force_triton):
         apply_rope_triton(q, k, positions, cos, sin)
+    elif _use_c(q, k):
+        _check_rope_args(q, k, positions, cos, sin)
+        llama_cpu.rope(q, k, positions, cos, sin)
     else:
         apply_rope_torch(q, k, positions, cos, sin)
     return q, k
@@ -116,6 +135,8 @@ def silu_and_mul(x: torch.Tensor, *, force_triton: bool = False) -> torch.Tensor
     """SwiGLU activation: x [..., 2*I] (gate then up) -> [..., I] = silu(gate) * up."""
     if _use_triton(x, force_triton):
         return silu_and_mul_triton(x)
+    if _use_c(x):
+        return llama_cpu.silu_and_mul(x)
     return silu_and_mul_torch(x)
 
 
@@ -134,6 +155,11 @@ def store_kv(
     """
     if _use_triton(k, force_triton):
         store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+        return
+    _check_store_args(k, v, k_cache, v_cache, slot_mapping)
+    if (_use_c(k, v, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and all(t.stride(1) == t.shape[2] for t in (k, v))):
+        llama_cpu.store_kv(k, v, k_cache, v_cache, slot_mapping)
     else:
         store_kv_torch(k, v, k_cache, v_cache, slot_mapping)
 
@@ -168,6 +194,9 @@ def paged_decode_attention(
             partition_size=partition_size,
             max_context_len=max_context_len,
         )
+    if _use_c(k_cache, v_cache) and llama_cpu.takes(q):
+        _check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
+        return llama_cpu.paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
     return paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 

@@ -106,7 +106,7 @@ def test_mac_equals_twin(primes, terms, lead):
 
 def test_ct_times_pt_is_the_one_term_kernel():
     """``rns.mul_plain`` (ct x pt) takes the kernel with one term and equals ``Basis.mul``, also on
-    lazy ``(-q, q)`` ciphertext residues; a batch's per-row plaintexts take ``Basis.mul``."""
+    lazy ``(-q, q)`` ciphertext residues and with a batch's per-row plaintexts."""
     basis = Basis.of(MASTER)
     c, m = _signed(MASTER, (2, 2), 256, seed=8), _canonical(MASTER, (), 256, seed=9)
     assert torch.equal(rns.mul_plain(c, m, basis), basis.mul(c, m))
@@ -148,13 +148,34 @@ def test_key_inner_equals_twin(gather, lead):
         ckks_cpu.key_inner_cpu(primes, d, key, torch.full((n,), n))  # would read past the limb
 
 
-def test_mac_per_row_weights_take_the_twin(monkeypatch):
-    """A batch's per-row plaintexts (``[B, L, N]`` weights) are the twin's (as on CUDA)."""
-    a = [_canonical(MIXED, (2,), 16, seed=k) for k in range(2)]
-    rows = [_canonical(MIXED, (2,), 16, seed=10 + k) for k in range(2)]
-    assert not ckks_ops.kernel_takes_mac(a, rows) and ckks_ops.kernel_takes_mac(a, [r[0] for r in rows])
-    monkeypatch.setattr(ckks_cpu, "mac_cpu", lambda *x: pytest.fail("the kernel took per-row weights"))
-    ckks_ops.mac(a, rows, Basis.of(MIXED))
+@pytest.mark.parametrize(("lead", "w_lead"), [((3, 2), (3, 1)), ((2,), (2,)), ((2, 2), (1, 1))],
+                         ids=["batch-ct", "rows", "ones"])
+def test_mac_per_row_weights_equal_twin(lead, w_lead):
+    """A batch's per-row plaintexts (``[B, 1, L, N]`` against ciphertexts ``[B, 2, L, N]``: the
+    first protected layer's shuffled weights, per-row RoPE factors and masks) take the kernel,
+    each row reading its own session's weights; ct x pt (``rns.mul_plain``) too."""
+    basis = Basis.of(MASTER)
+    a = [_canonical(MASTER, lead, 256, seed=k) for k in range(5)]
+    w = [_canonical(MASTER, w_lead, 256, seed=30 + k) for k in range(5)]
+    assert ckks_ops.kernel_takes_mac(a, w)
+    want = ckks_ops.mac_torch(a, w, basis)
+    assert torch.equal(ckks_cpu.mac_cpu(MASTER, a, w), want)
+    assert torch.equal(ckks_ops.mac(a, w, basis), want)
+    assert torch.equal(rns.mul_plain(a[0], w[0], basis), basis.mul(a[0], w[0]))
+
+
+def test_mac_weights_the_kernel_cannot_read_take_the_twin(monkeypatch):
+    """Weights that broadcast other than per row (``[1, 2, L, N]`` against ``[3, 2, L, N]``),
+    or of mixed shapes, go to the twin."""
+    a = [_canonical(MIXED, (3, 2), 16, seed=k) for k in range(2)]
+    cols = [_canonical(MIXED, (1, 2), 16, seed=10 + k) for k in range(2)]
+    assert ckks_cpu.row_weights(a[0].shape, cols[0].shape) is None
+    assert not ckks_ops.kernel_takes_mac(a, cols)
+    assert not ckks_ops.kernel_takes_mac(a, [cols[0][0, 0], cols[1]])
+    with pytest.raises(ValueError, match="one shape"):
+        ckks_cpu.mac_cpu(MIXED, a, cols)
+    monkeypatch.setattr(ckks_cpu, "mac_cpu", lambda *x: pytest.fail("the kernel took weights it cannot read"))
+    assert torch.equal(ckks_ops.mac(a, cols, Basis.of(MIXED)), ckks_ops.mac_torch(a, cols, Basis.of(MIXED)))
 
 
 def test_refuses_what_it_cannot_transform():

@@ -106,7 +106,7 @@ def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
     """ct x pt: ``c`` ``[..., L, N]`` times a plaintext ``m`` (``[L, N]``, or a batch's per-row
     ``[B, 1, L, N]``) in ``[0, q)``. On the CPU one pass of the C multiply-accumulate with one
     term, where ``Basis.mul`` makes a dozen eager passes over memory; ``Basis.mul`` elsewhere."""
-    if c.device.type == "cpu" and m.dim() == 2 and ckks_cpu.available():
+    if c.device.type == "cpu" and ckks_cpu.available() and ckks_cpu.row_weights(c.shape, m.shape) is not None:
         return ckks_cpu.mac_cpu(basis.primes, [c], [m])
     return basis.mul(c, m)
 
