@@ -64,6 +64,19 @@ static inline float exp_vec(float x) {
     return p * f32_bits((uint32_t)((int32_t)n + 127) << 23);
 }
 
+/* The cache block holding a row's positions [p0, p0 + *n) (*n <= bs), or -1 where its table
+ * names none: the row's scores there are then -inf for its `heads` heads, and *bad is set. */
+static inline i64 score_block(const int32_t *tab, i64 p0, i64 len, i64 bs, i64 num_blocks, i64 *n, float *sc,
+                              i64 heads, int32_t *bad) {
+    const i64 blk = tab[p0 / bs];
+    *n = len - p0 < bs ? len - p0 : bs;
+    if (blk >= 0 && blk < num_blocks) return blk;
+    *bad = 1;
+    for (i64 i = 0; i < heads; i++)
+        for (i64 o = 0; o < *n; o++) sc[i * len + p0 + o] = -INFINITY;
+    return -1;
+}
+
 /* s[p] <- exp(s[p] - max s) (-inf stays 0) over len scores; returns 1 / their sum, or 0 for an
  * empty row (a row with no position attends to nothing: output 0). */
 static inline float softmax_numerators(float *s, i64 len) {
@@ -92,14 +105,9 @@ static inline __attribute__((always_inline)) void bf16_row(
     __m512bh qv[16][8];
     for (i64 i = 0; i < hq; i++)
         for (i64 c = 0; c < nc; c++) qv[i][c] = (__m512bh)_mm512_loadu_si512(q + i * q_sh + 32 * c);
-    for (i64 p0 = 0; p0 < len; p0 += bs) {
-        const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
-        if (blk < 0 || blk >= num_blocks) {
-            *bad = 1;
-            for (i64 i = 0; i < hq; i++)
-                for (i64 o = 0; o < n; o++) sc[i * len + p0 + o] = -INFINITY;
-            continue;
-        }
+    for (i64 p0 = 0, n; p0 < len; p0 += bs) {
+        const i64 blk = score_block(tab, p0, len, bs, num_blocks, &n, sc, hq, bad);
+        if (blk < 0) continue;
         const uint16_t *kb = kc + blk * bs * row_st;
         for (i64 o = 0; o < n; o++)
             for (i64 h = 0; h < hkv; h++) {
@@ -119,7 +127,7 @@ static inline __attribute__((always_inline)) void bf16_row(
         for (i64 c = 0; c < 2 * nc; c++) acc[i][c] = _mm512_setzero_ps();
     for (i64 p0 = 0; p0 < len; p0 += bs) {
         const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
-        if (blk < 0 || blk >= num_blocks) continue;
+        if (blk < 0 || blk >= num_blocks) continue; /* flagged by score_block */
         const uint16_t *vb = vc + blk * bs * row_st;
         for (i64 o = 0; o < n; o++)
             for (i64 h = 0; h < hkv; h++) {
@@ -151,14 +159,9 @@ static void generic_head(const char *q, i64 q_sh, int q_dtype, const char *kc, c
         load_row(q + (h * g + j) * q_sh * qsz, q_dtype, d, qf + j * d);
         for (i64 e = 0; e < d; e++) qf[j * d + e] *= scale;
     }
-    for (i64 p0 = 0; p0 < len; p0 += bs) {
-        const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
-        if (blk < 0 || blk >= num_blocks) {
-            *bad = 1;
-            for (i64 j = 0; j < g; j++)
-                for (i64 o = 0; o < n; o++) sc[j * len + p0 + o] = -INFINITY;
-            continue;
-        }
+    for (i64 p0 = 0, n; p0 < len; p0 += bs) {
+        const i64 blk = score_block(tab, p0, len, bs, num_blocks, &n, sc, g, bad);
+        if (blk < 0) continue;
         const char *kb = kc + ((blk * bs * hkv + h) * d) * esz;
         for (i64 o = 0; o < n; o++) {
             load_row(kb + o * hkv * d * esz, kv_dtype, d, row);
@@ -176,7 +179,7 @@ static void generic_head(const char *q, i64 q_sh, int q_dtype, const char *kc, c
     memset(out, 0, sizeof(float) * (size_t)(g * d));
     for (i64 p0 = 0; p0 < len; p0 += bs) {
         const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
-        if (blk < 0 || blk >= num_blocks) continue;
+        if (blk < 0 || blk >= num_blocks) continue; /* flagged by score_block */
         const char *vb = vc + ((blk * bs * hkv + h) * d) * esz;
         for (i64 o = 0; o < n; o++) {
             load_row(vb + o * hkv * d * esz, kv_dtype, d, row);
