@@ -7,6 +7,10 @@ at context 300, bf16, 2 threads: benchmarks/results/2026-11-26-cpu-fastpath):
 * ``paged_attention``: decode attention over the paged cache, read in place. Twin:
   ``paged_decode_attention_torch``, which first copies every sequence's context out of the pool
   (``index_select``, 14% of the step) and then runs torch's attention on the copy (19%).
+  ``prefill_attention``: the same kernel with a row per new token, each reading its sequence's
+  table up to its own position (twin: ``paged_prefill_attention_torch``, a gather and torch's
+  attention per sequence; 2-2.5x as long as the kernel on the chunk shapes of
+  benchmarks/results/2026-11-27-cpu-engine-kernels/attention_micro.txt).
 * ``add_rms_norm``, ``rope``, ``silu_and_mul``, ``store_kv``: the twins of ``rmsnorm``,
   ``rope``, ``activation`` and ``kv_store``, whose casts (kept so that the CPU path rounds where
   transformers does) and checks cost ~300 small torch calls per layer (30% of the step). Each
@@ -30,7 +34,8 @@ import torch
 
 from veil.kernels import cbuild
 
-__all__ = ["add_rms_norm", "available", "paged_attention", "rope", "silu_and_mul", "store_kv", "takes"]
+__all__ = ["add_rms_norm", "available", "paged_attention", "prefill_attention", "rope", "silu_and_mul", "store_kv",
+           "takes"]
 
 _SOURCE = Path(__file__).with_name("llama_cpu.c")
 _FLAGS = ("-O3", "-ffp-contract=off", "-fno-trapping-math")
@@ -106,6 +111,37 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                      cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """``paged_prefill_attention_torch``'s contract: the packed new tokens of B sequences
+    (rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``), new token i of sequence b at position
+    ``context_lens[b] - q_len + i``, attending to the positions up to its own. The decode
+    kernel with one row per new token: row t reads its sequence's table up to its own length."""
+    total, hq, d = q.shape
+    blocks, bs, hkv, _ = k_cache.shape
+    if hq % hkv or hq // hkv > _MAX_GROUP:
+        raise ValueError(f"{hq} query heads over {hkv} KV heads")
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    cu = cu_seqlens_q.to(torch.int64)
+    q_lens = cu[1:] - cu[:-1]
+    if int(cu[-1]) != total or bool((q_lens < 0).any()) or bool((q_lens > context_lens.to(torch.int64)).any()):
+        raise ValueError("cu_seqlens_q must split the rows into chunks no longer than their contexts")
+    seq = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens, output_size=total)
+    lens = (context_lens.to(torch.int64)[seq] - q_lens[seq] + torch.arange(total) - cu[:-1][seq] + 1)
+    seq, lens = seq.to(torch.int32), lens.to(torch.int32)  # held: the C call reads them
+    tables = block_tables.to(torch.int32).contiguous()
+    out = torch.empty((total, hq, d), dtype=q.dtype)
+    status = _library().veil_paged_attention(
+        out.data_ptr(), q.data_ptr(), q.stride(0), q.stride(1), _DTYPES[q.dtype], k_cache.data_ptr(),
+        v_cache.data_ptr(), _DTYPES[k_cache.dtype], tables.data_ptr(), tables.stride(0), tables.shape[1],
+        seq.data_ptr(), lens.data_ptr(), total, hq, hkv, d, bs, blocks, scale)
+    if status == 2:
+        raise ValueError("a context length outside its block table")
+    if status:
+        raise ValueError("a block table entry within a context names no cache block")
+    return out
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``add_rms_norm_torch``'s contract (residual in x's dtype, weight [hidden])."""
@@ -116,8 +152,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     r2, r_st = _rows(residual) if residual is not None else (None, 0)
     normed = torch.empty(x2.shape, dtype=x.dtype)
     new_res = torch.empty_like(normed) if residual is not None else None
+    weight = weight.contiguous()  # held: a temporary's memory would be freed before the call reads it
     _library().veil_add_rms_norm(normed.data_ptr(), None if new_res is None else new_res.data_ptr(), x2.data_ptr(),
-                                 x_st, None if r2 is None else r2.data_ptr(), r_st, weight.contiguous().data_ptr(),
+                                 x_st, None if r2 is None else r2.data_ptr(), r_st, weight.data_ptr(),
                                  _DTYPES[weight.dtype], _DTYPES[x.dtype], x2.shape[0], hidden, eps)
     return normed.view(x.shape), (x if new_res is None else new_res.view(x.shape))
 
@@ -130,9 +167,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.T
     pos = positions.to(torch.int64).contiguous()
     if n and (int(pos.min()) < 0 or int(pos.max()) >= cos.shape[0]):
         raise ValueError(f"a position outside the RoPE tables' {cos.shape[0]}")
+    cos, sin = cos.contiguous(), sin.contiguous()  # held for the call
     _library().veil_rope(q.data_ptr(), q.stride(0), q.stride(1), hq, k.data_ptr(), k.stride(0), k.stride(1),
-                         k.shape[1], _DTYPES[q.dtype], pos.data_ptr(), cos.contiguous().data_ptr(),
-                         sin.contiguous().data_ptr(), n, d)
+                         k.shape[1], _DTYPES[q.dtype], pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, d)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

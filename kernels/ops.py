@@ -31,6 +31,7 @@ from veil.kernels.paged_attention import (
     paged_decode_attention_triton,
 )
 from veil.kernels.prefill_attention import (
+    _check_prefill_args,
     paged_prefill_attention_torch,
     paged_prefill_attention_triton,
 )
@@ -232,6 +233,9 @@ def paged_prefill_attention(
             scale,
             max_seqlen_q=max_seqlen_q,
         )
+    if _use_c(k_cache, v_cache) and llama_cpu.takes(q):
+        _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+        return llama_cpu.prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     return paged_prefill_attention_torch(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
     )

@@ -15,6 +15,7 @@ from veil.kernels import cbuild, llama_cpu, ops
 from veil.kernels.activation import silu_and_mul_torch
 from veil.kernels.kv_store import store_kv_torch
 from veil.kernels.paged_attention import paged_decode_attention_torch
+from veil.kernels.prefill_attention import paged_prefill_attention_torch
 from veil.kernels.rmsnorm import add_rms_norm_torch
 from veil.kernels.rope import apply_rope_torch, build_rope_cache
 
@@ -57,6 +58,24 @@ def test_paged_attention_matches_twin(dtype, hq, hkv):
     assert got.dtype == dtype and got.shape == want.shape
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
     assert torch.equal(got[0], torch.zeros_like(got[0]))  # context 0: nothing to attend to
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_attention_matches_twin(dtype):
+    """Chunks of new tokens over contexts with a cached prefix (chunked prefill), a whole prompt,
+    a one-token chunk and an empty one; each new token sees the positions up to its own."""
+    chunks, ctxs = [5, 0, 17, 1, 33], [5, 9, 40, 20, 33]
+    q, kc, vc, tables, lens = _paged(dtype, lens=tuple(ctxs), seed=7)
+    q = torch.randn(sum(chunks), *q.shape[1:], generator=_gen(8)).to(dtype)
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
+    got = llama_cpu.prefill_attention(q, kc, vc, tables, cu, lens, 0.125)
+    want = paged_prefill_attention_torch(q, kc, vc, tables, cu, lens, 0.125)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    assert torch.equal(ops.paged_prefill_attention(q, kc, vc, tables, cu, lens, 0.125), got)  # dispatched
+    with pytest.raises(ValueError, match="no longer than their contexts"):
+        llama_cpu.prefill_attention(q, kc, vc, tables, cu, torch.tensor([4, 9, 40, 20, 33]), 0.125)
 
 
 @needs_c
