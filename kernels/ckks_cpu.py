@@ -9,7 +9,8 @@
   ``key_inner_cpu``: a key switch's digits × key, a rotation's Galois gather read inside it
   (twin: ``rns._key_inner``). Eager torch spends a dozen passes over memory per term; the
   kernel sums exact 128-bit products in one pass, both key halves per read of the digits, and
-  reads each weight block once for all rows of a batch.
+  reads each shared weight block once for all rows of a batch (a batch's per-session
+  plaintexts, ``row_weights``, row by row).
 
 Tests: ``tests/test_ckks_cpu.py``. On CUDA tensors the Triton kernels run instead. Built on
 first use by ``cbuild`` (no compiler, a failed build or ``VEIL_CPU_KERNELS=0``: the twin runs,
