@@ -45,11 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = load_checkpoint()
     load_s = time.perf_counter() - t0
     ours, ref = build_model(ckpt), build_reference(ckpt)
-    kls, agree, total = [], 0, 0
-    for text in PROMPTS:
-        ids = list(ckpt.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                      tokenize=True, return_dict=True)["input_ids"])
+    prompts = [list(ckpt.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                       tokenize=True, return_dict=True)["input_ids"]) for t in PROMPTS]
+    kls, agree, total, conts = [], 0, 0, []
+    for ids in prompts:
         cont = reference_greedy(ref, ids, args.tokens)
+        conts.append(cont)
         mine = generate_local(ours, ids, args.tokens)
         agree += sum(a == b for a, b in zip(cont, mine, strict=True))
         total += args.tokens
@@ -61,18 +62,20 @@ def main(argv: list[str] | None = None) -> int:
            "kl_max": torch.cat(kls).max().item(), "greedy_agreement": agree / total, "model_load_s": load_s}
     for key in ("kl_mean", "kl_max", "greedy_agreement", "model_load_s"):
         print(f"figure accuracy.{key} {res[key]:.6g}")
-    prompts = [list(ckpt.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                       tokenize=True, return_dict=True)["input_ids"]) for t in PROMPTS]
     for name in filter(None, args.engine_dtypes.split(",")):
-        res[f"engine_{name}"] = engine_agreement(ckpt, prompts, args.tokens, getattr(torch, name))
+        dtype = getattr(torch, name)
+        res[f"engine_{name}"] = engine_agreement(ckpt, prompts, args.tokens, dtype,
+                                                 conts if dtype == torch.float32 else None)
         print(f"figure accuracy.engine_{name}.greedy_agreement {res[f'engine_{name}']['greedy_agreement']:.6g}")
     print(json.dumps(res))
     return 0
 
 
-def engine_agreement(ckpt, prompts: list[list[int]], tokens: int, dtype: torch.dtype) -> dict:
+def engine_agreement(ckpt, prompts: list[list[int]], tokens: int, dtype: torch.dtype,
+                     conts: list[list[int]] | None = None) -> dict:
     """The engine's greedy continuations (all prompts in one batch) against transformers' in
-    `dtype`: the share of positions where they agree, and the first position where each differs."""
+    `dtype` (`conts`, when the caller has them already): the share of positions where they
+    agree, and the first position where each differs."""
     import threading
 
     from veil.engine.engine import Engine, EngineConfig
@@ -80,8 +83,9 @@ def engine_agreement(ckpt, prompts: list[list[int]], tokens: int, dtype: torch.d
     from veil.engine.reference import build_reference, reference_greedy
     from veil.engine.sampling import SamplingParams
 
-    ref = build_reference(ckpt, dtype)
-    conts = [reference_greedy(ref, ids, tokens) for ids in prompts]
+    if conts is None:
+        ref = build_reference(ckpt, dtype)
+        conts = [reference_greedy(ref, ids, tokens) for ids in prompts]
     with torch.inference_mode(False):  # the engine's loop thread updates its tensors outside inference mode
         engine = Engine(build_model(ckpt, dtype=dtype), 0, EngineConfig(kv_cache_bytes=256 << 20)).start()
     outs, done = [[] for _ in prompts], threading.Semaphore(0)

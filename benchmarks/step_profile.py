@@ -23,7 +23,7 @@ import torch
 CATEGORIES = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "mkldnn::_linear_pointwise"),
     "attention": ("aten::_scaled_dot_product", "aten::index_select", "aten::_softmax",
-                  "veil_cpu::paged_attention"),
+                  "veil_cpu::paged_attention", "veil_cpu::prefill_attention"),
     "sampling": ("aten::argmax", "aten::sort", "aten::searchsorted", "aten::cumsum"),
 }
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     from veil.kernels import llama_cpu
 
-    for name in ("paged_attention", "add_rms_norm", "rope", "silu_and_mul", "store_kv"):
+    for name in ("paged_attention", "prefill_attention", "add_rms_norm", "rope", "silu_and_mul", "store_kv"):
         setattr(llama_cpu, name, _ranged(name, getattr(llama_cpu, name)))
     with profile(activities=activities) as prof:
         for _ in range(args.steps):

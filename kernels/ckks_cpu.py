@@ -34,7 +34,6 @@ __all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu", "row_weights"]
 _SOURCE = Path(__file__).with_name("ckks_cpu.c")
 _MAX_Q = 1 << 62  # the lazy bounds need 4q < 2^64
 _FLAGS = ("-O3",)  # portable: the hot loops are scalar 64x64->128-bit products
-enabled = cbuild.enabled
 
 
 @functools.cache
@@ -54,7 +53,7 @@ def _library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     """Whether CPU tensors take the kernel (enabled and built)."""
-    return enabled() and _library() is not None
+    return cbuild.enabled() and _library() is not None
 
 
 @functools.lru_cache(maxsize=128)

@@ -92,9 +92,9 @@ static inline float softmax_numerators(float *s, i64 len) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define BF16_ROW 1
-/* One row of veil_paged_attention for bf16 q and caches on AVX512-BF16, all its heads: the
- * generic loop below, which converts and reduces one 64-element row at a time per head, took 2x
- * as long. Each cache block is read once, front to back, for all KV heads: q·k by vdpbf16ps
+/* One row of veil_paged_attention for bf16 q and caches on AVX512-BF16, all its heads (the
+ * generic loop below converts and reduces one 64-element row at a time per head; see
+ * benchmarks/results/2026-11-27-cpu-engine-kernels for what this path measures). Each cache block is read once, front to back, for all KV heads: q·k by vdpbf16ps
  * (bf16 pairs multiplied exactly, summed in fp32), the values converted to fp32 and accumulated
  * with FMAs. nc = d / 32 chunks of 32 bf16; hq <= 16 and d <= 256. Inlined per shape, so the
  * loops over heads and chunks unroll for the shapes in use. sc: [hq][len]; out: [hq][d] fp32. */
@@ -202,9 +202,8 @@ static void generic_head(const char *q, i64 q_sh, int q_dtype, const char *kc, c
  * contiguous in q's dtype. A row with no position gets zeros. Returns 0; 2 (before any work)
  * if a row's length is negative or past its table; 1 if a table entry a row reads lies outside
  * [0, num_blocks) (skipped; the output is then not to be used). One work item per row, its KV
- * heads in order: a block's heads lie side by side, so the first head's reads bring the others'
- * into cache (2x faster in the engine than one item per (row, head), whose reads each went back
- * to memory). */
+ * heads together: a block's heads lie side by side, so one pass reads the block front to back
+ * where an item per (row, head) would come back to the same memory once per head. */
 int veil_paged_attention(void *out, const void *q, i64 q_st, i64 q_sh, int q_dtype, const void *kc,
                          const void *vc, int kv_dtype, const int32_t *tables, i64 table_stride, i64 table_width,
                          const int32_t *row_table, const int32_t *row_len, i64 rows, i64 hq, i64 hkv, i64 d,
@@ -326,18 +325,18 @@ void veil_silu_and_mul(void *out, const void *x, i64 x_st, int dtype, i64 rows, 
 
 /* cache[slot] = kv[t] for the K and V rows of every token with slot >= 0 (slot = block * bs +
  * offset, caches [blocks * bs, Hkv, D] contiguous, kv [T, Hkv, D] with row stride kv_st and
- * contiguous heads); rows of one dtype, copied as bytes. *bad counts slots past the cache; if
- * there are any, nothing is written. */
-void veil_store_kv(void *kc, void *vc, const void *k, i64 k_st, const void *v, i64 v_st, const int64_t *slots,
-                   i64 rows, i64 row_bytes, int esz, i64 num_slots, int32_t *bad) {
-    int32_t n_bad = 0;
+ * contiguous heads); rows of one dtype, copied as bytes. Returns the number of slots past the
+ * cache; if there are any, nothing is written. */
+int veil_store_kv(void *kc, void *vc, const void *k, i64 k_st, const void *v, i64 v_st, const int64_t *slots,
+                  i64 rows, i64 row_bytes, int esz, i64 num_slots) {
+    int n_bad = 0;
     for (i64 t = 0; t < rows; t++) n_bad += slots[t] >= num_slots;
-    *bad = n_bad;
-    if (n_bad) return; /* nothing written */
+    if (n_bad) return n_bad; /* nothing written */
     for (i64 t = 0; t < rows; t++) {
         const int64_t slot = slots[t];
         if (slot < 0) continue;
         memcpy((char *)kc + slot * row_bytes, (const char *)k + t * k_st * esz, (size_t)row_bytes);
         memcpy((char *)vc + slot * row_bytes, (const char *)v + t * v_st * esz, (size_t)row_bytes);
     }
+    return 0;
 }

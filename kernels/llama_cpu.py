@@ -53,12 +53,12 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.veil_paged_attention.argtypes = [p, p, i64, i64, i32, p, p, i32, p, i64, i64, p, p, i64, i64, i64, i64,
                                          i64, i64, f32]
-    lib.veil_paged_attention.restype = i32
+    lib.veil_paged_attention.restype = lib.veil_store_kv.restype = i32
     lib.veil_add_rms_norm.argtypes = [p, p, p, i64, p, i64, p, i32, i32, i64, i64, f32]
     lib.veil_rope.argtypes = [p, i64, i64, i64, p, i64, i64, i64, i32, p, p, p, i64, i64]
     lib.veil_silu_and_mul.argtypes = [p, p, i64, i32, i64, i64]
-    lib.veil_store_kv.argtypes = [p, p, p, i64, p, i64, p, i64, i64, i32, i64, p]
-    for f in (lib.veil_add_rms_norm, lib.veil_rope, lib.veil_silu_and_mul, lib.veil_store_kv):
+    lib.veil_store_kv.argtypes = [p, p, p, i64, p, i64, p, i64, i64, i32, i64]
+    for f in (lib.veil_add_rms_norm, lib.veil_rope, lib.veil_silu_and_mul):
         f.restype = None
     return lib
 
@@ -76,70 +76,63 @@ def takes(*tensors: torch.Tensor) -> bool:
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """x as [rows, last] and its row stride, without a copy where the rows are evenly spaced."""
-    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < x2.shape[1]):
+    """x as [rows, last] with a unit last stride, and its row stride (a view where the rows are
+    evenly spaced: the engine's slices of wider rows are read in place)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     return x2, x2.stride(0)
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+            row_table: torch.Tensor | None, row_len: torch.Tensor, scale: float) -> torch.Tensor:
+    """``veil_paged_attention``: row t of q [T, Hq, D] attends positions [0, row_len[t]) of
+    table row ``row_table[t]`` (t when None); int32 tables are read in place, lengths are checked
+    in C."""
+    rows, hq, d = q.shape
+    blocks, bs, hkv, _ = k_cache.shape
+    if hq % hkv or hq // hkv > _MAX_GROUP:
+        raise ValueError(f"{hq} query heads over {hkv} KV heads")
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    tables = block_tables if block_tables.dtype == torch.int32 and block_tables.stride(1) == 1 \
+        else block_tables.to(torch.int32).contiguous()
+    out = torch.empty((rows, hq, d), dtype=q.dtype)
+    status = _library().veil_paged_attention(
+        out.data_ptr(), q.data_ptr(), q.stride(0), q.stride(1), _DTYPES[q.dtype], k_cache.data_ptr(),
+        v_cache.data_ptr(), _DTYPES[k_cache.dtype], tables.data_ptr(), tables.stride(0), tables.shape[1],
+        None if row_table is None else row_table.data_ptr(), row_len.data_ptr(), rows, hq, hkv, d, bs, blocks, scale)
+    if status == 2:
+        raise ValueError("a context length outside its block table")
+    if status:
+        raise ValueError("a block table entry within a context names no cache block")
+    return out
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """``paged_decode_attention_torch``'s contract: q [B, Hq, D], caches [blocks, bs, Hkv, D],
     block_tables [B, W] int, context_lens [B] int -> [B, Hq, D] in q's dtype. The engine's
-    tables (an int32 column slice of its block-table buffer) and lengths are read in place and
-    checked in C: this runs once per layer, where per-call copies and host checks showed."""
-    batch, hq, d = q.shape
-    blocks, bs, hkv, _ = k_cache.shape
-    if hq % hkv or hq // hkv > _MAX_GROUP:
-        raise ValueError(f"{hq} query heads over {hkv} KV heads")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-    tables = block_tables if block_tables.dtype == torch.int32 and block_tables.stride(1) == 1 \
-        else block_tables.to(torch.int32).contiguous()
+    tables (an int32 column slice of its block-table buffer) and lengths are read without a
+    copy: this runs once per layer, where per-call copies and host checks showed."""
     lens = context_lens if context_lens.dtype == torch.int32 and context_lens.is_contiguous() \
         else context_lens.to(torch.int32).contiguous()
-    out = torch.empty((batch, hq, d), dtype=q.dtype)
-    status = _library().veil_paged_attention(
-        out.data_ptr(), q.data_ptr(), q.stride(0), q.stride(1), _DTYPES[q.dtype], k_cache.data_ptr(),
-        v_cache.data_ptr(), _DTYPES[k_cache.dtype], tables.data_ptr(), tables.stride(0), tables.shape[1], None,
-        lens.data_ptr(), batch, hq, hkv, d, bs, blocks, scale)
-    if status == 2:
-        raise ValueError("a context length outside its block table")
-    if status:
-        raise ValueError("a block table entry within a context names no cache block")
-    return out
+    return _attend(q, k_cache, v_cache, block_tables, None, lens, scale)
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """``paged_prefill_attention_torch``'s contract: the packed new tokens of B sequences
     (rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``), new token i of sequence b at position
-    ``context_lens[b] - q_len + i``, attending to the positions up to its own. The decode
-    kernel with one row per new token: row t reads its sequence's table up to its own length."""
-    total, hq, d = q.shape
-    blocks, bs, hkv, _ = k_cache.shape
-    if hq % hkv or hq // hkv > _MAX_GROUP:
-        raise ValueError(f"{hq} query heads over {hkv} KV heads")
-    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-    cu = cu_seqlens_q.to(torch.int64)
+    ``context_lens[b] - q_len + i``, attending to the positions up to its own: the decode
+    kernel with one row per new token, row t reading its sequence's table up to its own length."""
+    total = q.shape[0]
+    cu, ctx = cu_seqlens_q.to(torch.int64), context_lens.to(torch.int64)
     q_lens = cu[1:] - cu[:-1]
-    if int(cu[-1]) != total or bool((q_lens < 0).any()) or bool((q_lens > context_lens.to(torch.int64)).any()):
+    if int(cu[-1]) != total or bool((q_lens < 0).any()) or bool((q_lens > ctx).any()):
         raise ValueError("cu_seqlens_q must split the rows into chunks no longer than their contexts")
     seq = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens, output_size=total)
-    lens = (context_lens.to(torch.int64)[seq] - q_lens[seq] + torch.arange(total) - cu[:-1][seq] + 1)
-    seq, lens = seq.to(torch.int32), lens.to(torch.int32)  # held: the C call reads them
-    tables = block_tables.to(torch.int32).contiguous()
-    out = torch.empty((total, hq, d), dtype=q.dtype)
-    status = _library().veil_paged_attention(
-        out.data_ptr(), q.data_ptr(), q.stride(0), q.stride(1), _DTYPES[q.dtype], k_cache.data_ptr(),
-        v_cache.data_ptr(), _DTYPES[k_cache.dtype], tables.data_ptr(), tables.stride(0), tables.shape[1],
-        seq.data_ptr(), lens.data_ptr(), total, hq, hkv, d, bs, blocks, scale)
-    if status == 2:
-        raise ValueError("a context length outside its block table")
-    if status:
-        raise ValueError("a block table entry within a context names no cache block")
-    return out
+    lens = ctx[seq] - q_lens[seq] + torch.arange(total) - cu[:-1][seq] + 1
+    return _attend(q, k_cache, v_cache, block_tables, seq.to(torch.int32), lens.to(torch.int32), scale)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -195,9 +188,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the caches must be contiguous")
     slots = slot_mapping.to(torch.int64).contiguous()
-    bad = ctypes.c_int32(0)
-    _library().veil_store_kv(k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(),
-                             v.stride(0), slots.data_ptr(), rows, hkv * d * k.element_size(), k.element_size(),
-                             k_cache.shape[0] * k_cache.shape[1], ctypes.byref(bad))
-    if bad.value:
-        raise ValueError(f"{bad.value} slots past the cache's {k_cache.shape[0] * k_cache.shape[1]}")
+    bad = _library().veil_store_kv(k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(),
+                                   v.stride(0), slots.data_ptr(), rows, hkv * d * k.element_size(),
+                                   k.element_size(), k_cache.shape[0] * k_cache.shape[1])
+    if bad:
+        raise ValueError(f"{bad} slots past the cache's {k_cache.shape[0] * k_cache.shape[1]}")

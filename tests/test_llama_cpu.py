@@ -183,20 +183,32 @@ def test_store_kv_equals_twin(dtype):
 
 
 def test_ops_dispatch_to_the_kernels_or_the_twins(monkeypatch):
-    """With kernels built, the CPU ops run them; with VEIL_CPU_KERNELS=0 they run the twins.
-    Both give the same results within the tolerances above."""
-    q, kc, vc, tables, lens = _paged(torch.float32, seed=5)
+    """With kernels built, the CPU ops call them (fp32 and bf16); with VEIL_CPU_KERNELS=0, or for
+    dtypes they do not take, the ops call none of them. The kernels are replaced here by
+    recorders around the twins (a stand-in inside this dispatch test only)."""
     calls = []
-    monkeypatch.setattr(llama_cpu, "paged_attention",
-                        lambda *a: calls.append("c") or paged_decode_attention_torch(*a))
-    ops.paged_decode_attention(q, kc, vc, tables, lens, 0.125)
-    assert calls == (["c"] if llama_cpu.available() else [])
+    twins = {"paged_attention": paged_decode_attention_torch, "silu_and_mul": silu_and_mul_torch,
+             "store_kv": store_kv_torch}
+    for name, twin in twins.items():
+        monkeypatch.setattr(llama_cpu, name, lambda *a, _n=name, _t=twin: calls.append(_n) or _t(*a))
+    q, kc, vc, tables, lens = _paged(torch.float32, seed=5)
+    k = torch.randn(2, 3, 64)
+
+    def run(dtype=torch.float32):
+        ops.paged_decode_attention(q.to(dtype), kc.to(dtype), vc.to(dtype), tables, lens, 0.125)
+        ops.silu_and_mul(torch.randn(3, 8).to(dtype))
+        ops.store_kv(k.to(dtype), k.to(dtype), kc.to(dtype), vc.to(dtype), torch.tensor([0, 5]))
+
+    run()
+    assert calls == (list(twins) if llama_cpu.available() else [])
+    calls.clear()
+    run(torch.float16)  # a dtype the kernels do not take
+    assert calls == []
     monkeypatch.setenv("VEIL_CPU_KERNELS", "0")
     assert not llama_cpu.available()
-    ops.paged_decode_attention(q, kc, vc, tables, lens, 0.125)
-    assert len(calls) <= 1
-    x = torch.randn(3, 8)
-    assert torch.equal(ops.silu_and_mul(x), silu_and_mul_torch(x))
+    run()
+    run(torch.bfloat16)
+    assert calls == []
 
 
 def test_without_a_compiler_the_twins_run(monkeypatch, tmp_path):

@@ -106,8 +106,8 @@ def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
     """ct x pt: ``c`` ``[..., L, N]`` times a plaintext ``m`` (``[L, N]``, or a batch's per-row
     ``[B, 1, L, N]``) in ``[0, q)``. On the CPU one pass of the C multiply-accumulate with one
     term, where ``Basis.mul`` makes a dozen eager passes over memory; ``Basis.mul`` elsewhere."""
-    if c.device.type == "cpu" and ckks_cpu.available() and ckks_cpu.row_weights(c.shape, m.shape) is not None:
-        return ckks_cpu.mac_cpu(basis.primes, [c], [m])
+    if c.device.type == "cpu" and ckks_ops.kernel_takes_mac([c], [m]):
+        return ckks_ops.mac([c], [m], basis)
     return basis.mul(c, m)
 
 
