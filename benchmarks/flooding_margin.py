@@ -12,8 +12,9 @@ protocol on SEAL for two-layer ranges starting at each ``--layers`` entry (one s
 kind and layer the largest magnitude in the masked-out slots and the margin
 ``log2(flood std / that magnitude)`` in bits (mask residues and CKKS noise together: the
 rescale that lands a download at scale 2^36 leaves ~2^-21 of rounding noise in every slot, which
-depends on the ciphertexts' fresh randomness, not on the weights). The MLP download carries
-σ'/(8d) in every slot by design, so its residue is measured against its slot 2F. Separately,
+depends on the ciphertexts' fresh randomness, not on the weights). The scores and MLP downloads
+carry σ/(8d) and σ'/(8d) in every slot by design, so their residues are measured against slot
+d and slot 2F. Separately,
 for every 0/1 mask (by its key: ``first_2f`` cleans the MLP download), the mask's own residue
 |ε_k · x_k| over the slots it zeroes, from its decoded encoding error ε (SEAL decodes the
 plaintext) and the decrypted input x, and its margin under the flooding noise.
@@ -35,11 +36,18 @@ from veil.crypto.params import PROTECTED_PARAMS, get_params
 from veil.protected import circuits, server
 from veil.protected.circuits import FLOOD_BELOW_SCALE, rotation_key_levels
 from veil.protected.client import ProtectedClientState
-from veil.protected.layouts import dims_of, score_slot
+from veil.protected.layouts import SCORES_DIV, dims_of, score_slot
 from veil.protected.protocol import MsgKind
 from veil.server.config import ServerConfig
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is Rome; the capital of Spain"
+
+
+#: Masks whose output a constant scales before it leaves: their residues are recorded in the
+#: download's units (the score masks land on 2^62 and a constant 1/SCORES_DIV follows).
+AFTER_MASK = {"scores": 1.0 / SCORES_DIV}
+#: Downloads that carry a norm statistic in every slot (σ/(8d), σ'/(8d)): the slot it is read at.
+BASE_SLOT = {MsgKind.SCORES: lambda dims: dims.sigma_slot, MsgKind.MLP: lambda dims: dims.sigma2_slot}
 
 
 def kept_slots(dims, kind: str, position: int) -> np.ndarray:
@@ -64,7 +72,8 @@ def recording_downloads(client_be, seen: list, masks: dict | None = None):
     ``masks`` (SEAL only: it decodes plaintexts), every 0/1 mask's residue is recorded per mask
     key: the largest |ε_k · x_k| over the slots k the mask zeroes, with ε the mask plaintext's
     encoding error (decoded minus intended) and x the decrypted input it multiplies: what the
-    mask leaves of the values it was meant to clean, apart from CKKS noise."""
+    mask leaves of the values it was meant to clean, apart from CKKS noise, in the units of the
+    download (``AFTER_MASK``)."""
 
     class Recording(circuits.Circuit):
         def download(self, ct, level):
@@ -81,7 +90,7 @@ def recording_downloads(client_be, seen: list, masks: dict | None = None):
                 zeroed = values == 0
                 r = float(np.abs(eps[zeroed] * client_be.decrypt(ct)[zeroed]).max()) if zeroed.any() else 0.0
                 name = key if isinstance(key, str) else key[0]
-                masks[name] = max(masks.get(name, 0.0), r)
+                masks[name] = max(masks.get(name, 0.0), r * AFTER_MASK.get(name, 1.0))
             return out
 
     saved, server.Circuit = server.Circuit, Recording
@@ -94,8 +103,8 @@ def recording_downloads(client_be, seen: list, masks: dict | None = None):
 def residues(ex, client: ProtectedClientState, client_be, h_rows: np.ndarray, results: dict,
              masks: dict | None = None) -> dict:
     """Decode ``h_rows`` one position at a time through ``ex``; per download kind and layer, the
-    largest magnitude in the masked-out slots before flooding (the MLP download against its
-    slot 2F, which carries σ' in every slot by design): mask residues and CKKS noise together.
+    largest magnitude in the masked-out slots before flooding (``BASE_SLOT``'s downloads against
+    the slot of the norm statistic they carry in every slot): mask residues and CKKS noise.
     ``masks``: see ``recording_downloads``."""
     dims, seen = ex.dims, []
     with recording_downloads(client_be, seen, masks):
@@ -107,7 +116,7 @@ def residues(ex, client: ProtectedClientState, client_be, h_rows: np.ndarray, re
                 reply = ex.handle(msg)
                 if reply.kind != MsgKind.REFRESH:  # masked by the refresh mask, not flooded
                     for vec in seen:
-                        v = vec - vec[2 * dims.ffn] if reply.kind == MsgKind.MLP else vec
+                        v = vec - vec[BASE_SLOT[reply.kind](dims)] if reply.kind in BASE_SLOT else vec
                         rest = np.abs(np.delete(v, kept_slots(dims, reply.kind, t))).max()
                         r = results.setdefault(f"{reply.kind}.l{reply.layer}", {"max_residue": 0.0})
                         r["max_residue"] = max(r["max_residue"], float(rest))

@@ -42,7 +42,6 @@ __all__ = [
     "replicate",
     "replicate_input",
     "replicate_rotation_steps",
-    "window_sum",
     "broadcast_lane",
 ]
 
@@ -444,22 +443,6 @@ def replicate(be: HEBackend, ct: Ciphertext, length: int, copies: int) -> Cipher
             cur = be.add(cur, be.rotate(powers[i], -length * have))
             have += 1 << i
     return cur
-
-
-def window_sum(be: HEBackend, ct: Ciphertext, width: int) -> Ciphertext:
-    """Slot i gets Σ ct[i .. i+width) (cyclic): doubling windows (log2 of width's top bit
-    rotations), joined at each further set bit of ``width`` by one more (576 = 512 + 64: 10).
-    Slots whose window runs past the data hold partial sums: callers keep whole windows only."""
-    if width < 1:
-        raise ValueError(f"window width must be at least 1, got {width}")
-    run, acc, st = ct, None, 1  # run: windows of length st; acc: of width's bits below st
-    while True:
-        if width & st:  # run followed by acc: windows of length width mod 2st
-            acc = run if acc is None else be.add(run, be.rotate(acc, st))
-        if 2 * st > width:
-            return acc
-        run = be.add(run, be.rotate(run, st))
-        st *= 2
 
 
 def broadcast_lane(be: HEBackend, e: Ciphertext, lane: int, period: int) -> Ciphertext:

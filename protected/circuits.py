@@ -9,10 +9,13 @@ value lands at on ``ckks-n16384-l7-v2``.
 
 0/1 masks ("select"): a product with a plaintext of zeros and ones keeps some slots and cleans
 the rest, at the price of one level. Its encoding error ε (~2^5.2 / plaintext scale) multiplies
-whatever the cleaned slots held, so masks before a download are encoded to land on
-``DOWNLOAD_SCALE`` (~2^56): ε times the folded partial sums then stays ~2^-26 absolute, far under
-the flooding noise. Every ciphertext that leaves is re-randomized and flooded with noise of std
-``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units (~2^-11.5 absolute per slot).
+whatever the cleaned slots held, so masks before a download get a large plaintext scale: the
+final download's land on ``DOWNLOAD_SCALE`` (~2^56), the scores' on ``SCORE_MASK_SCALE``
+(2^62) before a constant takes them to Δ, the MLP's rescales by the 55-bit q1. ε times the
+folded partial sums then stays far under the flooding noise. Norm statistics (σ, σ') need no
+0/1 mask: a cyclic sum puts them in every slot. Every ciphertext that leaves is re-randomized
+and flooded with noise of std ``scale * 2^-FLOOD_BELOW_SCALE`` coefficient units (~2^-11.5
+absolute per slot).
 """
 
 from __future__ import annotations
@@ -31,10 +34,9 @@ from veil.crypto.linear import (
     replicate,
     replicate_rotation_steps,
     rotation_steps_of,
-    window_sum,
 )
 from veil.protected.batch import rows_of
-from veil.protected.layouts import BLOCK, SIGMA2_DIV, LayoutDims, weights_period
+from veil.protected.layouts import BLOCK, SCORES_DIV, SIGMA_DIV, LayoutDims, weights_period
 from veil.protected.protocol import LEVELS, MAX_SPAN, Levels
 from veil.protected.timing import TimedBackend
 from veil.protected.weights import (
@@ -46,10 +48,14 @@ from veil.protected.weights import (
     rope_cos_sin,
 )
 
-__all__ = ["DOWNLOAD_SCALE", "FLOOD_BELOW_SCALE", "Constants", "Circuit", "score_lane_groups",
+__all__ = ["DOWNLOAD_SCALE", "FLOOD_BELOW_SCALE", "SCORE_MASK_SCALE", "Constants", "Circuit", "score_lane_groups",
            "rotation_key_levels"]
 
 DOWNLOAD_SCALE = 2.0**56
+#: The score masks land on 2^62 at level 1 (then a constant takes the scores to Δ at 0): their
+#: encoding error, ~2^-57 of the lane partial sums they clean, then divided by SCORES_DIV, sits
+#: ~25 bits under the flooding noise (benchmarks/results/2026-11-27-scores-level0).
+SCORE_MASK_SCALE = 2.0**62
 #: Flooding std in coefficient units = scale * 2^-FLOOD_BELOW_SCALE (equals the parameter set's
 #: flood_log2_sigma = 18 at scale 2^36).
 FLOOD_BELOW_SCALE = 18.0
@@ -257,11 +263,11 @@ class Circuit:
         ts = t if isinstance(t, tuple) else (t,)
         n_chunks = max(ts) // dims.per_chunk + 1
         valid = [rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts) for c in range(n_chunks)]
-        return self.lane_sums([be.multiply(q_rep, keys[c]) for c in range(n_chunks)], valid)  # 3 -> 1
+        return self.lane_sums([be.multiply(q_rep, keys[c]) for c in range(n_chunks)], valid)  # 3 -> 0
 
     def lane_sums(self, prods: list[Ciphertext], valid: list[int]) -> Ciphertext:
-        """Scores download from the chunk products ``q ⊙ K_c``: ``Σ_lanes / sqrt(hd)`` of chunk
-        ``c`` at lane ``c`` of each head, every other slot zero; two levels.
+        """Scores download from the chunk products ``q ⊙ K_c`` (3): ``Σ_lanes / (sqrt(hd) *
+        SCORES_DIV)`` of chunk ``c`` at lane ``c`` of each head, every other slot zero (0).
 
         The 64-lane sums are shared between the chunks of a group: each chunk's product gets
         the first j halvings of its lane sum (rotations 1..2^(j-1)), a 0/1 mask keeps the lanes
@@ -270,7 +276,7 @@ class Circuit:
         6-j halvings (rotations 2^j..32) finish every chunk at once: lane c only ever meets lanes
         of its own residue class mod 2^j. A group of C chunks costs C*j + (C-1) + (6-j)
         rotations instead of 6C + (C-1); ``score_lane_groups`` splits the chunks into groups
-        where that is cheaper, each masked on its own and joined one level lower."""
+        where that is cheaper, each masked on its own and joined at the download's level."""
         be, dims = self.be, self.dims
         hd, heads, slots = dims.head_dim, dims.heads, dims.slots
         log_hd = hd.bit_length() - 1
@@ -306,23 +312,30 @@ class Circuit:
                     mask[BLOCK * b + hd * np.arange(heads)[:, None] + np.arange(n)[None, :]] = 1 / np.sqrt(hd)
                 return mask
 
-            parts.append(self.select(part, ("scores", n), score_mask, DOWNLOAD_SCALE))
+            parts.append(self.select(part, ("scores", n), score_mask, SCORE_MASK_SCALE))  # 1
             base += n
         scores = parts[-1]
         for i in range(len(parts) - 2, -1, -1):  # group i+1 starts groups[i][0] lanes after group i
             scores = be.add(parts[i], be.rotate(scores, -groups[i][0]))
-        return scores
+        # from 2^62 down to Δ at the download's level by a constant (a constant polynomial: its
+        # encoding error scales every slot alike and moves nothing between slots)
+        return self.select(scores, "scores_div", lambda: np.full(slots, 1.0 / SCORES_DIV))  # 0
 
     def sigma(self, h: Ciphertext, scores: Ciphertext | None) -> Ciphertext:
-        """σ_t / d at slot ``sigma_slot`` (added to the scores when there are any), from a window
-        sum of one period of h²: 10 rotations instead of the 13 of a cyclic sum; only slot
-        ``sigma_slot`` is kept, so the partial sums elsewhere are masked away (1)."""
-        be, dims = self.be, self.dims
-        h_low = be.mod_switch_to(h, self.levels.scores_download + 2)
-        sq = window_sum(be, be.multiply(h_low, h_low), dims.d)  # 2
-        out = self.select(sq, "sigma", lambda: _mask(dims.slots, [(dims.sigma_slot, dims.sigma_slot + 1)],
-                                                     1.0 / dims.d), DOWNLOAD_SCALE)
-        return out if scores is None else be.add(scores, out)
+        """σ_t / (d * SIGMA_DIV) in every slot, added to the scores when there are any (0)."""
+        out = self.norm_statistic(self.be.mod_switch_to(h, self.levels.scores_download + 2))
+        return out if scores is None else self.be.add(scores, out)
+
+    def norm_statistic(self, x: Ciphertext) -> Ciphertext:
+        """Σ x² / (d * SIGMA_DIV) in every slot from x clean and replicated at 2 (0): a cyclic sum
+        of all slots (13 rotations, no partial sums anywhere) times a constant. A window sum of one
+        period (10 rotations) needs a 0/1 mask to keep one slot, and that mask's encoding error
+        times the partial sums it cleans (up to 14σ ~ 2^33 at the massive-activation layers)
+        would spill into the other slots, 7-8 bits under the flooding noise (measured,
+        benchmarks/results/2026-11-27-scores-level0); the client subtracts it where it needs the
+        slots clean."""
+        sq = self.sum_all(self.be.multiply(x, x))  # 1
+        return self.select(sq, "norm", lambda: np.full(self.dims.slots, 1.0 / (self.dims.d * self.dims.copies * SIGMA_DIV)))
 
     # ---- WEIGHTS -> MLP ------------------------------------------------------------------------
     def attend(self, layer: EncodedLayer, wgu: EncodedMatrix, values: list[Ciphertext], h: Ciphertext,
@@ -364,12 +377,9 @@ class Circuit:
         o = self.matvec(layer.wo, a)  # 3, folded
         o = replicate(be, self.select(o, "first_d", self.first(d)), d, dims.copies)  # 2
         h_prime = be.add(be.mod_switch_to(h, be.level(o)), o)
-        # σ'/(8d) in every slot: a constant factor, no 0/1 mask (a mask's encoding error times
-        # the large 14σ' would spill into the û slots); the client subtracts slot 2F from û
-        sq = self.sum_all(be.multiply(h_prime, h_prime))  # 1
-        sig = lambda: np.full(dims.slots, 1.0 / (d * dims.copies * SIGMA2_DIV))  # noqa: E731
+        # σ'/(8d) in every slot; the client subtracts slot 2F from û
         u = self.matvec(wgu, h_prime)  # 1, folded
-        out = be.add(self.select(u, "first_2f", self.first(2 * dims.ffn)), self.select(sq, "sigma2", sig))  # 0
+        out = be.add(self.select(u, "first_2f", self.first(2 * dims.ffn)), self.norm_statistic(h_prime))  # 0
         return h_prime, out
 
     # ---- MLP_IN -> REFRESH / FINAL -------------------------------------------------------------
@@ -393,7 +403,7 @@ class Circuit:
 def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]:
     """Groups ``(chunks, j)`` of ``Circuit.lane_sums``, in lane order: a group of ``C`` chunks
     with ``2^j >= C`` costs ``C*j`` rotations at level 3 and ``(C-1) + (log_hd-j)`` at level 2,
-    and each group after the first a join at level 1. Every group but the last is a power of
+    and each group after the first a join at the download's level. Every group but the last is a power of
     two (the joins rotate by its size). The cheapest split by a time model, by exhaustive
     recursion (8 chunks: 4 + 4, 9: 2 + 4 + 3)."""
 
@@ -402,7 +412,7 @@ def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]
 
     def cost(groups) -> float:
         # ms on the 2-core dev CPU, N=16384: a rotation at level 3 6.5, at level 2 4.4, a mask +
-        # rescale 1.4, a group join at level 1 2.7 (benchmarks/results/2026-11-21-protected)
+        # rescale 1.4, a group join 2.7 (at level 1 then; benchmarks/results/2026-11-21-protected)
         return sum(6.5 * n * j + 4.4 * ((n - 1) + (log_hd - j)) + 1.4 for n, j in groups) + 2.7 * (len(groups) - 1)
 
     best = (single(n_chunks),)
@@ -437,9 +447,8 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS) -> dict[int, int]
     use({-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}, lv.kv)  # value blocks, â shifts
     use({-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}, lv.keys)  # key blocks, q̂ copies
     use({1 << i for i in range(hd.bit_length() - 1)}, lv.kv)  # lane sums (3), weight broadcast (5)
-    use({-(1 << i) for i in range(hd.bit_length() - 1)}, lv.kv)  # weight broadcast (5), score lanes (1)
-    use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ' cyclic slot sum
-    use({1 << i for i in range(dims.d.bit_length())}, lv.h_prime)  # σ window sum (window_sum of width d)
+    use({-(1 << i) for i in range(hd.bit_length() - 1)}, lv.kv)  # weight broadcast (5), score lanes (0)
+    use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)
     use(replicate_rotation_steps(dims.d, dims.copies), lv.h_prime)  # o and W_down m replicated
     use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
     return dict(sorted(need.items()))

@@ -24,6 +24,7 @@ from veil.protected.layouts import (
     periodic_layout,
     unpack_mlp,
     unpack_scores,
+    unpack_sigma,
 )
 from veil.protected.protocol import (
     DECRYPTED,
@@ -132,7 +133,7 @@ class ProtectedClientState:
             t = self.position + p.token
             vec = self._decrypt(p, layer)
             if p.tag == Tag.SIGMA:
-                r_span.append(float(np.sqrt(max(float(vec[self.dims.sigma_slot]), 0.0) + self.eps)))
+                r_span.append(float(np.sqrt(max(unpack_sigma(self.dims, vec), 0.0) + self.eps)))
                 continue
             # position t attends to every cached position and to its span predecessors
             sigma, scores = unpack_scores(self.dims, vec, t + 1)

@@ -28,15 +28,16 @@ Layouts (slot indices of one ciphertext):
   shifts only pick up the zero slots); ``value_offset`` puts those copies at ``[0, 5q)``. That
   is a valid input of period ``q`` for W_o (a 576x576 product of 144 plaintexts), where blocks
   of 1024 slots (as the keys use) gave period 1024 and a zero-padded 576x1024 product of 256.
-* **scores download**: ``ŝ^h_{j} / sqrt(hd)`` at slot ``BLOCK*(j%8) + hd*head_slot(h) + j//8`` (lane =
-  chunk index, so up to ``8*hd = 512`` positions fit one ciphertext); ``σ/d`` at slot ``d``
-  (inside block 0's zero gap). Every other slot is zero (the server masks).
+* **scores download** (level 0): ``σ/(d * SIGMA_DIV)`` in *every* slot (read at slot ``d``,
+  inside block 0's zero gap), plus ``ŝ^h_{j} / (sqrt(hd) * SCORES_DIV)`` at slot
+  ``BLOCK*(j%8) + hd*head_slot(h) + j//8`` (lane = chunk index, so up to ``8*hd = 512``
+  positions fit one ciphertext); the server masks every other slot's partial sums away.
 * **softmax weights upload** (compact, one ciphertext for up to 512 positions): with ``C``
   chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*head_slot(h) + l`` holds
   ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one). The server expands
   chunk ``c`` with one 0/1 mask (lanes ``c mod P``) and ``log2 P`` rotations (signed by the
   bits of ``c``, so lane ``c`` reaches its whole period without first moving to lane 0).
-* **MLP download**: ``σ'/(d * SIGMA2_DIV)`` in *every* slot (read at slot ``2F``), plus
+* **MLP download**: ``σ'/(d * SIGMA_DIV)`` in *every* slot (read at slot ``2F``), plus
   ``û_g`` at ``[0, F)`` and ``û_u`` at ``[F, 2F)``. (A 0/1 mask on σ' would leave its encoding
   error times σ' in the û slots; a constant factor does not.)
 * **m upload**: ``m`` replicated with period ``F`` over all slots (the matrix-input layout).
@@ -55,7 +56,8 @@ import numpy as np
 
 __all__ = [
     "BLOCK",
-    "SIGMA2_DIV",
+    "SCORES_DIV",
+    "SIGMA_DIV",
     "LayoutDims",
     "dims_of",
     "hidden_layout",
@@ -64,13 +66,21 @@ __all__ = [
     "weights_period",
     "pack_weights",
     "unpack_scores",
+    "unpack_sigma",
     "unpack_mlp",
     "score_slot",
 ]
 
 BLOCK = 1024
-#: sigma' is downloaded divided by d * SIGMA2_DIV so that it fits level 0 (|value| < 2^20).
-SIGMA2_DIV = 8.0
+# The scores and MLP downloads sit at level 0, which holds |value| < 2^20 at scale 2^36 (q0 has
+# 57 bits). On the shipped SmolLM2 the unnormalized values reach 2^22.1 (ŝ/sqrt(hd), layer 28)
+# and 2^20.2 (σ/d, layers 12-28: massive activations); divided as below both stay under 2^17.2,
+# the headroom the MLP download has always had. The price is the division's factor on the
+# flooding noise's absolute error (docs/PROTOCOL.md, "Levels").
+#: σ and σ' are downloaded divided by d * SIGMA_DIV.
+SIGMA_DIV = 8.0
+#: ŝ/sqrt(hd) is downloaded divided by SCORES_DIV.
+SCORES_DIV = 32.0
 
 
 @dataclass(frozen=True)
@@ -239,15 +249,21 @@ def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
     return out
 
 
+def unpack_sigma(dims: LayoutDims, vec: np.ndarray) -> float:
+    """-> σ/d from a scores download (every slot carries σ/(d * SIGMA_DIV); slot d no score)."""
+    return float(vec[dims.sigma_slot]) * SIGMA_DIV
+
+
 def unpack_scores(dims: LayoutDims, vec: np.ndarray, positions: int) -> tuple[float, np.ndarray]:
     """-> (σ/d, ŝ/sqrt(hd) of shape (heads, positions))."""
     j = np.arange(positions)
     idx = np.array([[score_slot(dims, int(p), h) for p in j] for h in range(dims.heads)])
-    return float(vec[dims.sigma_slot]), vec[idx]
+    base = float(vec[dims.sigma_slot])
+    return base * SIGMA_DIV, (vec[idx] - base) * SCORES_DIV
 
 
 def unpack_mlp(dims: LayoutDims, vec: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """-> (σ'/d, û_g, û_u). Every slot carries σ'/(d * SIGMA2_DIV) on top of û."""
+    """-> (σ'/d, û_g, û_u). Every slot carries σ'/(d * SIGMA_DIV) on top of û."""
     f = dims.ffn
     base = float(vec[dims.sigma2_slot])
-    return base * SIGMA2_DIV, vec[:f] - base, vec[f : 2 * f] - base
+    return base * SIGMA_DIV, vec[:f] - base, vec[f : 2 * f] - base

@@ -99,7 +99,7 @@ class Levels:
     kv: int = 5  # values (multiplied by the expanded weights at 5)
     m: int = 4  # SwiGLU output (MLP_IN)
     h_prime: int = 2  # h' and h'' (the refresh mask's level)
-    scores_download: int = 1
+    scores_download: int = 0
     mlp_download: int = 0
     final_download: int = 1
 

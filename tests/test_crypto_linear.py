@@ -17,7 +17,6 @@ from veil.crypto.linear import (
     replicate,
     replicate_input,
     replicate_rotation_steps,
-    window_sum,
 )
 from veil.crypto.params import TEST_PARAMS_ID, get_params
 from veil.kernels import ckks_cpu
@@ -162,17 +161,6 @@ def test_replicate_any_number_of_copies(pair, rng):
         assert np.abs(got[100 * copies :]).max() < 1e-5
     with pytest.raises(HEError):
         replicate(server, ct, 100, 41)
-
-
-@pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 100])
-def test_window_sum_sums_each_window(pair, rng, width):
-    client, server = pair
-    x = rng.standard_normal(SLOTS)
-    got = client.decrypt(window_sum(server, client.encrypt(x), width))
-    want = np.array([x[(i + np.arange(width)) % SLOTS].sum() for i in range(SLOTS)])
-    np.testing.assert_allclose(got, want, atol=1e-5)
-    with pytest.raises(ValueError):
-        window_sum(server, client.encrypt(x), 0)
 
 
 @pytest.mark.parametrize("lane,period", [(0, 1), (0, 4), (3, 4), (5, 8), (2, 8)])

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from veil.crypto.backend import make_backend
-from veil.crypto.linear import broadcast_lane, window_sum
+from veil.crypto.linear import broadcast_lane
 from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128, PROTECTED_PARAMS
 from veil.protected.circuits import Circuit, Constants, rotation_key_levels, score_lane_groups
 from veil.protected.client import softmax_weights, swiglu_from_u
 from veil.protected.layouts import (
     BLOCK,
+    SCORES_DIV,
+    SIGMA_DIV,
     LayoutDims,
     pack_weights,
     score_slot,
@@ -164,37 +166,36 @@ def test_scores_layout_matches_lane_placement():
     acc = sel[-1]
     for c in range(chunks - 2, -1, -1):
         acc = _rot(acc, -1) + sel[c]
-    acc[DIMS.sigma_slot] = 5.0
-    sig, got = unpack_scores(DIMS, acc, n)
-    assert sig == 5.0 and np.array_equal(got, s)
+    assert acc[DIMS.sigma_slot] == 0.0  # slot d holds no score
+    # the download: ŝ/(sqrt(hd)·SCORES_DIV) at the score slots, σ/(d·SIGMA_DIV) in every slot
+    sig, got = unpack_scores(DIMS, acc / SCORES_DIV + 5.0, n)
+    assert sig == 5.0 * SIGMA_DIV
+    np.testing.assert_allclose(got, s, rtol=0, atol=1e-13)
     assert len({score_slot(DIMS, j, h) for j in range(DIMS.max_positions) for h in range(9)}) == 512 * 9
 
 
-@pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 575, 576, 1024])
-def test_window_sum_rotations_and_sigma_slot(slots, width):
-    """log2(top bit) + (set bits - 1) rotations; for σ (width d) slot d holds exactly one copy
-    of Σh², as the client reads it."""
+def test_norm_statistic_is_sigma_over_8d_in_every_slot(slots):
+    """h clean and replicated at 2 -> Σh² / (d · SIGMA_DIV) in every slot at 0 (what the client
+    reads at slot d of the scores download and slot 2F of the MLP download), by 13 rotations
+    and no 0/1 mask."""
     client, server = slots
-    rng = np.random.default_rng(width)
+    rng = np.random.default_rng(5)
+    h = rng.standard_normal(DIMS.d) * 30
+    x = np.zeros(DIMS.slots)
+    x[: DIMS.copies * DIMS.d] = np.tile(h, DIMS.copies)
+    circuit = Circuit(server, DIMS, LEVELS, Constants(None, DIMS))
     server.reset()
-    x = rng.standard_normal(DIMS.slots)
-    got = client.decrypt(window_sum(server, client.encrypt(x, level=LEVELS.h_prime), width))  # σ's level
-    np.testing.assert_allclose(got, sum(_rot(x, s) for s in range(width)), atol=1e-9)
-    assert server.counts["rotate"] == (width.bit_length() - 1) + (bin(width).count("1") - 1)
-    if width == DIMS.d:
-        assert server.counts["rotate"] == 10
-        h = rng.standard_normal(DIMS.d)
-        sq = np.zeros(DIMS.slots)
-        sq[: DIMS.copies * DIMS.d] = np.tile(h, DIMS.copies) ** 2
-        assert np.isclose(client.decrypt(window_sum(server, client.encrypt(sq, level=LEVELS.h_prime), width))[DIMS.sigma_slot],
-                          (h**2).sum())
+    out = circuit.norm_statistic(client.encrypt(x, level=LEVELS.h_prime))
+    assert server.level(out) == LEVELS.scores_download == LEVELS.mlp_download == 0
+    np.testing.assert_allclose(client.decrypt(out), (h**2).sum() / (DIMS.d * SIGMA_DIV), rtol=1e-12)
+    assert server.counts["rotate"] == 13
 
 
 @pytest.mark.parametrize("positions", [1, 8, 9, 20, 33, 64, 65, 72, 127, 200, 512])
 def test_lane_sums_place_every_chunk_at_its_lane(slots, positions):
-    """Random chunk products -> each head's 64-lane sum / sqrt(hd) of position j at
-    score_slot(j, h), zero in every other slot (also past position t in the last chunk), two
-    levels down, with the rotations ``score_lane_groups`` plans."""
+    """Random chunk products -> each head's 64-lane sum / (sqrt(hd) * SCORES_DIV) of position j
+    at score_slot(j, h), zero in every other slot (also past position t in the last chunk), at
+    the scores download's level, with the rotations ``score_lane_groups`` plans."""
     client, server = slots
     rng = np.random.default_rng(positions)
     chunks = DIMS.chunks(positions)
@@ -204,14 +205,14 @@ def test_lane_sums_place_every_chunk_at_its_lane(slots, positions):
     circuit = Circuit(server, DIMS, LEVELS, Constants(None, DIMS))
     server.reset()
     out = circuit.lane_sums([client.encrypt(p, level=3) for p in prods], valid)
-    assert server.level(out) == 1
+    assert server.level(out) == LEVELS.scores_download == 0
     want = np.zeros(DIMS.slots)
     for j in range(positions):
         c, b = divmod(j, DIMS.per_chunk)
         for h in range(DIMS.heads):
             g = DIMS.head_slot(h)
             lanes = prods[c][BLOCK * b + 64 * g : BLOCK * b + 64 * g + 64]
-            want[score_slot(DIMS, j, h)] = lanes.sum() / 8.0
+            want[score_slot(DIMS, j, h)] = lanes.sum() / (8.0 * SCORES_DIV)
     np.testing.assert_allclose(client.decrypt(out), want, atol=1e-9)
     groups = score_lane_groups(chunks, 6)
     assert server.counts["rotate"] == sum(n * j + (n - 1) + (6 - j) for n, j in groups) + len(groups) - 1

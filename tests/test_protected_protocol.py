@@ -173,6 +173,8 @@ def audit(client, dims) -> set:
             keep = np.arange(dims.d)
         if rec.tag == Tag.U_SIGMA2:
             v = v - v[dims.sigma2_slot]  # σ'/(8d) rides in every slot (documented)
+        elif rec.tag in (Tag.SCORES_SIGMA, Tag.SIGMA):
+            v = v - v[dims.sigma_slot]  # and σ/(8d) in every slot of the scores download
         rest = np.delete(v, keep)
         assert np.abs(rest).max() < 5e-3, (rec.tag, np.abs(rest).max())  # flooding noise only
     return seen
@@ -379,13 +381,14 @@ def test_held_bytes_count_the_first_layers_clear_ffn_weights(executor):
     assert first.nbytes == encoded + clear and executor.encoded_bytes == first.nbytes + second.nbytes
 
 
-def test_flooding_sits_20_bits_above_the_mlp_mask_residue(ckpt, keys, executor, plain, he_backend):
-    """The 0/1 mask that cleans the MLP download leaves of the folded partial sums of W_gate|up
-    (its encoding error times them, in the slots it zeroes) at least 2^20 times less than the
-    flooding noise, at the massive-activation layer too. And all that download carries outside
-    its slots before flooding (that residue plus the rescale's rounding noise, which depends on
-    fresh randomness, not on the weights) stays 2^8 under it. Real CKKS only: plain's masks are
-    exact, there is no residue to measure."""
+def test_flooding_sits_20_bits_above_the_download_mask_residues(ckpt, keys, executor, plain, he_backend):
+    """The 0/1 masks that clean the MLP and scores downloads leave of the partial sums they
+    clean (W_gate|up's folded sums, the score lanes of other positions and heads: their encoding
+    error times them, in the slots they zero) at least 2^20 times less than the flooding noise,
+    at the massive-activation layer too; the norm statistics take no 0/1 mask at all. And all
+    that either download carries outside its slots before flooding (those residues plus the
+    rescale's rounding noise, which depends on fresh randomness, not on the weights) stays 2^8
+    under it. Real CKKS only: plain's masks are exact, there is no residue to measure."""
     if he_backend == "plain":
         pytest.skip("the plain backend's masks are exact")
     from veil.benchmarks.flooding_margin import flood_std, residues
@@ -397,11 +400,14 @@ def test_flooding_sits_20_bits_above_the_mlp_mask_residue(ckpt, keys, executor, 
                      masks)
     executor.drop_session(s.id)
     std = flood_std(executor.dims)
-    assert 0 < masks["first_2f"] and std / masks["first_2f"] >= 2.0**20, masks
-    mlp = {k: v["max_residue"] for k, v in found.items() if k.startswith(MsgKind.MLP)}
-    assert sorted(mlp) == [f"mlp.l{layer}" for layer in range(FIRST, LAST)]
-    for key, residue in mlp.items():
-        assert std / residue >= 2.0**8, (key, residue)
+    for mask in ("first_2f", "scores"):
+        assert 0 < masks[mask] and std / masks[mask] >= 2.0**20, (mask, masks)
+    assert masks["norm"] == 0.0 and "sigma" not in masks, masks  # constants zero no slot
+    for kind in (MsgKind.MLP, MsgKind.SCORES):
+        got = {k: v["max_residue"] for k, v in found.items() if k.startswith(kind + ".")}
+        assert sorted(got) == [f"{kind}.l{layer}" for layer in range(FIRST, LAST)]
+        for key, residue in got.items():
+            assert std / residue >= 2.0**8, (key, residue)
 
 
 def _decrypted_cache(keys, executor, session):
