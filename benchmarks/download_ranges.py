@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 
 import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from veil.benchmarks.extraction_attack import text_chunks
 from veil.engine.loader import load_checkpoint
@@ -32,11 +33,6 @@ from veil.protected.layouts import SCORES_DIV, SIGMA_DIV
 
 LEVEL0_LOG2 = 20.0  # |value| < 2^(57 - 36 - 1)
 CHATS = ("Write a poem about the sea.", "What is 2+2?", "Explain quantum computing in one paragraph.")
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
 def layer_maxima(model, ids: list[int], k: int) -> dict[str, dict[int, float]]:
@@ -62,11 +58,11 @@ def layer_maxima(model, ids: list[int], k: int) -> dict[str, dict[int, float]]:
         h = out.hidden_states[layer][0]
         sigma = (h * h).mean(-1)
         xn = blk.input_layernorm.weight * h  # γ1 h: the server leaves 1/rms to the client
-        q = blk.self_attn.q_proj(xn).view(t, heads, hd).transpose(0, 1)
-        kk = blk.self_attn.k_proj(xn).view(t, kv_heads, hd).transpose(0, 1)
-        cos, sin = model.model.rotary_emb(xn[None], torch.arange(t)[None])
-        q, kk = _rope(q, cos[0], sin[0]), _rope(kk, cos[0], sin[0]).repeat_interleave(heads // kv_heads, 0)
-        scores = (q @ kk.transpose(-1, -2))[:, causal] / (math.sqrt(hd) * SCORES_DIV)  # [heads, pairs]
+        q = blk.self_attn.q_proj(xn).view(1, t, heads, hd).transpose(1, 2)
+        kk = blk.self_attn.k_proj(xn).view(1, t, kv_heads, hd).transpose(1, 2)
+        q, kk = apply_rotary_pos_emb(q, kk, *model.model.rotary_emb(xn[None], torch.arange(t)[None]))
+        kk = kk.repeat_interleave(heads // kv_heads, 1)  # query head h reads KV head h // group
+        scores = (q @ kk.transpose(-1, -2))[0][:, causal] / (math.sqrt(hd) * SCORES_DIV)  # [heads, pairs]
         hp = h_prime[layer]
         sigma2 = (hp * hp).mean(-1)
         xn2 = blk.post_attention_layernorm.weight * hp

@@ -330,7 +330,7 @@ class Circuit:
         """Σ x² / (d * SIGMA_DIV) in every slot from x clean and replicated at 2 (0): a cyclic sum
         of all slots (13 rotations, no partial sums anywhere) times a constant. A window sum of one
         period (10 rotations) needs a 0/1 mask to keep one slot, and that mask's encoding error
-        times the partial sums it cleans (up to 14σ ~ 2^33 at the massive-activation layers)
+        times the partial sums it cleans (up to σ ~ 2^29 at the massive-activation layers)
         would spill into the other slots, 7-8 bits under the flooding noise (measured,
         benchmarks/results/2026-11-27-scores-level0); the client subtracts it where it needs the
         slots clean."""

@@ -74,9 +74,10 @@ __all__ = [
 BLOCK = 1024
 # The scores and MLP downloads sit at level 0, which holds |value| < 2^20 at scale 2^36 (q0 has
 # 57 bits). On the shipped SmolLM2 the unnormalized values reach 2^22.1 (ŝ/sqrt(hd), layer 28)
-# and 2^20.2 (σ/d, layers 12-28: massive activations); divided as below both stay under 2^17.2,
-# the headroom the MLP download has always had. The price is the division's factor on the
-# flooding noise's absolute error (docs/PROTOCOL.md, "Levels").
+# and 2^20.2 (σ/d, layers 12-28: massive activations); divided as below each stays under 2^17.2
+# and a scores slot (a score on top of σ) under 2^18.1, the MLP's (û on σ') under 2^17.6
+# (``benchmarks/download_ranges.py``). The price is the division's factor on the flooding
+# noise's absolute error (docs/PROTOCOL.md, "Levels").
 #: σ and σ' are downloaded divided by d * SIGMA_DIV.
 SIGMA_DIV = 8.0
 #: ŝ/sqrt(hd) is downloaded divided by SCORES_DIV.
