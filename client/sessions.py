@@ -141,6 +141,8 @@ class ProtectedSession(SplitSession):
     def _span(self, rows: np.ndarray, stats: GenerationStats | None, verify: bool = False) -> np.ndarray:
         """Run positions ``rows`` (one row each) through the server's layers together: every
         round trip carries all of them. Returns h_L of the last one (of every one: ``verify``)."""
+        from veil.protected.client import HeadroomExceeded
+
         c = self.client
         cpu = time.thread_time()
         msg = self.state.token_message(rows, verify=verify)
@@ -160,7 +162,10 @@ class ProtectedSession(SplitSession):
             if stats is not None:  # where the bytes go: each message kind, each direction
                 for key, n in ((f"up.{msg.kind}", len(body)), (f"down.{reply.kind}", len(r.content))):
                     stats.bytes_by_kind[key] = stats.bytes_by_kind.get(key, 0) + n
-            nxt = self.state.handle(reply)
+            try:
+                nxt = self.state.handle(reply)
+            except HeadroomExceeded as e:  # the values may have wrapped: nothing to compute on
+                raise VeilError(422, "headroom_exceeded", str(e)) from None
             if isinstance(nxt, np.ndarray):
                 if stats is not None:
                     stats.client_cpu_s += time.thread_time() - cpu

@@ -39,7 +39,19 @@ from veil.protected.protocol import (
     active_positions,
 )
 
-__all__ = ["Decryption", "ProtectedClientState", "softmax_weights", "swiglu_from_u"]
+__all__ = ["Decryption", "HeadroomExceeded", "ProtectedClientState", "softmax_weights", "swiglu_from_u"]
+
+#: How close to its ceiling a decrypted level-0 slot may come, in bits. Level 0 decrypts a slot
+#: correctly only while |value| < q0 / (2 scale) (2^20 with ckks-n16384-l7-v2); past it the value
+#: wraps around and nothing in it says so. The shipped model's downloads stay under 2^18.1 on
+#: real text (benchmarks/download_ranges.py), so a slot within half a bit of the ceiling means a
+#: model or input whose values may already have wrapped: the client stops instead of computing
+#: on them. A value that wraps lands near -ceiling (up to ~1.29x the ceiling this catches it).
+LEVEL0_MARGIN_BITS = 0.5
+
+
+class HeadroomExceeded(ValueError):
+    """A level-0 download came within ``LEVEL0_MARGIN_BITS`` of the level's ceiling."""
 
 
 @dataclass
@@ -208,7 +220,16 @@ class ProtectedClientState:
     def _decrypt(self, p: CtPayload, layer: int) -> np.ndarray:
         if p.tag not in DECRYPTED or p.tag == Tag.MASKED_H:
             raise ProtocolError(f"the client does not decrypt {p.tag!r}")
-        vec = self.be.decrypt(self.be.deserialize(p.data, level=p.level))
+        ct = self.be.deserialize(p.data, level=p.level)
+        vec = self.be.decrypt(ct)
+        if p.level == 0:
+            ceiling = self.be.prime(0) / (2 * self.be.scale(ct))
+            top = float(np.abs(vec).max())
+            if top >= ceiling * 2.0 ** -LEVEL0_MARGIN_BITS:
+                raise HeadroomExceeded(
+                    f"a {p.tag} download at layer {layer} holds |value| = 2^{np.log2(top):.2f}, within "
+                    f"{LEVEL0_MARGIN_BITS} bit of level 0's ceiling 2^{np.log2(ceiling):.2f}: this model's "
+                    "activations may overflow the protected downloads (python -m veil.benchmarks.download_ranges)")
         self.transcript.append(Decryption(DECRYPTED[p.tag], p.tag, layer, self.position + p.token,
                                           vec if self.record_values else None))
         return vec

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from veil.crypto.backend import HEError
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.protected.circuits import rotation_key_levels
-from veil.protected.client import ProtectedClientState
+from veil.protected.client import HeadroomExceeded, ProtectedClientState
 from veil.protected.layouts import dims_of, score_slot, unpack_mlp
 from veil.protected.protocol import (
     ALLOWED_KINDS,
@@ -108,6 +109,34 @@ def test_protected_layers_match_plaintext(decoded, plain):
     rel = np.linalg.norm(outs - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert np.abs(ref).max() > 1e4  # the massive-activation layer is covered
     assert rel.max() < REL_ERR_BOUND, rel
+
+
+def test_a_level0_download_near_its_ceiling_stops_the_client(ckpt, keys, he_backend):
+    """Level 0 decrypts |value| < q0 / (2 scale) = 2^20; past it a value wraps without a trace.
+    The client refuses a download within half a bit of the ceiling, which also catches a value
+    that wrapped (made here by switching an over-large level-1 value down to level 0)."""
+    client, server = keys
+    state = ProtectedClientState(client, ckpt.config, FIRST, LAST, "session")
+    ceiling = client.prime(0) / (2 * PROTECTED_PARAMS.scale)
+    assert np.log2(ceiling) == pytest.approx(20, abs=0.01)
+
+    def download(value: float) -> CtPayload:  # encrypted at 1 (SEAL refuses to encode it at 0), then switched
+        ct = server.mod_switch_to(client.encrypt(np.full(PROTECTED_PARAMS.slot_count, value), level=1), 0)
+        return CtPayload(Tag.U_SIGMA2, 0, server.serialize(ct))
+
+    assert np.abs(state._decrypt(download(2.0**18.5), FIRST) - 2.0**18.5).max() < 1
+    with pytest.raises(HeadroomExceeded, match="ceiling"):
+        state._decrypt(download(2.0**19.7), FIRST)
+    if he_backend == "plain":  # the slot-vector double refuses the overflow itself; CKKS wraps it
+        with pytest.raises(HEError, match="overflow"):
+            download(1.2 * ceiling)
+    else:
+        wrapped = download(1.2 * ceiling)
+        got = client.decrypt(client.deserialize(wrapped.data, level=0))
+        assert np.abs(got + 0.8 * ceiling).max() < 1  # 1.2 x 2^20 decrypts as -0.8 x 2^20
+        with pytest.raises(HeadroomExceeded):
+            state._decrypt(wrapped, FIRST)
+    assert len(state.transcript) == 1  # the refused downloads were not recorded as decrypted
 
 
 def test_round_trips_and_kv_cache(decoded, executor):
