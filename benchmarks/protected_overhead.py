@@ -16,7 +16,9 @@ Figures (per path and context):
 * ``bytes_per_token_by_kind.<up|down>.<kind>`` (protected): the decode bytes per token by
   message kind and direction (HTTP bodies: token, weights, mlp_in, refreshed up; scores, mlp,
   refresh, final down), so a change to the wire shows where its bytes went;
-* ``setup_bytes``: the evaluation keys (protected; uploaded once per client);
+* ``setup_bytes``: the evaluation keys (protected; uploaded once per client): ``--keys`` picks
+  the set, ``auto`` (default) the one the server's /health prefers, as the SDK does: compact
+  on SEAL (baby steps chained from step 1 on the server), full on native;
 * ``server_s.<op>`` (protected): server HE seconds per decode token by operation kind, read from
   the server's Prometheus counter ``veil_protected_op_seconds``;
 * ``server_peak_rss_bytes`` (VmHWM of the server process), ``client_peak_rss_bytes``;
@@ -162,9 +164,11 @@ NOT_FIGURES = ("tokens", "context", "new_tokens", "requests")
 
 def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_tokens: int, ckpt=None,
                         progress=print, reference_logits=None, server_args: list[str] | None = None,
-                        prefill_span: int | None = None, he_backend: str = "seal") -> dict:
+                        prefill_span: int | None = None, he_backend: str = "seal",
+                        compact_keys: bool | None = None) -> dict:
     """Run every (path, context) against one server subprocess; returns results by path. The
-    protected path runs ``he_backend`` on both ends."""
+    protected path runs ``he_backend`` on both ends, with the compact key set if ``compact_keys``
+    (None: the set the server prefers)."""
     from veil.client.sdk import VeilClient
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.split import client_half_from
@@ -180,12 +184,14 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
             for path in paths:
                 mode = PATH_MODES[path]
                 with VeilClient(url, key, mode=mode, half=half, timeout_s=3600, he_backend=he_backend,
-                                prefill_span=prefill_span or MAX_SPAN) as client:
+                                prefill_span=prefill_span or MAX_SPAN, compact_keys=compact_keys) as client:
                     if mode == "protected":
                         t = time.perf_counter()
                         client.generate_keys()
                         client.ensure_keys()
-                        results.setdefault("setup", {})["protected_keygen_and_upload_s"] = time.perf_counter() - t
+                        setup = results.setdefault("setup", {})
+                        setup["protected_keygen_and_upload_s"] = time.perf_counter() - t
+                        setup["protected_key_set"] = "compact" if client.compact_keys else "full"
                     for ctx in contexts:
                         progress(f"{path}: context {ctx}, {new_tokens} new tokens (k={k}, "
                                  f"{ckpt.config.num_layers - k} server layers)…")
@@ -218,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-span", type=int, default=None,
                    help="protected: prompt positions per round trip (default and most: veil.crypto.wire.MAX_SPAN)")
     p.add_argument("--he-backend", default="seal", help="the protected path's HE backend, on both ends")
+    p.add_argument("--keys", choices=["auto", "full", "compact"], default="auto",
+                   help="protected: the evaluation-key set the client makes (circuits.rotation_key_levels); "
+                        "auto: the one the server's /health prefers, as the SDK does")
     p.add_argument("--out", type=Path, default=Path("bench_out/protected_overhead.json"))
     args = p.parse_args(argv)
     paths = [x for x in args.paths.split(",") if x]
@@ -228,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     res = measure_split_paths(paths, args.k, contexts, args.max_new_tokens,
                               progress=lambda m: print(m, file=sys.stderr, flush=True),
                               server_args=["--kv-cache-gb", str(args.server_kv_cache_gb)],
-                              prefill_span=args.prefill_span, he_backend=args.he_backend)
+                              prefill_span=args.prefill_span, he_backend=args.he_backend,
+                              compact_keys={"auto": None, "full": False, "compact": True}[args.keys])
     results = {"schema": "veil.protected_overhead/1", "machine": machine_facts(), "k": args.k,
-               "prefill_span": args.prefill_span, "he_backend": args.he_backend,
+               "prefill_span": args.prefill_span, "he_backend": args.he_backend, "keys": args.keys,
                "param_set": PROTECTED_PARAMS.id, "paths": {p_: res[p_] for p_ in paths if p_ in res},
                "server_peak_rss_bytes": res["server_peak_rss_bytes"],
                "server_kv_cache_gb": args.server_kv_cache_gb,

@@ -1,6 +1,6 @@
 """The four products of a protected layer for several baby-step counts, several backends in
 one run: ``python -m veil.benchmarks.protected_products --n1 16,8 --backends seal,native
-[--device cpu|cuda] [--repeat N] [--out FILE]``.
+[--keys full,compact] [--device cpu|cuda] [--repeat N] [--out FILE]``.
 
 Why: the baby-step count ``n1`` of a product sets both its server time (``n1 - 1`` hoistable
 rotations of the input, ``n2 - 1`` giant-step rotations one level lower) and the client's
@@ -13,6 +13,11 @@ shapes only) and prints,
 per backend, matrix and ``n1``: the median seconds of one product, its rotations, and its
 relative error against numpy. One ``figure products.<backend>.<matrix>.n1_<n1>.<metric>``
 line each, and JSON to ``--out``.
+
+``--keys compact`` times the products under the client's compact key set
+(``rotation_key_levels(compact=True)``): the baby steps chain from step 1
+(``linear.baby_steps``), so the server holds one baby-step key instead of ``n1 - 1``; its
+figures are named ``products.<backend>.<matrix>.n1_<n1>.compact_keys.<metric>``.
 """
 
 from __future__ import annotations
@@ -39,20 +44,20 @@ def _plans(dims: LayoutDims, n1s: list[int]) -> dict[tuple[str, int], MatvecPlan
             for name, (rows, cols) in matrix_shapes(dims).items() for n1 in n1s}
 
 
-def _key_levels(plans) -> dict[int, int]:
+def _key_levels(plans, compact: bool) -> dict[int, int]:
     """Every step the plans rotate by, at the highest level it runs at."""
     need: dict[int, int] = {}
     for (name, _), plan in plans.items():
-        for st, level in plan.key_levels(LEVELS.matrices[name]).items():
+        for st, level in plan.key_levels(LEVELS.matrices[name], chained=compact).items():
             need[st] = max(need.get(st, 0), level)
     return need
 
 
-def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int, fig) -> dict:
+def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int, fig, keys: str = "full") -> dict:
     opts = {"device": device} if backend == "native" else {}
     client = make_backend(PROTECTED_PARAMS, backend, **opts)
     plans = _plans(dims, n1s)
-    client.generate_keys(_key_levels(plans))
+    client.generate_keys(_key_levels(plans, compact=keys == "compact"))
     server = make_backend(PROTECTED_PARAMS, backend, **opts)
     server.import_public_material(client.export_public_material())
     rng = np.random.default_rng(0)
@@ -72,7 +77,7 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
             times.append(time.perf_counter() - t)
         ref = w @ x
         err = float(np.abs(client.decrypt(y, rows) - ref).max() / np.abs(ref).max())
-        tag = f"{backend}.{name}.n1_{n1}"
+        tag = f"{backend}.{name}.n1_{n1}" + (".compact_keys" if keys == "compact" else "")
         res = {"level": level, "n1": plan.n1, "n2": plan.n2, "rotations": plan.rotations,
                "plaintexts": len(m.plaintexts), "matvec_s": statistics.median(times), "rel_err": err}
         for k, v in res.items():
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n1", default="16,8", help="comma-separated baby-step counts")
     ap.add_argument("--backends", default="seal,native")
+    ap.add_argument("--keys", default="full", help="comma-separated key sets: full, compact")
     ap.add_argument("--device", default="cpu", help="where the native backend computes")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
@@ -95,7 +101,10 @@ def main(argv: list[str] | None = None) -> None:
     dims = dims_of(load_checkpoint(args.model).config, PROTECTED_PARAMS.slot_count)
     results = {}
     for backend in args.backends.split(","):
-        results.update(run(dims, backend, args.device, n1s, args.repeat, fig))
+        for keys in args.keys.split(","):
+            if keys not in ("full", "compact"):
+                ap.error(f"unknown key set {keys!r}")
+            results.update(run(dims, backend, args.device, n1s, args.repeat, fig, keys))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -15,10 +15,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", required=True)
     p.add_argument("--mode", default="plaintext", choices=["plaintext", "protected"],
                    help="protected: CKKS split inference (docs/PROTOCOL.md); the server runs its layers on ciphertexts")
-    p.add_argument("--he-backend", default="seal", choices=backend_names(),
-                   help="protected: the HE backend that holds this client's keys")
+    p.add_argument("--he-backend", default=None, choices=backend_names(),
+                   help="protected: the HE backend that holds this client's keys (default: the server's, from /health)")
     p.add_argument("--speculate", type=int, default=0, metavar="N",
                    help="protected: draft N tokens per decode step by prompt lookup and verify them in one step")
+    p.add_argument("--keys", choices=["auto", "full", "compact"], default="auto",
+                   help="protected: the evaluation-key set; compact is 40%% fewer bytes, its baby steps chained on "
+                        "the server (auto: what the server's /health prefers)")
     p.add_argument("--bundle", type=Path, help="client bundle directory (veil split); default: embedded model")
     p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
     p.add_argument("--prompt", help="one prompt; without it, an interactive loop reads stdin")
@@ -35,7 +38,8 @@ def cmd_chat(args) -> int:
     from veil.client.sdk import VeilClient, VeilError
 
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
-                        verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate)
+                        verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate,
+                        compact_keys={"auto": None, "full": False, "compact": True}[args.keys])
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:

@@ -116,8 +116,8 @@ class VeilClient:
 
     def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
-                 half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str = "seal",
-                 speculate: int = 0, threads: int | None = None):
+                 half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str | None = None,
+                 speculate: int = 0, threads: int | None = None, compact_keys: bool | None = None):
         from veil.crypto.backend import backend_names
 
         self.threads = client_threads(server_url, threads)
@@ -125,12 +125,17 @@ class VeilClient:
             torch.set_num_threads(self.threads)
         if mode not in ("plaintext", "protected"):
             raise ValueError(f"mode must be 'plaintext' or 'protected', not {mode!r}")
-        if he_backend not in backend_names():
+        if he_backend is not None and he_backend not in backend_names():
             raise ValueError(f"he_backend must be one of {backend_names()}, not {he_backend!r}")
-        self.he_backend = he_backend  # protected: which HE backend holds this client's keys
+        # protected: which HE backend holds this client's keys (None: the server's, from /health)
+        self.he_backend = he_backend
         if not 0 <= speculate < MAX_SPAN or (speculate and mode != "protected"):
             raise ValueError(f"speculate drafts 0..{MAX_SPAN - 1} tokens per step, on the protected path")
         self.speculate = speculate  # protected: drafted tokens per decode step (prompt lookup)
+        # protected: evaluation keys without the baby steps but 1 (circuits.rotation_key_levels):
+        # 40% fewer setup bytes, and a hoisting server (native) chains its baby-step rotations
+        # unhoisted; None: the set the server's /health prefers (full where it does not say)
+        self.compact_keys = compact_keys
         if not 1 <= prefill_span <= MAX_SPAN:
             raise ValueError(f"prefill_span must be 1..{MAX_SPAN}")
         self.prefill_span = prefill_span  # protected: prompt positions per round trip
@@ -194,17 +199,38 @@ class VeilClient:
             r = self._post("/v1/sessions", json=body)
         return r.json()
 
+    def _server_protected_info(self) -> dict:
+        """What the server's ``/health`` says of its protected path: ``he_backend`` (the keys'
+        format) and ``key_set`` (the set that suits that backend). A server that does not say, or
+        cannot be asked, gets SEAL keys of the full set, which every server version accepts."""
+        try:
+            r = self.http.get("/health")
+            info = r.json().get("protected") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            info = None
+        return info if isinstance(info, dict) else {}
+
     def generate_keys(self, progress: bool = True) -> None:
         """Protected mode: a fresh CKKS key pair and the evaluation keys the server's layouts
         need (secret key in this process only; randomness from the OS CSPRNG)."""
         from tqdm.auto import tqdm
 
-        from veil.crypto.backend import make_backend
+        from veil.crypto.backend import backend_names, make_backend
         from veil.crypto.params import PROTECTED_PARAMS
         from veil.protected.circuits import rotation_key_levels
         from veil.protected.layouts import dims_of
 
-        steps = rotation_key_levels(dims_of(self.cfg, PROTECTED_PARAMS.slot_count))  # each key for its levels
+        if self.he_backend is None or self.compact_keys is None:
+            server = self._server_protected_info()
+            if self.he_backend is None:
+                self.he_backend = server.get("he_backend", "seal")
+                if self.he_backend not in backend_names():
+                    raise VeilError(400, "unknown_backend", f"the server computes on {self.he_backend!r}, "
+                                                            f"this client has {backend_names()}")
+            if self.compact_keys is None:
+                self.compact_keys = server.get("key_set") == "compact"
+        # each key for its levels
+        steps = rotation_key_levels(dims_of(self.cfg, PROTECTED_PARAMS.slot_count), compact=self.compact_keys)
         with tqdm(total=3, desc="CKKS keys", unit="phase", disable=not progress) as bar:
             bar.set_postfix_str(f"secret + public key, {len(steps)} Galois keys ({PROTECTED_PARAMS.id})")
             he = make_backend(PROTECTED_PARAMS, self.he_backend)

@@ -128,6 +128,10 @@ class HEBackend(abc.ABC):
     params: CkksParams
     #: ``batched(rows)`` evaluates several sessions' ciphertexts as one (a ``RowBatch``)
     supports_batch = False
+    #: ``rotate_many`` shares one key-switching decomposition between its rotations, so that
+    #: a product's baby steps cost less from their own keys than chained from one
+    #: (``linear.baby_steps``); a server on such a backend prefers the client's full key set
+    hoists_rotations = False
 
     @classmethod
     def batched(cls, rows: Sequence[HEBackend]) -> RowBatch:
@@ -178,6 +182,12 @@ class HEBackend(abc.ABC):
         if level > key_level:
             raise HEError(f"the key of rotation step {signed} serves levels <= {key_level}, not {level}")
         return signed
+
+    def can_rotate(self, step: int, level: int) -> bool:
+        """Whether one key switch rotates by ``step`` at ``level`` (step 0 always)."""
+        slots = self.params.slot_count
+        s = int(step) % slots
+        return s == 0 or max(self._key_levels.get(s, -1), self._key_levels.get(s - slots, -1)) >= level
 
     @property
     def rotation_steps(self) -> tuple[int, ...]:

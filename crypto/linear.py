@@ -1,13 +1,14 @@
 """Linear algebra on CKKS slot vectors, written once over the ``HEBackend`` interface.
 
 Everything here is backend-neutral: it calls ``encode``, ``dot_plain``, ``multiply_plain``,
-``add``, ``rescale``, ``rotate`` and ``rotate_many`` and nothing else, so SEAL, the native backend and
-the slot-vector test double all run the same products (as Lattigo keeps its linear
-transformations generic over its evaluator).
+``add``, ``rescale``, ``rotate``, ``rotate_many`` and ``can_rotate`` and nothing else, so SEAL,
+the native backend and the slot-vector test double all run the same products (as Lattigo keeps
+its linear transformations generic over its evaluator).
 
 Matrix-vector products: generalized diagonals ``diag_k[j] = W[j, (j+k) % cols]`` against an
 input replicated with period ``cols``; baby steps ``rot(x, b), b < n1`` from one
-``rotate_many`` (a backend may hoist them), giant-step rotations ``g * n1`` pre-applied to the
+``rotate_many`` (a backend may hoist them; ``baby_steps`` chains them from step 1 when the
+client made the compact key set), giant-step rotations ``g * n1`` pre-applied to the
 plaintexts and undone by Horner's rule (every giant rotation is by ``n1``: one Galois key), so a
 product costs ``n1 - 1 + n2 - 1`` rotations plus the folds of its layout (``MatvecPlan``).
 Diagonals are encoded at scale ``prime(level)``, so the rescaled output keeps the input's scale.
@@ -42,6 +43,7 @@ __all__ = [
     "replicate",
     "replicate_input",
     "replicate_rotation_steps",
+    "baby_steps",
     "broadcast_lane",
 ]
 
@@ -154,11 +156,13 @@ class MatvecPlan:
         steps.update(self.row_folds)
         return sorted(steps)
 
-    def key_levels(self, level: int) -> dict[int, int]:
+    def key_levels(self, level: int, chained: bool = False) -> dict[int, int]:
         """Each rotation step of a product whose input sits at ``level``, with the level it
         rotates at: the baby steps rotate the input, the giant steps and folds run after the
-        rescale, one level lower."""
-        return {st: level if st < self.n1 else level - 1 for st in self.rotation_steps}
+        rescale, one level lower. ``chained``: the baby steps come from step 1 alone
+        (``baby_steps``)."""
+        steps = [st for st in self.rotation_steps if not (chained and 1 < st < self.n1)]
+        return {st: level if st < self.n1 else level - 1 for st in steps}
 
     @property
     def rotations(self) -> int:
@@ -401,7 +405,7 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
     if be.level(x) != matrix.level:
         raise HEError(f"input at level {be.level(x)}, matrix encoded for {matrix.level}")
     plan = matrix.plan
-    baby = [x, *be.rotate_many(x, range(1, plan.n1))]
+    baby = baby_steps(be, x, plan.n1)
     # Giant steps by Horner's rule, highest first: acc <- rot(acc, n1) + inner_g. The same
     # n2 - 1 rotations as rotating each inner_g by g * n1, but all by the one step n1, so the
     # client makes one Galois key per product for them instead of n2 - 1.
@@ -425,6 +429,20 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
     for step in plan.row_folds:  # "wide": add the row groups
         acc = be.add(acc, be.rotate(acc, step))
     return acc
+
+
+def baby_steps(be: HEBackend, x: Ciphertext, n1: int) -> list[Ciphertext]:
+    """``[rot(x, b) for b < n1]``. Where the backend holds a key for every step at x's level
+    they come from one ``rotate_many`` (hoisted on the native backend); else, with a compact key
+    set (``rotation_key_levels(compact=True)``), as a chain of rotations by 1: the same n1 - 1
+    key switches from one Galois key instead of n1 - 1, none of them hoisted."""
+    level = be.level(x)
+    if all(be.can_rotate(b, level) for b in range(1, n1)):
+        return [x, *be.rotate_many(x, range(1, n1))]
+    out = [x]
+    for _ in range(1, n1):
+        out.append(be.rotate(out[-1], 1))
+    return out
 
 
 def replicate(be: HEBackend, ct: Ciphertext, length: int, copies: int) -> Ciphertext:

@@ -425,11 +425,16 @@ def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]
     return best
 
 
-def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS) -> dict[int, int]:
+def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, compact: bool = False) -> dict[int, int]:
     """Every Galois step the circuits use, with the highest level any of its rotations runs at.
     The client generates each key for that level only: a key for level l holds (l+1)(l+2) of
     the 8 x 9 residue runs of a top-level key, and the backend refuses a rotation above it (so
-    a wrong entry here fails loudly; ``tests/test_protected_protocol.py`` runs every step)."""
+    a wrong entry here fails loudly; ``tests/test_protected_protocol.py`` runs every step).
+
+    ``compact``: the products' baby steps come from step 1 alone (``linear.baby_steps``), which
+    drops the keys of steps 2..15 that W_qkv needs at the top level; 2, 4 and 8 stay, for the
+    lane sums at 5 (35 keys instead of 46; docs/PROTOCOL.md, "Keys"). It is a subset of the full set, step for step and level for level, and the server requires
+    only it; a backend that hoists (native) loses the hoisting of every product's baby steps."""
     need: dict[int, int] = {}
 
     def use(steps, level: int) -> None:
@@ -439,7 +444,7 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS) -> dict[int, int]
     spans = input_spans(dims)
     for name, (rows, cols) in matrix_shapes(dims).items():
         plan = plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], N1)
-        for st, level in plan.key_levels(lv.matrices[name]).items():
+        for st, level in plan.key_levels(lv.matrices[name], chained=compact).items():
             use({st}, level)
     hd = dims.head_dim
     use({hd // 2, -(hd // 2)}, lv.w)  # RoPE on y

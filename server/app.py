@@ -152,7 +152,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         if not engine.alive:
             return error_response(503, "engine_unavailable", "the inference engine is not running")
         return {"status": "ok", "model": half.config.name, "k": half.k, "model_fingerprint": half.fingerprint,
-                "sessions": len(sessions), "fast_path": half.full}
+                "sessions": len(sessions), "fast_path": half.full, "protected": protected.describe()}
 
     @app.get("/metrics")
     async def prometheus():

@@ -71,17 +71,25 @@ class ProtectedService:
         self.half, self.cfg = half, cfg
         self._compute = compute or (lambda fn: fn())
         self.params = PROTECTED_PARAMS
-        make_backend(self.params, cfg.he_backend)  # refuses an unknown or test-only backend now
+        probe = make_backend(self.params, cfg.he_backend)  # refuses an unknown or test-only backend now
+        #: the key set clients should make: a backend that hoists the baby steps is faster with a
+        #: key for each; one that does not does the same work chained from step 1
+        self.preferred_keys = "full" if probe.hoists_rotations else "compact"
         budget = cfg.protected_device_bytes
         if cfg.protected_max_batch < 1 or cfg.protected_batch_wait_ms < 0 or (budget is not None and budget <= 0):
             raise ValueError("protected_max_batch >= 1, protected_batch_wait_ms >= 0 and protected_device_gb > 0")
-        #: step -> the highest level the circuits rotate by it at
-        self.required_levels = rotation_key_levels(dims_of(half.config, self.params.slot_count))
+        #: step -> the level its key must serve: the compact set, which every full set contains
+        #: (a product's baby steps then chain from step 1, ``linear.baby_steps``)
+        self.required_levels = rotation_key_levels(dims_of(half.config, self.params.slot_count), compact=True)
         self.keys: dict[tuple[str, str], KeySet] = {}
         self._keys_lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._executor: ProtectedExecutor | None = None
         self._scheduler: StepScheduler | None = None  # the one HE worker (see the module doc)
+
+    def describe(self) -> dict:
+        """What a client needs before it makes its keys (``GET /health``, ``"protected"``)."""
+        return {"he_backend": self.cfg.he_backend, "param_set": self.params.id, "key_set": self.preferred_keys}
 
     # ---- executor ------------------------------------------------------------------------
     def executor(self) -> ProtectedExecutor:

@@ -9,6 +9,7 @@ import pytest
 
 from veil.crypto.backend import HEError
 from veil.crypto.linear import (
+    baby_steps,
     broadcast_lane,
     bsgs_split,
     encode_matrix,
@@ -126,6 +127,35 @@ def test_packed_layouts(pair, rng, layout, rows, cols):
     y = matvec(server, m, ct)
     assert server.level(y) == 1
     assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+
+
+def test_baby_steps_chain_from_step_1_under_a_compact_key_set(he_backend, he_pair, rng):
+    """With a key for step 1 but not for the other baby steps (the client's compact set), a
+    product's baby steps chain from step 1: the same n1 - 1 key switches and the same result
+    as the hoisted ones, from one key. A backend holding every baby step still hoists them."""
+    rows, cols, level = 192, 576, 2
+    plan = plan_matvec(rows, cols, SLOTS, "folded")
+    full, compact = plan.key_levels(level), plan.key_levels(level, chained=True)
+    assert set(compact) == set(full) - set(range(2, plan.n1)) and compact[1] == level
+    client, server = he_pair(he_backend, P, compact)
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    x = rng.standard_normal(cols)
+    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
+    calls = []
+    rotate = server.rotate
+    server.rotate = lambda c, st: calls.append(st) or rotate(c, st)  # a counting wrapper (test only)
+    try:
+        babies = baby_steps(server, ct, plan.n1)
+    finally:
+        del server.rotate
+    assert calls == [1] * (plan.n1 - 1)
+    xs = replicate_input(x, SLOTS)
+    for b in (1, plan.n1 - 1):
+        assert np.abs(client.decrypt(babies[b])[: SLOTS - b] - np.roll(xs, -b)[: SLOTS - b]).max() < 1e-5
+    m = encode_matrix(server, w, level, layout="folded")
+    assert np.abs(client.decrypt(matvec(server, m, ct), rows) - w @ x).max() < 1e-5
+    with pytest.raises(HEError, match="no Galois key"):
+        server.rotate_many(ct, [2])  # the backend itself composes nothing
 
 
 def test_chained_products_through_replicate(pair, rng):

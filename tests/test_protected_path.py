@@ -104,6 +104,17 @@ def test_server_holds_no_secret_key(server, client, generations):
     assert sent["params"] == PROTECTED_PARAMS.id
 
 
+def test_the_client_makes_the_key_set_the_server_prefers(server, client, generations):
+    """A SEAL server (no hoisting) prefers the compact key set in /health; the client made it
+    by default, and the greedy tokens above came through it. A native server prefers the full
+    set (``test_native_protected_greedy_equals_plaintext_greedy``)."""
+    info = httpx.get(f"{server.url}/health").json()["protected"]
+    assert info == {"he_backend": "seal", "param_set": PROTECTED_PARAMS.id, "key_set": "compact"}
+    assert client.compact_keys is True and client.he_backend == "seal"
+    held = next(iter(server.app.state.protected.keys.values())).backend.rotation_steps
+    assert 1 in held and 3 not in held
+
+
 def test_server_runs_production_parameters_only(server):
     from veil.crypto.params import production_param_ids
 
@@ -283,9 +294,10 @@ def test_speculative_decoding_keeps_greedy_output(server, client, ckpt, full_mod
                            "VEIL_TEST_NATIVE=1 runs it")
 def test_native_protected_greedy_equals_plaintext_greedy(ckpt, full_model, live_server_cls, tmp_path_factory):
     """The same two prompts and 8 tokens with the native backend on the server and the client:
-    native keys, seeded native uploads, native evaluation and refresh give plain greedy's tokens."""
+    native keys, seeded native uploads, native evaluation and refresh give plain greedy's tokens.
+    The client is not told the backend: it follows the server's /health."""
     srv = live_server_cls(ckpt, tmp_path_factory.mktemp("protected-native"), k=K, he_backend="native")
-    c = VeilClient(srv.url, srv.keys["carol"], mode="protected", half=client_half_from(ckpt, K), he_backend="native")
+    c = VeilClient(srv.url, srv.keys["carol"], mode="protected", half=client_half_from(ckpt, K))
     try:
         c.generate_keys(progress=False)
         for text in PROMPTS:
@@ -294,6 +306,10 @@ def test_native_protected_greedy_equals_plaintext_greedy(ckpt, full_model, live_
             assert res.tokens == generate_local(full_model, ids, NEW_TOKENS), text
         svc = srv.app.state.protected
         assert [ks.backend.name for ks in svc.keys.values()] == ["native"]  # uploaded with the first session
+        # the native backend hoists the baby steps: its /health asks for, and got, the full set
+        assert httpx.get(f"{srv.url}/health").json()["protected"]["key_set"] == "full"
+        assert c.he_backend == "native" and c.compact_keys is False
+        assert 3 in next(iter(svc.keys.values())).backend.rotation_steps
         assert not any(ks.backend.has_secret_key for ks in svc.keys.values())
         assert svc.executor().sessions == {}
     finally:

@@ -78,3 +78,48 @@ def test_key_imports_run_where_compute_says(ckpt, upload):
     with pytest.raises(RuntimeError, match="stopped"):
         svc.add_keys("bob", upload)
     assert [k.tenant for k in svc.keys.values()] == ["alice"]
+
+
+def test_compact_keys_are_accepted_and_a_set_short_of_them_is_refused(ckpt, upload, imported):
+    """The server requires the compact key set (baby steps chained from step 1), which the
+    full set contains: both import; material without step 1 at the top level (W_qkv's chain)
+    is refused with 400 ``missing_rotations`` and leaves nothing behind."""
+    dims = dims_of(ckpt.config, PROTECTED_PARAMS.slot_count)
+    full, compact = rotation_key_levels(dims), rotation_key_levels(dims, compact=True)
+    assert all(full[st] >= lv for st, lv in compact.items()) and len(compact) < len(full)
+    assert compact[1] == PROTECTED_PARAMS.top_level and 3 not in compact
+    svc = _service(ckpt, None)
+    assert svc.required_levels == compact
+    client = make_backend(PROTECTED_PARAMS, "native")
+    client.generate_keys(compact)
+    small = public_material_to_bytes(client.export_public_material())
+    assert len(small) < 0.65 * len(upload)  # the full set: 46 keys, the compact one 35
+    assert svc.add_keys("alice", small).backend.rotation_steps == tuple(sorted(compact))
+    client.generate_keys({**compact, 1: PROTECTED_PARAMS.top_level - 1})
+    with pytest.raises(KeysError) as e:
+        svc.add_keys("bob", public_material_to_bytes(client.export_public_material()))
+    assert (e.value.status, e.value.code) == (400, "missing_rotations")
+    assert [k.tenant for k in svc.keys.values()] == ["alice"]
+
+
+def test_the_sdk_reads_backend_and_key_set_from_health(ckpt, client_half):
+    """``describe`` is what ``/health`` carries under "protected"; the SDK takes its backend and
+    key set from it, and a server that says nothing (older, or unreachable) gets SEAL keys of
+    the full set. The server is a ``httpx.MockTransport`` stand-in here (the live-server tests
+    in test_protected_path check the real /health)."""
+    import httpx
+
+    from veil.client import VeilClient
+
+    svc = ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="native"))
+    assert svc.describe() == {"he_backend": "native", "param_set": PROTECTED_PARAMS.id, "key_set": "full"}
+    seal = ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="seal"))
+    assert seal.describe()["key_set"] == "compact"
+    for health, expect in (({"status": "ok", "protected": svc.describe()}, svc.describe()),
+                           ({"status": "ok"}, {}), (None, {})):
+        c = VeilClient("http://server", "key", mode="protected", half=client_half)
+        reply = (lambda _r, h=health: httpx.Response(200, json=h)) if health else (
+            lambda _r: httpx.Response(503, json={"error": {"code": "engine_unavailable"}}))
+        c.http = httpx.Client(base_url="http://server", transport=httpx.MockTransport(reply))
+        assert c._server_protected_info() == expect
+        c.close()

@@ -56,6 +56,7 @@ class _Ct:
 class NativeBackend(Evaluator, HEBackend):
     name = "native"
     supports_batch = True
+    hoists_rotations = True
 
     @classmethod
     def batched(cls, rows):
