@@ -78,6 +78,7 @@ from veil.benchmarks.protected_overhead import (
     peak_rss,
     run_session,
     start_split_server,
+    warm_up_protected,
 )
 from veil.benchmarks.stats import RequestRecord, distribution, figure_lines, summarize
 
@@ -282,6 +283,7 @@ def measure_server(args, P: dict, replicas: int | None, half, ckpt, prompts, ref
                         client.generate_keys(progress=args.progress)
                         client.ensure_keys()
                         R["setup_s"] = time.perf_counter() - t
+                        R["server_protected_warmup_s"] = warm_up_protected(client)
                     for c in tqdm(contexts, desc=f"{path}{suffix}: contexts", disable=not args.progress):
                         R[f"ctx{c}"] = run_session(client, prompts[c], n, reference_logits, url)
                 if path == "split-plain":

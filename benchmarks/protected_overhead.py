@@ -9,7 +9,10 @@ text), then ``--max-new-tokens`` greedy tokens, one session per (path, context).
 
 Figures (per path and context):
 * ``ttft_s``: session open → first token (the whole prompt's prefill; protected prefill runs
-  position by position, multi-token packing is not implemented);
+  position by position, multi-token packing is not implemented). The server encodes its
+  protected weights when its first protected session opens, once per process: a session opened
+  and closed before the timed ones takes that (``setup.server_protected_warmup_s`` in the JSON;
+  runs before 2026-11-27 counted it in the first context's TTFT);
 * ``tpot_s`` / ``itl_s``: gaps between consecutive tokens (one decode step each);
 * ``bytes_up_per_token`` / ``bytes_down_per_token`` / ``bytes_per_token``,
   ``round_trips_per_token``, ``client_cpu_s_per_token``: over the decode steps only;
@@ -111,6 +114,15 @@ def logits_of(model):
     return run
 
 
+def warm_up_protected(client) -> float:
+    """Open and close one protected session; returns its seconds. The server encodes its
+    protected weights when its first protected session opens (once per process): a benchmark
+    calls this first, so that no measured session's TTFT carries it."""
+    t = time.perf_counter()
+    client.open_session().close()
+    return time.perf_counter() - t
+
+
 def run_session(client, prompt: list[int], new_tokens: int, reference_logits, url: str | None = None) -> dict:
     """One session: prefill ``prompt``, decode ``new_tokens`` greedily; the figures above."""
     from veil.client.sdk import GenerationStats
@@ -192,6 +204,7 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
                         setup = results.setdefault("setup", {})
                         setup["protected_keygen_and_upload_s"] = time.perf_counter() - t
                         setup["protected_key_set"] = "compact" if client.compact_keys else "full"
+                        setup["server_protected_warmup_s"] = warm_up_protected(client)
                     for ctx in contexts:
                         progress(f"{path}: context {ctx}, {new_tokens} new tokens (k={k}, "
                                  f"{ckpt.config.num_layers - k} server layers)…")
@@ -249,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         for tag, r in res.get(path, {}).items():
             lines += figure_lines(path, r, f".{tag}", skip=NOT_FIGURES)
+    lines += figure_lines("protected.setup", res.get("setup", {}))  # key generation, upload, warm-up
     lines.append(f"figure split.server_peak_rss_bytes {res['server_peak_rss_bytes']}")
     lines.append(f"figure split.client_peak_rss_bytes {res['client_peak_rss_bytes']}")
     from veil.benchmarks.overhead import ratios

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench_out/speculation.json"))
     args = ap.parse_args(argv)
 
-    from veil.benchmarks.protected_overhead import start_split_server
+    from veil.benchmarks.protected_overhead import start_split_server, warm_up_protected
     from veil.client.sdk import VeilClient
     from veil.engine.loader import load_checkpoint
     from veil.engine.split import client_half_from
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             client = VeilClient(url, key, mode="protected", half=half, speculate=args.speculate)
             client.generate_keys(progress=False)  # one key set for both settings
+            results["server_protected_warmup_s"] = warm_up_protected(client)  # not in a TTFT
             for name, text in PROMPTS.items():
                 ids = ckpt.tokenizer(text)["input_ids"]
                 out = {}
