@@ -13,3 +13,8 @@ for keys in full compact; do
   $PY -m veil.benchmarks.protected_overhead --paths protected --k 2 --contexts 8 --max-new-tokens 4 \
     --keys $keys --out $R/protected_overhead_$keys.json > $R/protected_overhead_$keys.txt 2>&1
 done
+# With be4ccde (warm-up outside the TTFT), the SDK's default key set, SEAL then native:
+$PY -m veil.benchmarks.protected_overhead --paths protected --k 2 --contexts 8 --max-new-tokens 4 \
+  --out $R/protected_overhead_auto_seal.json > $R/protected_overhead_auto_seal.txt 2>&1
+$PY -m veil.benchmarks.protected_overhead --paths protected --k 2 --contexts 8 --max-new-tokens 4 \
+  --he-backend native --out $R/protected_overhead_auto_native.json > $R/protected_overhead_auto_native.txt 2>&1
