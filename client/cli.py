@@ -20,7 +20,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--speculate", type=int, default=0, metavar="N",
                    help="protected: draft N tokens per decode step by prompt lookup and verify them in one step")
     p.add_argument("--keys", choices=["auto", "full", "compact"], default="auto",
-                   help="protected: the evaluation-key set; compact is 40%% fewer bytes, its baby steps chained on "
+                   help="protected: the evaluation-key set; compact is 39%% fewer bytes, its baby steps chained on "
                         "the server (auto: what the server's /health prefers)")
     p.add_argument("--bundle", type=Path, help="client bundle directory (veil split); default: embedded model")
     p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")

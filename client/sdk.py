@@ -133,7 +133,7 @@ class VeilClient:
             raise ValueError(f"speculate drafts 0..{MAX_SPAN - 1} tokens per step, on the protected path")
         self.speculate = speculate  # protected: drafted tokens per decode step (prompt lookup)
         # protected: evaluation keys without the baby steps but 1 (circuits.rotation_key_levels):
-        # 40% fewer setup bytes, and a hoisting server (native) chains its baby-step rotations
+        # 39% fewer setup bytes, and a hoisting server (native) chains its baby-step rotations
         # unhoisted; None: the set the server's /health prefers (full where it does not say)
         self.compact_keys = compact_keys
         if not 1 <= prefill_span <= MAX_SPAN:
@@ -223,10 +223,11 @@ class VeilClient:
         if self.he_backend is None or self.compact_keys is None:
             server = self._server_protected_info()
             if self.he_backend is None:
-                self.he_backend = server.get("he_backend", "seal")
-                if self.he_backend not in backend_names():
-                    raise VeilError(400, "unknown_backend", f"the server computes on {self.he_backend!r}, "
+                name = server.get("he_backend", "seal")
+                if name not in backend_names():
+                    raise VeilError(400, "unknown_backend", f"the server computes on {name!r}, "
                                                             f"this client has {backend_names()}")
+                self.he_backend = name
             if self.compact_keys is None:
                 self.compact_keys = server.get("key_set") == "compact"
         # each key for its levels
