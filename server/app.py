@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 
 import torch
@@ -96,6 +97,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
+        if cfg.protected_warmup:  # else the first protected session waits for the encoding (~1 min at k=2)
+            threading.Thread(target=protected.warm_up, name="protected-warmup", daemon=True).start()
 
         async def sweeper():
             while True:

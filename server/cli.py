@@ -42,6 +42,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--protected-device-gb", type=float, default=None,
                    help="memory the protected path may hold on its device (encoded weights and imported "
                         "evaluation keys); a key upload beyond it is refused with 429 (default: no bound)")
+    p.add_argument("--protected-warmup", action="store_true",
+                   help="encode the protected path's weights at start (in the background; /health says when "
+                        "they are ready) instead of when the first protected session opens")
     p.add_argument("--protected-max-batch", type=int, default=C.protected_max_batch,
                    help="protected steps of different sessions evaluated as one batch (native backend)")
     p.add_argument("--protected-batch-wait-ms", type=float, default=C.protected_batch_wait_ms,
@@ -116,6 +119,7 @@ def cmd_serve(args) -> int:
                        protected_device_bytes=None if args.protected_device_gb is None
                        else int(args.protected_device_gb * (1 << 30)),
                        protected_batch_wait_ms=args.protected_batch_wait_ms,
+                       protected_warmup=args.protected_warmup,
                        max_protected_kv_bytes=int(args.protected_kv_gb * (1 << 30)),
                        max_protected_kv_bytes_total=int(args.protected_kv_total_gb * (1 << 30)),
                        device=args.device, dtype=args.dtype,

@@ -35,6 +35,7 @@ class ServerConfig:
     protected_max_batch: int = 16  # steps of different sessions evaluated as one (native backend)
     protected_batch_wait_ms: float = 50.0  # how long the oldest step waits for sessions at the same step
     protected_device_bytes: int | None = None  # weights + imported keys the protected path may hold (429 above)
+    protected_warmup: bool = False  # encode the protected weights at start, not when the first session opens
     # engine: its own dataclass holds the defaults
     kv_cache_bytes: int = EngineConfig.kv_cache_bytes  # the paged KV pool's memory budget
     block_size: int = EngineConfig.block_size

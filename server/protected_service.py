@@ -88,8 +88,18 @@ class ProtectedService:
         self._scheduler: StepScheduler | None = None  # the one HE worker (see the module doc)
 
     def describe(self) -> dict:
-        """What a client needs before it makes its keys (``GET /health``, ``"protected"``)."""
-        return {"he_backend": self.cfg.he_backend, "param_set": self.params.id, "key_set": self.preferred_keys}
+        """What a client needs before it makes its keys (``GET /health``, ``"protected"``), and
+        whether the weights are encoded (else the first session open waits for it)."""
+        return {"he_backend": self.cfg.he_backend, "param_set": self.params.id, "key_set": self.preferred_keys,
+                "ready": self._executor is not None}
+
+    def warm_up(self) -> None:
+        """Encode the weights now (``--protected-warmup``). A failure is logged, not raised: the
+        server runs on, and the first protected session tries the build again."""
+        try:
+            self.executor()
+        except Exception:
+            log.exception("protected warm-up failed; the first protected session will build the executor")
 
     # ---- executor ------------------------------------------------------------------------
     def executor(self) -> ProtectedExecutor:

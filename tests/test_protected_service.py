@@ -112,7 +112,8 @@ def test_the_sdk_reads_backend_and_key_set_from_health(ckpt, client_half):
     from veil.client import VeilClient
 
     svc = ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="native"))
-    assert svc.describe() == {"he_backend": "native", "param_set": PROTECTED_PARAMS.id, "key_set": "full"}
+    assert svc.describe() == {"he_backend": "native", "param_set": PROTECTED_PARAMS.id, "key_set": "full",
+                              "ready": False}
     seal = ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="seal"))
     assert seal.describe()["key_set"] == "compact"
     for health, expect in (({"status": "ok", "protected": svc.describe()}, svc.describe()),
@@ -123,3 +124,25 @@ def test_the_sdk_reads_backend_and_key_set_from_health(ckpt, client_half):
         c.http = httpx.Client(base_url="http://server", transport=httpx.MockTransport(reply))
         assert c._server_protected_info() == expect
         c.close()
+
+
+def test_protected_warmup_encodes_the_weights_at_start(ckpt, live_server_cls, tmp_path):
+    """``--protected-warmup``: the server encodes its protected weights in the background at
+    start, and /health says when they are ready, before any protected session opened; without
+    it they wait for the first session (``ready`` false)."""
+    import time
+
+    import httpx
+
+    cold = live_server_cls(ckpt, tmp_path / "cold", k=29)
+    warm = live_server_cls(ckpt, tmp_path / "warm", k=29, protected_warmup=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not httpx.get(f"{warm.url}/health").json()["protected"]["ready"]:
+            assert time.monotonic() < deadline, "the warm-up did not finish"
+            time.sleep(0.2)
+        assert warm.app.state.protected.executor().sessions == {}
+        assert httpx.get(f"{cold.url}/health").json()["protected"]["ready"] is False
+    finally:
+        cold.stop()
+        warm.stop()
