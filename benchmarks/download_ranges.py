@@ -10,8 +10,9 @@ scores ŝ/sqrt(hd) (after RoPE, causal pairs only), σ/d, the SwiGLU inputs û_g
 Each is divided as its download divides it (``layouts.SCORES_DIV``, ``SIGMA_DIV``), and
 ``scores_slots`` / ``mlp_slots`` are what the downloads' slots hold (the scores, or û, on top of
 the norm statistic both carry in every slot). The report gives the largest magnitude per
-quantity and layer and the headroom ``20 - log2(max)`` in bits, plus the smallest σ/d (the client divides the scores' absolute error
-by r_t·r_j, so the smallest norms are where that error weighs most). Text: this repository's
+quantity and layer and the headroom ``20 - log2(max)`` in bits, plus the smallest σ/d (the
+client divides the scores' absolute error by r_t·r_j, so the smallest norms are where that
+error weighs most). Text: this repository's
 sources and README (``extraction_attack.text_chunks``), in sessions of ``--chunk`` tokens, and
 three chat prompts. Prints ``figure download_ranges.<metric>`` lines; ``--out`` writes JSON.
 """

@@ -222,6 +222,7 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
 
 def main(argv: list[str] | None = None) -> int:
     from veil.benchmarks.engine_throughput import machine_facts
+    from veil.client.sdk import KEY_SETS
     from veil.crypto.params import PROTECTED_PARAMS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-span", type=int, default=None,
                    help="protected: prompt positions per round trip (default and most: veil.crypto.wire.MAX_SPAN)")
     p.add_argument("--he-backend", default="seal", help="the protected path's HE backend, on both ends")
-    p.add_argument("--keys", choices=["auto", "full", "compact"], default="auto",
+    p.add_argument("--keys", choices=list(KEY_SETS), default="auto",
                    help="protected: the evaluation-key set the client makes (circuits.rotation_key_levels); "
                         "auto: the one the server's /health prefers, as the SDK does")
     p.add_argument("--out", type=Path, default=Path("bench_out/protected_overhead.json"))
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                               progress=lambda m: print(m, file=sys.stderr, flush=True),
                               server_args=["--kv-cache-gb", str(args.server_kv_cache_gb)],
                               prefill_span=args.prefill_span, he_backend=args.he_backend,
-                              compact_keys={"auto": None, "full": False, "compact": True}[args.keys])
+                              compact_keys=KEY_SETS[args.keys])
     results = {"schema": "veil.protected_overhead/1", "machine": machine_facts(), "k": args.k,
                "prefill_span": args.prefill_span, "he_backend": args.he_backend, "keys": args.keys,
                "param_set": PROTECTED_PARAMS.id, "paths": {p_: res[p_] for p_ in paths if p_ in res},

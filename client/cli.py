@@ -35,11 +35,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_chat(args) -> int:
-    from veil.client.sdk import VeilClient, VeilError
+    from veil.client.sdk import KEY_SETS, VeilClient, VeilError
 
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
                         verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate,
-                        compact_keys={"auto": None, "full": False, "compact": True}[args.keys])
+                        compact_keys=KEY_SETS[args.keys])
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:

@@ -110,6 +110,10 @@ def client_threads(server_url: str, threads: int | None = None) -> int | None:
     return max(1, (os.cpu_count() or 2) - 1) if loopback else None
 
 
+#: ``--keys`` of ``veil chat`` and the benchmarks -> ``VeilClient(compact_keys=...)``
+KEY_SETS = {"auto": None, "full": False, "compact": True}
+
+
 class VeilClient:
     """`threads` sets torch's intra-op threads of this process (they are process-wide); by
     default it leaves a core to a server on loopback (`client_threads`)."""

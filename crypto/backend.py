@@ -173,21 +173,27 @@ class HEBackend(abc.ABC):
         """The Galois key of a left rotation by ``step`` (non-zero mod the slots) at ``level``,
         by the name it was generated under (left or right); refuses a step without a key and a
         level above what the key serves (a key made for lower levels lacks the residues)."""
-        slots = self.params.slot_count
-        s = int(step) % slots
-        signed = s if s in self._key_levels else s - slots
-        key_level = self._key_levels.get(signed)
+        signed, key_level = self._held_key(step)
         if key_level is None:
-            raise HEError(f"no Galois key for rotation step {s}")
+            raise HEError(f"no Galois key for rotation step {int(step) % self.params.slot_count}")
         if level > key_level:
             raise HEError(f"the key of rotation step {signed} serves levels <= {key_level}, not {level}")
         return signed
 
-    def can_rotate(self, step: int, level: int) -> bool:
-        """Whether one key switch rotates by ``step`` at ``level`` (step 0 always)."""
+    def _held_key(self, step: int) -> tuple[int, int | None]:
+        """(the name a rotation by ``step`` has its key under, left or right; the highest level
+        that key serves, None without one)."""
         slots = self.params.slot_count
         s = int(step) % slots
-        return s == 0 or max(self._key_levels.get(s, -1), self._key_levels.get(s - slots, -1)) >= level
+        signed = s if s in self._key_levels else s - slots
+        return signed, self._key_levels.get(signed)
+
+    def can_rotate(self, step: int, level: int) -> bool:
+        """Whether one key switch rotates by ``step`` at ``level`` (step 0 always)."""
+        if int(step) % self.params.slot_count == 0:
+            return True
+        key_level = self._held_key(step)[1]
+        return key_level is not None and key_level >= level
 
     @property
     def rotation_steps(self) -> tuple[int, ...]:

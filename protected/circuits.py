@@ -433,8 +433,9 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, compact: bool = F
 
     ``compact``: the products' baby steps come from step 1 alone (``linear.baby_steps``), which
     drops the keys of steps 2..15 that W_qkv needs at the top level; 2, 4 and 8 stay, for the
-    lane sums at 5 (35 keys instead of 46; docs/PROTOCOL.md, "Keys"). It is a subset of the full set, step for step and level for level, and the server requires
-    only it; a backend that hoists (native) loses the hoisting of every product's baby steps."""
+    lane sums at 5 (35 keys instead of 46; docs/PROTOCOL.md, "Keys"). It is a subset of the
+    full set, step for step and level for level, and the server requires only it; a backend
+    that hoists (native) loses the hoisting of every product's baby steps."""
     need: dict[int, int] = {}
 
     def use(steps, level: int) -> None:

@@ -226,7 +226,8 @@ def weights_period(chunks: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, chunks))))
 
 
-def score_slot(dims: LayoutDims, position: int, head: int) -> int:
+def score_slot(dims: LayoutDims, position, head):
+    """Slot of head ``head``'s score for ``position`` (ints, or numpy arrays that broadcast)."""
     b, c = position % dims.per_chunk, position // dims.per_chunk
     return BLOCK * b + dims.head_dim * dims.head_slot(head) + c
 
@@ -257,10 +258,9 @@ def unpack_sigma(dims: LayoutDims, vec: np.ndarray) -> float:
 
 def unpack_scores(dims: LayoutDims, vec: np.ndarray, positions: int) -> tuple[float, np.ndarray]:
     """-> (σ/d, ŝ/sqrt(hd) of shape (heads, positions))."""
-    j = np.arange(positions)
-    idx = np.array([[score_slot(dims, int(p), h) for p in j] for h in range(dims.heads)])
+    idx = score_slot(dims, np.arange(positions)[None, :], np.arange(dims.heads)[:, None])
     base = float(vec[dims.sigma_slot])
-    return base * SIGMA_DIV, (vec[idx] - base) * SCORES_DIV
+    return unpack_sigma(dims, vec), (vec[idx] - base) * SCORES_DIV
 
 
 def unpack_mlp(dims: LayoutDims, vec: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:

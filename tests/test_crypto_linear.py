@@ -129,7 +129,14 @@ def test_packed_layouts(pair, rng, layout, rows, cols):
     assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
 
 
-def test_baby_steps_chain_from_step_1_under_a_compact_key_set(he_backend, he_pair, rng):
+def _count_calls(monkeypatch, be, name: str) -> list:
+    """Record the step arguments of ``be.<name>`` (a counting wrapper, test only)."""
+    calls, inner = [], getattr(be, name)
+    monkeypatch.setattr(be, name, lambda ct, st: calls.append(st if name == "rotate" else list(st)) or inner(ct, st))
+    return calls
+
+
+def test_baby_steps_chain_from_step_1_under_a_compact_key_set(he_backend, he_pair, pair, rng, monkeypatch):
     """With a key for step 1 but not for the other baby steps (the client's compact set), a
     product's baby steps chain from step 1: the same n1 - 1 key switches and the same result
     as the hoisted ones, from one key. A backend holding every baby step still hoists them."""
@@ -137,17 +144,16 @@ def test_baby_steps_chain_from_step_1_under_a_compact_key_set(he_backend, he_pai
     plan = plan_matvec(rows, cols, SLOTS, "folded")
     full, compact = plan.key_levels(level), plan.key_levels(level, chained=True)
     assert set(compact) == set(full) - set(range(2, plan.n1)) and compact[1] == level
+    full_client, full_server = pair  # holds every baby step of this plan: one rotate_many, no chain
+    many = _count_calls(monkeypatch, full_server, "rotate_many")
+    baby_steps(full_server, full_client.encrypt(np.ones(SLOTS), level=level), plan.n1)
+    assert many == [list(range(1, plan.n1))]
     client, server = he_pair(he_backend, P, compact)
     w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
     x = rng.standard_normal(cols)
     ct = client.encrypt(replicate_input(x, SLOTS), level=level)
-    calls = []
-    rotate = server.rotate
-    server.rotate = lambda c, st: calls.append(st) or rotate(c, st)  # a counting wrapper (test only)
-    try:
-        babies = baby_steps(server, ct, plan.n1)
-    finally:
-        del server.rotate
+    calls = _count_calls(monkeypatch, server, "rotate")
+    babies = baby_steps(server, ct, plan.n1)
     assert calls == [1] * (plan.n1 - 1)
     xs = replicate_input(x, SLOTS)
     for b in (1, plan.n1 - 1):
