@@ -142,7 +142,7 @@ def collect_veil(ckpt, model, k: int, chunks: list[list[int]], progress=None, la
     (one session each)."""
     from veil.crypto.backend import make_backend
     from veil.crypto.params import PROTECTED_PARAMS
-    from veil.protected.circuits import rotation_key_levels
+    from veil.protected.circuits import relin_key_level, rotation_key_levels
     from veil.protected.client import ProtectedClientState, softmax_weights, swiglu_from_u
     from veil.protected.layouts import dims_of, unpack_mlp, unpack_scores
     from veil.protected.server import ProtectedExecutor
@@ -151,7 +151,7 @@ def collect_veil(ckpt, model, k: int, chunks: list[list[int]], progress=None, la
     cfg = ckpt.config
     L, d, heads, hd = cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim
     client_be = make_backend(PROTECTED_PARAMS, "seal")
-    client_be.generate_keys(rotation_key_levels(dims_of(cfg, PROTECTED_PARAMS.slot_count)))
+    client_be.generate_keys(rotation_key_levels(dims_of(cfg, PROTECTED_PARAMS.slot_count)), relin_key_level())
     server_be = make_backend(PROTECTED_PARAMS, "seal")
     server_be.import_public_material(client_be.export_public_material())
     L = cfg.num_layers if last is None else last  # the end of the protected range

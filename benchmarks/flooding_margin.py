@@ -34,7 +34,7 @@ import torch
 from veil.crypto.backend import make_backend
 from veil.crypto.params import PROTECTED_PARAMS, get_params
 from veil.protected import circuits, server
-from veil.protected.circuits import FLOOD_BELOW_SCALE, rotation_key_levels
+from veil.protected.circuits import FLOOD_BELOW_SCALE, relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import SCORES_DIV, dims_of, score_slot
 from veil.protected.protocol import MsgKind
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     params = get_params(args.params)
     dims = dims_of(cfg, params.slot_count)
     client_be = make_backend(params, "seal")
-    client_be.generate_keys(rotation_key_levels(dims))
+    client_be.generate_keys(rotation_key_levels(dims), relin_key_level())
     server_be = make_backend(params, "seal")
     server_be.import_public_material(client_be.export_public_material())
     std = flood_std(dims)

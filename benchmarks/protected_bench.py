@@ -34,7 +34,7 @@ import torch
 
 from veil.crypto.backend import backend_names, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import rotation_key_levels
+from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import BLOCK, dims_of
 from veil.protected.protocol import MsgKind
@@ -103,7 +103,7 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
     steps = rotation_key_levels(dims)  # each key for the levels it serves
     t = time.perf_counter()
     client_be = make_backend(PROTECTED_PARAMS, name, **opts)
-    client_be.generate_keys(steps)
+    client_be.generate_keys(steps, relin_key_level())
     material = client_be.export_public_material()
     fig(name, "keygen_s", time.perf_counter() - t)
     fig(name, "galois_keys", len(steps))

@@ -177,10 +177,10 @@ NOT_FIGURES = ("tokens", "context", "new_tokens", "requests")
 def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_tokens: int, ckpt=None,
                         progress=print, reference_logits=None, server_args: list[str] | None = None,
                         prefill_span: int | None = None, he_backend: str = "seal",
-                        compact_keys: bool | None = None) -> dict:
+                        key_set: str | None = None) -> dict:
     """Run every (path, context) against one server subprocess; returns results by path. The
-    protected path runs ``he_backend`` on both ends, with the compact key set if ``compact_keys``
-    (None: the set the server prefers)."""
+    protected path runs ``he_backend`` on both ends, with the evaluation keys ``key_set``
+    (``circuits.KEY_SETS``; None: the set the server prefers)."""
     from veil.client.sdk import VeilClient
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.split import client_half_from
@@ -196,14 +196,14 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
             for path in paths:
                 mode = PATH_MODES[path]
                 with VeilClient(url, key, mode=mode, half=half, timeout_s=3600, he_backend=he_backend,
-                                prefill_span=prefill_span or MAX_SPAN, compact_keys=compact_keys) as client:
+                                prefill_span=prefill_span or MAX_SPAN, key_set=key_set) as client:
                     if mode == "protected":
                         t = time.perf_counter()
                         client.generate_keys()
                         client.ensure_keys()
                         setup = results.setdefault("setup", {})
                         setup["protected_keygen_and_upload_s"] = time.perf_counter() - t
-                        setup["protected_key_set"] = "compact" if client.compact_keys else "full"
+                        setup["protected_key_set"] = client.key_set
                         setup["server_protected_warmup_s"] = warm_up_protected(client)
                     for ctx in contexts:
                         progress(f"{path}: context {ctx}, {new_tokens} new tokens (k={k}, "
@@ -222,8 +222,8 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
 
 def main(argv: list[str] | None = None) -> int:
     from veil.benchmarks.engine_throughput import machine_facts
-    from veil.client.sdk import KEY_SETS
     from veil.crypto.params import PROTECTED_PARAMS
+    from veil.protected.circuits import KEY_SETS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--paths", default="split-plain,protected")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-span", type=int, default=None,
                    help="protected: prompt positions per round trip (default and most: veil.crypto.wire.MAX_SPAN)")
     p.add_argument("--he-backend", default="seal", help="the protected path's HE backend, on both ends")
-    p.add_argument("--keys", choices=list(KEY_SETS), default="auto",
+    p.add_argument("--keys", choices=["auto", *KEY_SETS], default="auto",
                    help="protected: the evaluation-key set the client makes (circuits.rotation_key_levels); "
                         "auto: the one the server's /health prefers, as the SDK does")
     p.add_argument("--out", type=Path, default=Path("bench_out/protected_overhead.json"))
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                               progress=lambda m: print(m, file=sys.stderr, flush=True),
                               server_args=["--kv-cache-gb", str(args.server_kv_cache_gb)],
                               prefill_span=args.prefill_span, he_backend=args.he_backend,
-                              compact_keys=KEY_SETS[args.keys])
+                              key_set=None if args.keys == "auto" else args.keys)
     results = {"schema": "veil.protected_overhead/1", "machine": machine_facts(), "k": args.k,
                "prefill_span": args.prefill_span, "he_backend": args.he_backend, "keys": args.keys,
                "param_set": PROTECTED_PARAMS.id, "paths": {p_: res[p_] for p_ in paths if p_ in res},

@@ -1,6 +1,6 @@
 """The four products of a protected layer for several baby-step counts, several backends in
 one run: ``python -m veil.benchmarks.protected_products --n1 16,8 --backends seal,native
-[--keys full,compact] [--device cpu|cuda] [--repeat N] [--out FILE]``.
+[--keys full,compact,minimal] [--device cpu|cuda] [--repeat N] [--out FILE]``.
 
 Why: the baby-step count ``n1`` of a product sets both its server time (``n1 - 1`` hoistable
 rotations of the input, ``n2 - 1`` giant-step rotations one level lower) and the client's
@@ -15,9 +15,11 @@ relative error against numpy. One ``figure products.<backend>.<matrix>.n1_<n1>.<
 line each, and JSON to ``--out``.
 
 ``--keys compact`` times the products under the client's compact key set
-(``rotation_key_levels(compact=True)``): the baby steps chain from step 1
-(``linear.baby_steps``), so the server holds one baby-step key instead of ``n1 - 1``; its
-figures are named ``products.<backend>.<matrix>.n1_<n1>.compact_keys.<metric>``.
+(``rotation_key_levels(key_set="compact")``): the baby steps chain from step 1
+(``linear.baby_steps``), so the server holds one baby-step key instead of ``n1 - 1``;
+``--keys minimal`` also makes each product's folds from its smallest (``linear.rotate``). Their
+figures are named ``products.<backend>.<matrix>.n1_<n1>.<set>_keys.<metric>``; ``rotations``
+counts the key switches of one product as run.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from veil.crypto.backend import make_backend
 from veil.crypto.linear import MatvecPlan, encode_matrix, matvec, plan_matvec, replicate_input
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.engine.loader import load_checkpoint
+from veil.protected.circuits import KEY_SETS
 from veil.protected.layouts import LayoutDims, dims_of
 from veil.protected.protocol import LEVELS
 from veil.protected.weights import MATRIX_LAYOUTS, input_spans, matrix_shapes
@@ -44,11 +47,12 @@ def _plans(dims: LayoutDims, n1s: list[int]) -> dict[tuple[str, int], MatvecPlan
             for name, (rows, cols) in matrix_shapes(dims).items() for n1 in n1s}
 
 
-def _key_levels(plans, compact: bool) -> dict[int, int]:
-    """Every step the plans rotate by, at the highest level it runs at."""
+def _key_levels(plans, key_set: str) -> dict[int, int]:
+    """Every step the plans rotate by under ``key_set``, at the highest level it runs at."""
     need: dict[int, int] = {}
     for (name, _), plan in plans.items():
-        for st, level in plan.key_levels(LEVELS.matrices[name], chained=compact).items():
+        for st, level in plan.key_levels(LEVELS.matrices[name], chained=key_set != "full",
+                                         composed_folds=key_set == "minimal").items():
             need[st] = max(need.get(st, 0), level)
     return need
 
@@ -57,9 +61,22 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
     opts = {"device": device} if backend == "native" else {}
     client = make_backend(PROTECTED_PARAMS, backend, **opts)
     plans = _plans(dims, n1s)
-    client.generate_keys(_key_levels(plans, compact=keys == "compact"))
+    client.generate_keys(_key_levels(plans, keys))
     server = make_backend(PROTECTED_PARAMS, backend, **opts)
     server.import_public_material(client.export_public_material())
+    switches = [0]  # key switches of the last product, as run
+    rotate, rotate_many = server.rotate, server.rotate_many
+
+    def counted(ct, step):
+        switches[0] += 1
+        return rotate(ct, step)
+
+    def counted_many(ct, steps):
+        steps = list(steps)
+        switches[0] += len(steps)
+        return rotate_many(ct, steps)
+
+    server.rotate, server.rotate_many = counted, counted_many
     rng = np.random.default_rng(0)
     out = {}
     for (name, n1), plan in plans.items():
@@ -69,7 +86,9 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
         x = rng.standard_normal(cols)
         ct = server.mod_switch_to(client.encrypt(replicate_input(x, PROTECTED_PARAMS.slot_count)), level)
         m = encode_matrix(server, w, level, n1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
+        switches[0] = 0
         matvec(server, m, ct)  # warm-up
+        rotations = switches[0]
         times = []
         for _ in range(repeat):
             t = time.perf_counter()
@@ -77,8 +96,8 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
             times.append(time.perf_counter() - t)
         ref = w @ x
         err = float(np.abs(client.decrypt(y, rows) - ref).max() / np.abs(ref).max())
-        tag = f"{backend}.{name}.n1_{n1}" + (".compact_keys" if keys == "compact" else "")
-        res = {"level": level, "n1": plan.n1, "n2": plan.n2, "rotations": plan.rotations,
+        tag = f"{backend}.{name}.n1_{n1}" + ("" if keys == "full" else f".{keys}_keys")
+        res = {"level": level, "n1": plan.n1, "n2": plan.n2, "rotations": rotations,
                "plaintexts": len(m.plaintexts), "matvec_s": statistics.median(times), "rel_err": err}
         for k, v in res.items():
             fig(f"{tag}.{k}", v)
@@ -90,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n1", default="16,8", help="comma-separated baby-step counts")
     ap.add_argument("--backends", default="seal,native")
-    ap.add_argument("--keys", default="full", help="comma-separated key sets: full, compact")
+    ap.add_argument("--keys", default="full", help=f"comma-separated key sets: {', '.join(KEY_SETS)}")
     ap.add_argument("--device", default="cpu", help="where the native backend computes")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
@@ -102,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for backend in args.backends.split(","):
         for keys in args.keys.split(","):
-            if keys not in ("full", "compact"):
+            if keys not in KEY_SETS:
                 ap.error(f"unknown key set {keys!r}")
             results.update(run(dims, backend, args.device, n1s, args.repeat, fig, keys))
     if args.out:

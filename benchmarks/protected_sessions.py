@@ -31,7 +31,7 @@ import torch
 from veil.benchmarks.protected_bench import PROMPT, _seed_cache
 from veil.crypto.backend import make_backend
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import rotation_key_levels
+from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import dims_of
 from veil.protected.server import ProtectedExecutor
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     clients, t = [], time.perf_counter()
     for _ in range(max(counts)):
         be = make_backend(PROTECTED_PARAMS, "native", device=args.device)
-        be.generate_keys(steps)
+        be.generate_keys(steps, relin_key_level())
         clients.append(be)
     fig("sessions.keygen_s_per_client", (time.perf_counter() - t) / max(counts))
     server_be = make_backend(PROTECTED_PARAMS, "native", device=args.device)  # encodes the weights only

@@ -19,9 +19,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="protected: the HE backend that holds this client's keys (default: the server's, from /health)")
     p.add_argument("--speculate", type=int, default=0, metavar="N",
                    help="protected: draft N tokens per decode step by prompt lookup and verify them in one step")
-    p.add_argument("--keys", choices=["auto", "full", "compact"], default="auto",
-                   help="protected: the evaluation-key set; compact is 39%% fewer bytes, its baby steps chained on "
-                        "the server (auto: what the server's /health prefers)")
+    p.add_argument("--keys", choices=["auto", "full", "compact", "minimal"], default="auto",
+                   help="protected: the evaluation-key set (docs/PROTOCOL.md, \"Keys\"): compact has fewer bytes "
+                        "than full and the server chains its baby steps, minimal the fewest bytes for a few more "
+                        "key switches per layer (auto: what the server's /health prefers)")
     p.add_argument("--bundle", type=Path, help="client bundle directory (veil split); default: embedded model")
     p.add_argument("--k", type=int, default=2, help="split point when no bundle is given")
     p.add_argument("--prompt", help="one prompt; without it, an interactive loop reads stdin")
@@ -35,11 +36,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_chat(args) -> int:
-    from veil.client.sdk import KEY_SETS, VeilClient, VeilError
+    from veil.client.sdk import VeilClient, VeilError
 
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
                         verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate,
-                        compact_keys=KEY_SETS[args.keys])
+                        key_set=None if args.keys == "auto" else args.keys)
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:

@@ -110,10 +110,6 @@ def client_threads(server_url: str, threads: int | None = None) -> int | None:
     return max(1, (os.cpu_count() or 2) - 1) if loopback else None
 
 
-#: ``--keys`` of ``veil chat`` and the benchmarks -> ``VeilClient(compact_keys=...)``
-KEY_SETS = {"auto": None, "full": False, "compact": True}
-
-
 class VeilClient:
     """`threads` sets torch's intra-op threads of this process (they are process-wide); by
     default it leaves a core to a server on loopback (`client_threads`)."""
@@ -121,8 +117,9 @@ class VeilClient:
     def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
                  half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str | None = None,
-                 speculate: int = 0, threads: int | None = None, compact_keys: bool | None = None):
+                 speculate: int = 0, threads: int | None = None, key_set: str | None = None):
         from veil.crypto.backend import backend_names
+        from veil.protected.circuits import KEY_SETS
 
         self.threads = client_threads(server_url, threads)
         if self.threads is not None:
@@ -136,10 +133,12 @@ class VeilClient:
         if not 0 <= speculate < MAX_SPAN or (speculate and mode != "protected"):
             raise ValueError(f"speculate drafts 0..{MAX_SPAN - 1} tokens per step, on the protected path")
         self.speculate = speculate  # protected: drafted tokens per decode step (prompt lookup)
-        # protected: evaluation keys without the baby steps but 1 (circuits.rotation_key_levels):
-        # 39% fewer setup bytes, and a hoisting server (native) chains its baby-step rotations
-        # unhoisted; None: the set the server's /health prefers (full where it does not say)
-        self.compact_keys = compact_keys
+        # protected: which evaluation keys to make (circuits.KEY_SETS: "full", "compact" or
+        # "minimal", each with fewer bytes and more key switches on the server than the one
+        # before); None: the set the server's /health prefers (full where it does not say)
+        if key_set is not None and key_set not in KEY_SETS:
+            raise ValueError(f"key_set must be one of {KEY_SETS}, not {key_set!r}")
+        self.key_set = key_set
         if not 1 <= prefill_span <= MAX_SPAN:
             raise ValueError(f"prefill_span must be 1..{MAX_SPAN}")
         self.prefill_span = prefill_span  # protected: prompt positions per round trip
@@ -221,10 +220,10 @@ class VeilClient:
 
         from veil.crypto.backend import backend_names, make_backend
         from veil.crypto.params import PROTECTED_PARAMS
-        from veil.protected.circuits import rotation_key_levels
+        from veil.protected.circuits import KEY_SETS, relin_key_level, rotation_key_levels
         from veil.protected.layouts import dims_of
 
-        if self.he_backend is None or self.compact_keys is None:
+        if self.he_backend is None or self.key_set is None:
             server = self._server_protected_info()
             if self.he_backend is None:
                 name = server.get("he_backend", "seal")
@@ -232,14 +231,15 @@ class VeilClient:
                     raise VeilError(400, "unknown_backend", f"the server computes on {name!r}, "
                                                             f"this client has {backend_names()}")
                 self.he_backend = name
-            if self.compact_keys is None:
-                self.compact_keys = server.get("key_set") == "compact"
+            if self.key_set is None:
+                named = server.get("key_set")
+                self.key_set = named if named in KEY_SETS else "full"
         # each key for its levels
-        steps = rotation_key_levels(dims_of(self.cfg, PROTECTED_PARAMS.slot_count), compact=self.compact_keys)
+        steps = rotation_key_levels(dims_of(self.cfg, PROTECTED_PARAMS.slot_count), key_set=self.key_set)
         with tqdm(total=3, desc="CKKS keys", unit="phase", disable=not progress) as bar:
             bar.set_postfix_str(f"secret + public key, {len(steps)} Galois keys ({PROTECTED_PARAMS.id})")
             he = make_backend(PROTECTED_PARAMS, self.he_backend)
-            he.generate_keys(steps)
+            he.generate_keys(steps, relin_key_level())
             bar.update()
             material = he.export_public_material()  # relin + Galois keys are made here
             bar.update()

@@ -101,7 +101,8 @@ class RefreshMask:
 class PublicMaterial:
     """Everything the server needs to evaluate, and no secret key: each field is the backend's
     serialized object; ``rotation_steps`` lists the steps ``galois_keys`` holds keys for and
-    ``rotation_levels`` (same order; empty: all at the top) the highest level each key serves."""
+    ``rotation_levels`` (same order; empty: all at the top) the highest level each key serves;
+    ``relin_level`` the highest level of a ct x ct product (None: the top)."""
 
     params_id: str
     public_key: bytes
@@ -109,6 +110,8 @@ class PublicMaterial:
     galois_keys: bytes
     rotation_steps: tuple[int, ...]
     rotation_levels: tuple[int, ...] = ()
+    #: the highest level the relinearization key serves (None: all)
+    relin_level: int | None = None
 
     def key_levels(self, top_level: int) -> dict[int, int]:
         """``{step: highest level its key serves}``."""
@@ -145,11 +148,13 @@ class HEBackend(abc.ABC):
 
     # ---- keys --------------------------------------------------------------------------------
     @abc.abstractmethod
-    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = (),
+                      relin_level: int | None = None) -> None:
         """Client: secret key, public key, relinearization key and Galois keys for
         ``rotation_steps`` (positive = rotate left, negative = right). A mapping gives each
         step the highest level its key must serve: a backend may then send a smaller key, and
-        refuses rotations above that level."""
+        refuses rotations above that level. ``relin_level`` does the same for the
+        relinearization key (None: every level)."""
 
     @property
     @abc.abstractmethod
@@ -168,6 +173,26 @@ class HEBackend(abc.ABC):
             raise HEError(f"key levels must lie in [0, {top}]")
         self._key_levels = levels
         return self.rotation_steps
+
+    #: the highest level the relinearization key serves (``_set_relin_level``)
+    _relin_level: int = 1 << 30
+
+    def _set_relin_level(self, level: int | None) -> None:
+        top = self.params.top_level
+        level = top if level is None else int(level)
+        if not 0 <= level <= top:
+            raise HEError(f"the relinearization key level must lie in [0, {top}]")
+        self._relin_level = level
+
+    @property
+    def relin_level(self) -> int:
+        """The highest level a ct x ct product is relinearized at."""
+        return min(self._relin_level, self.params.top_level)
+
+    def _check_relin(self, level: int) -> None:
+        """Refuse a relinearization above the key's level: it lacks those residues."""
+        if level > self.relin_level:
+            raise HEError(f"the relinearization key serves levels <= {self.relin_level}, not {level}")
 
     def _key_step(self, step: int, level: int) -> int:
         """The Galois key of a left rotation by ``step`` (non-zero mod the slots) at ``level``,
@@ -393,6 +418,7 @@ class RowBatch:
         # the Galois steps every row holds, each at the level all of them serve
         steps = set.intersection(*(set(r._key_levels) for r in rows))
         self._key_levels = {st: min(r._key_levels[st] for r in rows) for st in sorted(steps)}
+        self._relin_level = min(r.relin_level for r in rows)
         return rows
 
     def stack(self, cts: Sequence[Ciphertext | None]) -> Ciphertext:

@@ -45,6 +45,8 @@ __all__ = [
     "replicate_rotation_steps",
     "baby_steps",
     "broadcast_lane",
+    "rotate",
+    "composed_rotation",
 ]
 
 
@@ -156,12 +158,14 @@ class MatvecPlan:
         steps.update(self.row_folds)
         return sorted(steps)
 
-    def key_levels(self, level: int, chained: bool = False) -> dict[int, int]:
+    def key_levels(self, level: int, chained: bool = False, composed_folds: bool = False) -> dict[int, int]:
         """Each rotation step of a product whose input sits at ``level``, with the level it
         rotates at: the baby steps rotate the input, the giant steps and folds run after the
         rescale, one level lower. ``chained``: the baby steps come from step 1 alone
-        (``baby_steps``)."""
-        steps = [st for st in self.rotation_steps if not (chained and 1 < st < self.n1)]
+        (``baby_steps``); ``composed_folds``: the folds come from the smallest, ``stride``
+        (``rotate``: the fold by 2^i strides is 2^i rotations by one)."""
+        folds = {h * self.stride for h in range(2, self.fold_blocks)} if composed_folds else set()
+        steps = [st for st in self.rotation_steps if not (chained and 1 < st < self.n1) and st not in folds]
         return {st: level if st < self.n1 else level - 1 for st in steps}
 
     @property
@@ -423,18 +427,57 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
         inner = be.rescale(inner)
         acc = inner if acc is None else be.add(acc, inner)
     half = plan.fold_blocks // 2
-    while half >= 1:  # fold the blocks onto block 0
-        acc = be.add(acc, be.rotate(acc, half * plan.stride))
+    while half >= 1:  # fold the blocks onto block 0 (composed from smaller folds where a key set lacks one)
+        acc = be.add(acc, rotate(be, acc, half * plan.stride))
         half //= 2
     for step in plan.row_folds:  # "wide": add the row groups
         acc = be.add(acc, be.rotate(acc, step))
     return acc
 
 
+def rotate(be: HEBackend, x: Ciphertext, step: int) -> Ciphertext:
+    """``rot(x, step)``: one key switch where the backend holds the step's key at x's level,
+    else the fewest rotations by steps it does hold there (a key set that makes some steps from
+    others, ``rotation_key_levels(key_set="minimal")``). Only the call sites that such a set
+    plans for compose; everywhere else a missing key stays an error (``HEBackend.rotate``)."""
+    level = be.level(x)
+    if be.can_rotate(step, level):
+        return be.rotate(x, step)
+    held = tuple(st for st in be.rotation_steps if be.can_rotate(st, level))
+    for st in composed_rotation(int(step), held, be.params.slot_count):
+        x = be.rotate(x, st)
+    return x
+
+
+@functools.lru_cache(maxsize=512)
+def composed_rotation(step: int, held: tuple[int, ...], slots: int, max_len: int = 8) -> tuple[int, ...]:
+    """The shortest sequence of ``held`` steps that adds up to ``step`` modulo ``slots`` (a
+    breadth-first search over the offsets); HEError when none of at most ``max_len`` does."""
+    target = step % slots
+    parent: dict[int, tuple[int, int]] = {0: (0, 0)}
+    frontier = [0]
+    for _ in range(max_len):
+        nxt = []
+        for off in frontier:
+            for st in held:
+                o = (off + st) % slots
+                if o not in parent:
+                    parent[o] = (off, st)
+                    nxt.append(o)
+        if target in parent:
+            path = []
+            while target:
+                target, st = parent[target]
+                path.append(st)
+            return tuple(reversed(path))
+        frontier = nxt
+    raise HEError(f"no Galois key for rotation step {step}, nor {max_len} or fewer that add up to it")
+
+
 def baby_steps(be: HEBackend, x: Ciphertext, n1: int) -> list[Ciphertext]:
     """``[rot(x, b) for b < n1]``. Where the backend holds a key for every step at x's level
     they come from one ``rotate_many`` (hoisted on the native backend); else, with a compact key
-    set (``rotation_key_levels(compact=True)``), as a chain of rotations by 1: the same n1 - 1
+    set (``rotation_key_levels(key_set="compact")``), as a chain of rotations by 1: the same n1 - 1
     key switches from one Galois key instead of n1 - 1, none of them hoisted."""
     level = be.level(x)
     if all(be.can_rotate(b, level) for b in range(1, n1)):

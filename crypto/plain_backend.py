@@ -80,8 +80,10 @@ class PlainBackend(HEBackend):
         self._half_q = [math.prod(params.primes[: lv + 1]) / 2 for lv in range(params.top_level + 1)]
 
     # ---- keys --------------------------------------------------------------------------------
-    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = (),
+                      relin_level: int | None = None) -> None:
         steps = self._set_steps(rotation_steps)
+        self._set_relin_level(relin_level)
         if any(s == 0 or abs(s) >= self._slots for s in steps):
             raise ValueError(f"rotation steps must be non-zero and in (-{self._slots}, {self._slots})")
         self._secret = self._public = self._relin = True
@@ -95,7 +97,7 @@ class PlainBackend(HEBackend):
             raise HEError("no keys generated")
         steps = self.rotation_steps
         return PublicMaterial(self.params.id, b"plain-public-key", b"plain-relin-keys", b"plain-galois-keys",
-                              steps, tuple(self._key_levels[s] for s in steps))
+                              steps, tuple(self._key_levels[s] for s in steps), self.relin_level)
 
     def import_public_material(self, material: PublicMaterial) -> None:
         if not isinstance(material, PublicMaterial) or material.params_id != self.params.id:
@@ -106,8 +108,9 @@ class PlainBackend(HEBackend):
         try:
             levels = material.key_levels(self.params.top_level)
             self._set_steps(levels)
+            self._set_relin_level(material.relin_level)
         except (TypeError, ValueError, HEError) as e:
-            raise KeyMaterialError(f"rotation levels do not match the rotation steps: {e}") from None
+            raise KeyMaterialError(f"rotation or relinearization levels are invalid: {e}") from None
         self._public = self._relin = True
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -215,6 +218,8 @@ class PlainBackend(HEBackend):
             raise HEError("level mismatch")
         if x.size != 2 or y.size != 2:
             raise HEError("multiply needs relinearized (two-polynomial) operands")
+        if relinearize:
+            self._check_relin(x.level)
         scale = x.scale * y.scale
         self._check_scale(scale, x.level)
         out = self._wrap(x.values * y.values, x.level, scale, 2 if relinearize else 3)
@@ -224,6 +229,8 @@ class PlainBackend(HEBackend):
         if not self._relin:
             raise HEError("no relinearization keys: import public material first")
         x = self._unwrap(ct)
+        if x.size == 3:
+            self._check_relin(x.level)
         return self._wrap(x.values, x.level, x.scale, 2)
 
     def rescale(self, ct) -> Ciphertext:

@@ -49,7 +49,7 @@ from veil.protected.weights import (
 )
 
 __all__ = ["DOWNLOAD_SCALE", "FLOOD_BELOW_SCALE", "SCORE_MASK_SCALE", "Constants", "Circuit", "score_lane_groups",
-           "rotation_key_levels"]
+           "KEY_SETS", "relin_key_level", "rotation_key_levels"]
 
 DOWNLOAD_SCALE = 2.0**56
 #: The score masks land on 2^62 at level 1 (then a constant takes the scores to Δ at 0): their
@@ -206,22 +206,24 @@ class Circuit:
         be, dims = self.be, self.dims
         hd, q, kvd = dims.head_dim, dims.qdim, dims.kv_dim
         y = self.matvec(layer.wqkv, h)  # 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after
-        y_up, y_dn = be.rotate(y, hd // 2), be.rotate(y, -(hd // 2))
-        plains = self.rope(t, be.level(y), be.prime(be.level(y)))
+        # RoPE one level lower: q̂ and k̂ then land at the keys' level, where the scores use them,
+        # its two rotations are cheaper, and their keys are the lane sums' (at 5 anyway)
+        y_r = be.mod_switch_to(y, self.levels.keys + 1)
+        y_up, y_dn = be.rotate(y_r, hd // 2), be.rotate(y_r, -(hd // 2))
+        plains = self.rope(t, be.level(y_r), be.prime(be.level(y_r)))
 
         def rope(off: int) -> Ciphertext:
             acc = None
-            for src, pt in zip((y, y_up, y_dn), plains[off], strict=True):
+            for src, pt in zip((y_r, y_up, y_dn), plains[off], strict=True):
                 if pt is not None:  # sin = 0 at position 0
                     prod = be.multiply_plain(src, pt, rescale=False)
                     acc = prod if acc is None else be.add(acc, prod)
             return be.rescale(acc)
 
-        q_hat = rope(0) if want_q else None  # [0, q), 5
+        q_hat = rope(0) if want_q else None  # [0, q), 4
         # KV lanes repeated for the head slots (slot g reads KV head g % kv_heads), then moved
-        # to [0, q) (keys) and to the value frame (values): the keys switched to their level
-        # first (a rotation at 4 costs ~3/4 of one at 5)
-        k_hat = be.rotate(self.repeat_kv(be.mod_switch_to(rope(q), self.levels.keys)), kvd)  # 4
+        # to [0, q) (keys) and to the value frame (values)
+        k_hat = be.rotate(self.repeat_kv(rope(q)), kvd)  # 4
         v_lanes = lambda: _mask(dims.slots, [(q + kvd, q + 2 * kvd)])  # noqa: E731
         v_mask = self.consts.get(be, "v_lanes", v_lanes, be.level(y), be.prime(be.level(y)))
         v_hat = be.rotate(self.repeat_kv(be.multiply_plain(y, v_mask)), 2 * kvd - dims.value_offset)  # 5
@@ -258,8 +260,7 @@ class Circuit:
         whose rows stand at different positions (``t`` a tuple) every row takes the longest
         row's chunks, its own zero-padded ones with no valid block."""
         dims, be = self.dims, self.be
-        # switched before its 3 replicating rotations: cheaper at the keys' level
-        q_rep = replicate(be, be.mod_switch_to(q_hat, self.levels.keys), BLOCK, dims.per_chunk)
+        q_rep = replicate(be, q_hat, BLOCK, dims.per_chunk)  # q̂ at the keys' level (4)
         ts = t if isinstance(t, tuple) else (t,)
         n_chunks = max(ts) // dims.per_chunk + 1
         valid = [rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts) for c in range(n_chunks)]
@@ -425,17 +426,36 @@ def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]
     return best
 
 
-def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, compact: bool = False) -> dict[int, int]:
+#: The evaluation-key sets a client can make (``rotation_key_levels``), largest first.
+KEY_SETS = ("full", "compact", "minimal")
+
+
+def relin_key_level(lv: Levels = LEVELS) -> int:
+    """The highest level a ct x ct product is relinearized at: the scores (q̂ ⊙ K_c at the keys'
+    level, 4), the weighted values (relinearized after their rescale, 4) and h² for σ (2). The
+    client makes its relinearization key for it: 30 of the 72 residue runs of a whole key."""
+    return max(lv.keys, lv.kv - 1, lv.scores_download + 2)
+
+
+def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "full") -> dict[int, int]:
     """Every Galois step the circuits use, with the highest level any of its rotations runs at.
     The client generates each key for that level only: a key for level l holds (l+1)(l+2) of
     the 8 x 9 residue runs of a top-level key, and the backend refuses a rotation above it (so
     a wrong entry here fails loudly; ``tests/test_protected_protocol.py`` runs every step).
 
-    ``compact``: the products' baby steps come from step 1 alone (``linear.baby_steps``), which
-    drops the keys of steps 2..15 that W_qkv needs at the top level; 2, 4 and 8 stay, for the
-    lane sums at 5 (35 keys instead of 46; docs/PROTOCOL.md, "Keys"). It is a subset of the
-    full set, step for step and level for level, and the server requires only it; a backend
-    that hoists (native) loses the hoisting of every product's baby steps."""
+    ``key_set`` (``KEY_SETS``; docs/PROTOCOL.md, "Keys"), each a subset of the one before, step
+    for step and level for level:
+
+    * ``"full"``: a key for every step: what a backend that hoists rotations (native) wants.
+    * ``"compact"``: the products' baby steps come from step 1 alone (``linear.baby_steps``),
+      which drops the keys of steps 2..15 that W_qkv needs at the top level; 2, 4 and 8 stay,
+      for the lane sums at 5. On a backend that does not hoist (SEAL) that is the same work.
+    * ``"minimal"``: also each product's folds from its smallest, a fold by 2^i strides as 2^i
+      rotations (``linear.rotate``): fewer bytes, for 6 more key switches per layer and
+      position (4 of them at level 6, W_qkv's folds; one each in W_o and W_down at 3)."""
+    if key_set not in KEY_SETS:
+        raise ValueError(f"unknown key set {key_set!r}; choose one of {KEY_SETS}")
+    chained, minimal = key_set != "full", key_set == "minimal"
     need: dict[int, int] = {}
 
     def use(steps, level: int) -> None:
@@ -445,10 +465,10 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, compact: bool = F
     spans = input_spans(dims)
     for name, (rows, cols) in matrix_shapes(dims).items():
         plan = plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], N1)
-        for st, level in plan.key_levels(lv.matrices[name], chained=compact).items():
+        for st, level in plan.key_levels(lv.matrices[name], chained=chained, composed_folds=minimal).items():
             use({st}, level)
     hd = dims.head_dim
-    use({hd // 2, -(hd // 2)}, lv.w)  # RoPE on y
+    use({hd // 2, -(hd // 2)}, lv.keys + 1)  # RoPE on y switched to 5
     use({dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}, lv.kv)  # KV lanes -> head slots (k̂ at 4, v̂ at 5)
     use({-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}, lv.kv)  # value blocks, â shifts
     use({-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}, lv.keys)  # key blocks, q̂ copies

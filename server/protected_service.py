@@ -32,7 +32,7 @@ from veil.crypto.backend import HEBackend, KeyMaterialError, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.crypto.wire import WireError
 from veil.engine.split import ServerHalf
-from veil.protected.circuits import rotation_key_levels
+from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import ProtectedMessage, public_material_from_bytes
 from veil.protected.scheduler import StepScheduler
@@ -78,9 +78,10 @@ class ProtectedService:
         budget = cfg.protected_device_bytes
         if cfg.protected_max_batch < 1 or cfg.protected_batch_wait_ms < 0 or (budget is not None and budget <= 0):
             raise ValueError("protected_max_batch >= 1, protected_batch_wait_ms >= 0 and protected_device_gb > 0")
-        #: step -> the level its key must serve: the compact set, which every full set contains
-        #: (a product's baby steps then chain from step 1, ``linear.baby_steps``)
-        self.required_levels = rotation_key_levels(dims_of(half.config, self.params.slot_count), compact=True)
+        #: step -> the level its key must serve: the minimal set, which every other contains
+        #: (the circuits compose what it lacks: ``linear.baby_steps``, ``linear.rotate``)
+        self.required_levels = rotation_key_levels(dims_of(half.config, self.params.slot_count), key_set="minimal")
+        self.required_relin_level = relin_key_level()
         self.keys: dict[tuple[str, str], KeySet] = {}
         self._keys_lock = threading.Lock()
         self._build_lock = threading.Lock()
@@ -153,6 +154,10 @@ class ProtectedService:
             raise KeysError(400, "missing_rotations", f"Galois keys lack rotation steps, or levels of them: "
                                                       f"{[(s, self.required_levels[s]) for s in short[:8]]} "
                                                       "(step, level needed)")
+        relin = self.params.top_level if material.relin_level is None else material.relin_level
+        if relin < self.required_relin_level:
+            raise KeysError(400, "missing_relin_level", f"the relinearization key serves levels <= {relin}; "
+                                                        f"the circuits relinearize at {self.required_relin_level}")
 
         def load() -> HEBackend:
             be = self._backend()

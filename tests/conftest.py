@@ -39,17 +39,18 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def he_pair():
-    """``he_pair(name, params, steps)``: a client backend with keys for ``steps`` and a server
-    backend holding only the client's exported public material. ``plain`` injects CKKS-sized
-    encryption and flooding noise, so tolerances are tested as on a real backend."""
+    """``he_pair(name, params, steps, relin_level=None)``: a client backend with keys for
+    ``steps`` and a server backend holding only the client's exported public material. ``plain``
+    injects CKKS-sized encryption and flooding noise, so tolerances are tested as on a real
+    backend."""
 
-    def make(name, params, steps, **options):
+    def make(name, params, steps, relin_level=None, **options):
         from veil.crypto.backend import make_backend
 
         if name == "plain":
             options.setdefault("noise", True)
         client = make_backend(params, name, allow_test_backends=True, **options)
-        client.generate_keys(steps)
+        client.generate_keys(steps, relin_level)
         server = make_backend(params, name, allow_test_backends=True, **options)
         server.import_public_material(client.export_public_material())
         return client, server

@@ -1,4 +1,4 @@
-"""Smoke test of the throughput benchmark: a tiny run of both paths, figures and JSON checked.
+"""Smoke tests of benchmarks: tiny runs, figures and JSON checked.
 (Figures themselves are measured by running the benchmark, never asserted here.)"""
 
 import json
@@ -37,3 +37,20 @@ def test_engine_throughput_smoke(tmp_path, capsys):
     best = max(ref.values(), key=lambda r: r["output_tok_s"])
     ratio = res["paths"]["fast"]["c4"]["output_tok_s"] / best["output_tok_s"]
     assert abs(float(figures["ratio.fast_over_reference.output_tok_s.c4"]) - ratio) < 1e-3 * ratio
+
+
+def test_key_sets_smoke(tmp_path, capsys):
+    """The key-set benchmark on SEAL, two sets: figures and JSON agree, and the parts add up to
+    at most the upload (the msgpack map around them is the rest)."""
+    from veil.benchmarks import key_sets
+
+    out = tmp_path / "k.json"
+    key_sets.main(["--backends", "seal", "--sets", "compact,minimal", "--out", str(out)])
+    printed = capsys.readouterr().out
+    figures = {k: float(v) for k, v in (line.split()[1:] for line in printed.splitlines() if line.startswith("figure "))}
+    res = json.loads(out.read_text())["results"]["seal"]
+    for key_set in ("compact", "minimal"):
+        r = res[key_set]
+        assert abs(figures[f"keys.seal.{key_set}.setup_bytes"] - r["setup_bytes"]) <= 1e-5 * r["setup_bytes"]  # 6 digits
+        assert r["public_key_bytes"] + r["relin_key_bytes"] + r["galois_key_bytes"] < r["setup_bytes"]
+    assert res["minimal"]["galois_keys"] < res["compact"]["galois_keys"]

@@ -12,6 +12,7 @@ from veil.crypto.linear import (
     baby_steps,
     broadcast_lane,
     bsgs_split,
+    composed_rotation,
     encode_matrix,
     matvec,
     plan_matvec,
@@ -162,6 +163,39 @@ def test_baby_steps_chain_from_step_1_under_a_compact_key_set(he_backend, he_pai
     assert np.abs(client.decrypt(matvec(server, m, ct), rows) - w @ x).max() < 1e-5
     with pytest.raises(HEError, match="no Galois key"):
         server.rotate_many(ct, [2])  # the backend itself composes nothing
+
+
+def test_composed_rotation_is_the_shortest_sum_of_held_steps():
+    assert composed_rotation(4 * 987, (1, 16, 987), SLOTS) == (987,) * 4
+    assert sorted(composed_rotation(-2624, (-2048, -576, 3584, 192), SLOTS)) == [-2048, -576]
+    assert composed_rotation(-2624 % SLOTS, (-2048, -576), SLOTS) == composed_rotation(-2624, (-2048, -576), SLOTS)
+    with pytest.raises(HEError, match="no Galois key for rotation step 5"):
+        composed_rotation(5, (2, 4), SLOTS)  # only even offsets reach
+    with pytest.raises(HEError):
+        composed_rotation(9, (1,), SLOTS, max_len=8)
+
+
+def test_folds_composed_from_the_smallest_under_a_minimal_key_set(he_backend, he_pair, rng, monkeypatch):
+    """Without the keys of the larger folds (the client's minimal set), a folded product folds
+    by its stride alone: fold_blocks - 1 key switches by the stride instead of log2(fold_blocks),
+    and the same result. Elsewhere a missing key stays an error."""
+    rows, cols, level = 192, 576, 2
+    plan = plan_matvec(rows, cols, SLOTS, "folded")
+    assert plan.fold_blocks >= 4  # else there is nothing to compose
+    minimal = plan.key_levels(level, chained=True, composed_folds=True)
+    folds = [h * plan.stride for h in range(1, plan.fold_blocks) if h & (h - 1) == 0]
+    assert [f for f in folds if f in minimal] == [plan.stride]
+    client, server = he_pair(he_backend, P, minimal)
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    x = rng.standard_normal(cols)
+    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
+    m = encode_matrix(server, w, level, layout="folded")
+    calls = _count_calls(monkeypatch, server, "rotate")
+    y = matvec(server, m, ct)
+    assert calls.count(plan.stride) == plan.fold_blocks - 1 and not set(folds[1:]) & set(calls)
+    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+    with pytest.raises(HEError, match="no Galois key"):
+        server.rotate(ct, 2 * plan.stride)
 
 
 def test_chained_products_through_replicate(pair, rng):

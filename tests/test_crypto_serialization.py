@@ -213,6 +213,7 @@ def test_public_material_has_no_secret_key(pair):
         "galois_keys",
         "rotation_steps",
         "rotation_levels",
+        "relin_level",
     }
     assert mat.params_id == P.id and mat.rotation_steps == (-1, 1, 3)
     blobs = [mat.public_key, mat.relin_keys, mat.galois_keys]

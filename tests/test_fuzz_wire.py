@@ -159,6 +159,12 @@ def test_key_import_on_mutated_material(seal_pair):
     good = client.export_public_material()
     wire = public_material_to_bytes(good)
     assert public_material_from_bytes(wire, max_bytes=len(wire)) == good
+    import dataclasses
+
+    for level in ("4", 1.5, True):  # the relinearization key's level is an integer or absent
+        wire_bad = public_material_to_bytes(dataclasses.replace(good, relin_level=level))
+        with pytest.raises(WireError, match="relin_level"):
+            public_material_from_bytes(wire_bad, max_bytes=len(wire_bad))
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.data())

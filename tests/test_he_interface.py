@@ -243,6 +243,36 @@ def test_keys_for_their_levels_only(he_backend, he_pair, rng):
         assert fresh.rotation_steps == ()
 
 
+def test_relinearization_key_for_its_levels_only(he_backend, he_pair, rng):
+    """A relinearization key made for level 1: smaller (SEAL, native), products at it, refused
+    above it (with and without the deferred relinearization); material declaring more than the
+    key holds is refused."""
+    client, server = he_pair(he_backend, P, [1], relin_level=1)
+    mat = client.export_public_material()
+    assert mat.relin_level == 1 and server.relin_level == 1
+    x, y = rng.standard_normal((2, SLOTS))
+    for lv in (1,):
+        a, b = client.encrypt(x, level=lv), client.encrypt(y, level=lv)
+        np.testing.assert_allclose(client.decrypt(server.multiply(a, b)), x * y, atol=1e-3)
+        prod = server.multiply(a, b, rescale=False, relinearize=False)
+        np.testing.assert_allclose(client.decrypt(server.rescale(server.relinearize(prod))), x * y, atol=1e-3)
+    a, b = client.encrypt(x, level=2), client.encrypt(y, level=2)
+    with pytest.raises(HEError, match="relinearization key serves levels <= 1"):
+        server.multiply(a, b)
+    with pytest.raises(HEError, match="relinearization key serves levels <= 1"):
+        server.relinearize(server.multiply(a, b, rescale=False, relinearize=False))
+    # the plain double has no key bytes: only levels outside the chain are wrong there
+    for bad in (P.top_level + 1, -1) if he_backend == "plain" else (2, P.top_level + 1, -1):
+        fresh = make_backend(P, he_backend, allow_test_backends=True)
+        with pytest.raises(KeyMaterialError):
+            fresh.import_public_material(dataclasses.replace(mat, relin_level=bad))
+    if he_backend == "plain":
+        return
+    full, _ = he_pair(he_backend, P, [1])
+    assert full.export_public_material().relin_level == P.top_level
+    assert len(mat.relin_keys) < 0.6 * len(full.export_public_material().relin_keys)  # 2 x 3 of 3 x 4 runs
+
+
 def test_key_import_validates(pair, he_backend):
     client, _ = pair
     mat = client.export_public_material()

@@ -16,7 +16,7 @@ import torch
 
 from veil.crypto.backend import CiphertextError
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import rotation_key_levels
+from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import CtPayload, DeviceOutOfMemory, MsgKind
@@ -32,7 +32,7 @@ REL_ERR_BOUND = 2e-3  # as test_protected_protocol: the plain double injects CKK
 @pytest.fixture(scope="module")
 def setup(ckpt, full_model, he_pair):
     steps = rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count))
-    pairs = [he_pair("plain", PROTECTED_PARAMS, steps) for _ in range(ROWS)]
+    pairs = [he_pair("plain", PROTECTED_PARAMS, steps, relin_key_level()) for _ in range(ROWS)]
     ex = ProtectedExecutor.from_checkpoint(pairs[0][1], ckpt, FIRST, LAST, ServerConfig().protected_limits())
     ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][:AHEAD + 2]
     with torch.no_grad():

@@ -15,7 +15,7 @@ import torch
 
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.engine.generate import generate_local
-from veil.protected.circuits import rotation_key_levels
+from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import MAX_SPAN
@@ -30,7 +30,8 @@ NEW_TOKENS = 4
 @pytest.fixture(scope="module")
 def runs(ckpt, full_model, he_pair):
     cfg = ckpt.config
-    client_be, server_be = he_pair("plain", PROTECTED_PARAMS, rotation_key_levels(dims_of(cfg, 8192)))
+    client_be, server_be = he_pair("plain", PROTECTED_PARAMS, rotation_key_levels(dims_of(cfg, 8192)),
+                                   relin_key_level())
     ex = ProtectedExecutor.from_checkpoint(server_be, ckpt, K, cfg.num_layers, ServerConfig().protected_limits())
     out = []
     for prompt in PROMPTS:

@@ -111,7 +111,7 @@ def test_the_client_makes_the_key_set_the_server_prefers(server, client, generat
     set (``test_native_protected_greedy_equals_plaintext_greedy``)."""
     info = httpx.get(f"{server.url}/health").json()["protected"]
     assert info == {"he_backend": "seal", "param_set": PROTECTED_PARAMS.id, "key_set": "compact", "ready": True}
-    assert client.compact_keys is True and client.he_backend == "seal"
+    assert client.key_set == "compact" and client.he_backend == "seal"
     held = next(iter(server.app.state.protected.keys.values())).backend.rotation_steps
     assert 1 in held and 3 not in held
 
@@ -313,7 +313,7 @@ def test_native_protected_greedy_equals_plaintext_greedy(ckpt, full_model, live_
         assert [ks.backend.name for ks in svc.keys.values()] == ["native"]  # uploaded with the first session
         # the native backend hoists the baby steps: its /health asks for, and got, the full set
         assert httpx.get(f"{srv.url}/health").json()["protected"]["key_set"] == "full"
-        assert c.he_backend == "native" and c.compact_keys is False
+        assert c.he_backend == "native" and c.key_set == "full"
         assert 3 in next(iter(svc.keys.values())).backend.rotation_steps
         assert not any(ks.backend.has_secret_key for ks in svc.keys.values())
         assert svc.executor().sessions == {}

@@ -17,7 +17,7 @@ import torch
 
 from veil.crypto.backend import HEError
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import rotation_key_levels
+from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import HeadroomExceeded, ProtectedClientState
 from veil.protected.layouts import dims_of, score_slot, unpack_mlp
 from veil.protected.protocol import (
@@ -51,7 +51,10 @@ LIMITS = ServerConfig().protected_limits()
 
 @pytest.fixture(scope="module")
 def keys(ckpt, he_backend, he_pair):
-    return he_pair(he_backend, PROTECTED_PARAMS, rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count)))
+    """The smallest evaluation keys a server accepts (the minimal set, the relinearization key
+    for level 4): the circuits compose what they lack (test_protected_batch runs the full set)."""
+    steps = rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count), key_set="minimal")
+    return he_pair(he_backend, PROTECTED_PARAMS, steps, relin_key_level())
 
 
 @pytest.fixture(scope="module")

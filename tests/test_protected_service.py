@@ -10,7 +10,7 @@ import pytest
 
 from veil.crypto.backend import make_backend
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import rotation_key_levels
+from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import public_material_to_bytes
 from veil.server.config import ServerConfig
@@ -80,25 +80,49 @@ def test_key_imports_run_where_compute_says(ckpt, upload):
     assert [k.tenant for k in svc.keys.values()] == ["alice"]
 
 
-def test_compact_keys_are_accepted_and_a_set_short_of_them_is_refused(ckpt, upload, imported):
-    """The server requires the compact key set (baby steps chained from step 1), which the
-    full set contains: both import; material without step 1 at the top level (W_qkv's chain)
-    is refused with 400 ``missing_rotations`` and leaves nothing behind."""
+def test_every_key_set_is_accepted_and_a_set_short_of_the_minimal_one_is_refused(ckpt, upload, imported):
+    """The server requires the minimal key set, which the compact set contains, which the full
+    set contains (step for step, level for level): all import; material without step 1 at the
+    top level (W_qkv's chain) is refused with 400 ``missing_rotations`` and leaves nothing
+    behind."""
     dims = dims_of(ckpt.config, PROTECTED_PARAMS.slot_count)
-    full, compact = rotation_key_levels(dims), rotation_key_levels(dims, compact=True)
-    assert all(full[st] >= lv for st, lv in compact.items()) and len(compact) < len(full)
+    full, compact, minimal = (rotation_key_levels(dims, key_set=ks) for ks in ("full", "compact", "minimal"))
+    for big, small in ((full, compact), (compact, minimal)):
+        assert all(big.get(st, -1) >= lv for st, lv in small.items()) and len(small) < len(big)
     assert compact[1] == PROTECTED_PARAMS.top_level and 3 not in compact
+    assert 987 in minimal and 2 * 987 in compact and 2 * 987 not in minimal  # W_qkv's folds
+    with pytest.raises(ValueError, match="unknown key set"):
+        rotation_key_levels(dims, key_set="tiny")
     svc = _service(ckpt, None)
-    assert svc.required_levels == compact
+    assert svc.required_levels == minimal
     client = make_backend(PROTECTED_PARAMS, "native")
-    client.generate_keys(compact)
-    small = public_material_to_bytes(client.export_public_material())
-    assert len(small) < 0.65 * len(upload)  # the full set: 46 keys, the compact one 35
-    assert svc.add_keys("alice", small).backend.rotation_steps == tuple(sorted(compact))
-    client.generate_keys({**compact, 1: PROTECTED_PARAMS.top_level - 1})
+    sizes = []
+    for steps in (compact, minimal):
+        client.generate_keys(steps)
+        sizes.append(len(small := public_material_to_bytes(client.export_public_material())))
+        assert svc.add_keys("alice", small).backend.rotation_steps == tuple(sorted(steps))
+    assert sizes[1] < sizes[0] < 0.65 * len(upload)  # the full set: 46 keys, compact 35, minimal 31
+    client.generate_keys({**minimal, 1: PROTECTED_PARAMS.top_level - 1})
     with pytest.raises(KeysError) as e:
         svc.add_keys("bob", public_material_to_bytes(client.export_public_material()))
     assert (e.value.status, e.value.code) == (400, "missing_rotations")
+    assert {k.tenant for k in svc.keys.values()} == {"alice"}
+
+
+def test_a_relinearization_key_for_its_level_is_accepted_and_one_below_it_refused(ckpt):
+    """The client makes its relinearization key for the highest level the circuits relinearize
+    at (``relin_key_level``: 4): the server takes it, and refuses one made for a level below with
+    400 ``missing_relin_level``, keeping nothing of it."""
+    assert relin_key_level() == 4
+    svc = _service(ckpt, None)
+    client = make_backend(PROTECTED_PARAMS, "native")
+    steps = rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count), key_set="minimal")
+    client.generate_keys(steps, relin_key_level())
+    assert svc.add_keys("alice", public_material_to_bytes(client.export_public_material())).backend.relin_level == 4
+    client.generate_keys(steps, relin_key_level() - 1)
+    with pytest.raises(KeysError) as e:
+        svc.add_keys("bob", public_material_to_bytes(client.export_public_material()))
+    assert (e.value.status, e.value.code) == (400, "missing_relin_level")
     assert [k.tenant for k in svc.keys.values()] == ["alice"]
 
 

@@ -106,8 +106,10 @@ class NativeBackend(Evaluator, HEBackend):
         return scale
 
     # ------------------------------------------------------------------ keys
-    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = (),
+                      relin_level: int | None = None) -> None:
         steps = self._set_steps(rotation_steps)
+        self._set_relin_level(relin_level)
         elements = sorted({galois_element(s, self._n) for s in steps})  # validates the steps
         ctx = self._ctx
         sk = K.gen_secret(ctx)
@@ -129,7 +131,8 @@ class NativeBackend(Evaluator, HEBackend):
             ctx = self._ctx
             data, master = ctx.data_primes, ctx.master_primes
             pk = serial.keys_to_bytes(ctx, serial.KIND_PUBLIC, [(self._pk.seed, self._pk.b[None])], data)
-            rk = serial.keys_to_bytes(ctx, serial.KIND_RELIN, [(self._rlk.seed, self._rlk.data[0])], master)
+            rk = serial.keys_to_bytes(ctx, serial.KIND_RELIN, [(self._rlk.seed, self._rlk.data[0])], master,
+                                      levels=(self.relin_level,))
             gk = b""
             if self._gks:
                 elements = tuple(sorted(self._gks))
@@ -138,7 +141,8 @@ class NativeBackend(Evaluator, HEBackend):
                                           [(self._gks[g].seed, self._gks[g].data[0]) for g in elements],
                                           master, elements, tuple(level_of[g] for g in elements))
             steps = self.rotation_steps
-            self._export = PublicMaterial(self.params.id, pk, rk, gk, steps, tuple(self._key_levels[st] for st in steps))
+            self._export = PublicMaterial(self.params.id, pk, rk, gk, steps, tuple(self._key_levels[st] for st in steps),
+                                          self.relin_level)
         return self._export
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -156,8 +160,11 @@ class NativeBackend(Evaluator, HEBackend):
             elements = sorted({galois_element(s, self._n) for s in steps})
             _, _, [(pk_seed, pk_b)] = serial.keys_from_bytes(
                 ctx, bytes(material.public_key), serial.KIND_PUBLIC, 1, 1, ctx.data_primes)
-            _, _, [(rk_seed, rk_b)] = serial.keys_from_bytes(
+            _, (rk_held,), [(rk_seed, rk_b)] = serial.keys_from_bytes(
                 ctx, bytes(material.relin_keys), serial.KIND_RELIN, 1, digits, ctx.master_primes)
+            relin_level = self.params.top_level if material.relin_level is None else material.relin_level
+            if not isinstance(relin_level, int) or not 0 <= relin_level <= rk_held:
+                raise ValueError(f"the relinearization key holds level {rk_held}, declared {relin_level}")
             gks = {}
             if elements:
                 got, held, raw = serial.keys_from_bytes(ctx, bytes(material.galois_keys), serial.KIND_GALOIS,
@@ -176,7 +183,7 @@ class NativeBackend(Evaluator, HEBackend):
         pk_a = K.expand_a(ctx, pk_seed, ctx.top, K.TAG_PK)
         self._pk = K.PublicKey(pk_b[0], pk_a, pk_seed)
         self._rlk, self._gks = self._switch_key(rk_seed, rk_b), gks
-        self._key_levels = declared
+        self._key_levels, self._relin_level = declared, relin_level
         self._export = None
 
     def _switch_key(self, seed: bytes, b: torch.Tensor) -> K.SwitchKey:

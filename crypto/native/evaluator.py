@@ -101,6 +101,8 @@ class Evaluator:
             raise HEError("multiply needs relinearized (two-polynomial) operands")
         if rescale and x.level == 0:
             raise HEError("no level left to rescale")
+        if relinearize:
+            self._check_relin(x.level)
         scale = self._product_scale(x.scale * y.scale, x.level)
         basis, _ = self._ctx.data(x.level)
         (a0, a1), (b0, b1) = x.data.unbind(-3), y.data.unbind(-3)
@@ -116,6 +118,7 @@ class Evaluator:
         c = self._unwrap(ct)
         if c.data.shape[-3] == 2:
             return self._wrap(c.data.clone(), c.level, c.scale)
+        self._check_relin(c.level)
         return self._wrap(keyswitch.relinearize(c.data, self._rlk, self._ctx, c.level), c.level, c.scale)
 
     def rescale(self, ct: Ciphertext) -> Ciphertext:

@@ -12,13 +12,13 @@ Ciphertext (little endian)::
 
 Key material::
 
-    b"VNK1" | u8 version 2 | u8 kind (1 public, 2 relinearization, 3 Galois) | 2 zero bytes
-    | 8-byte parameter tag | u32 keys | u32 digits | u32 limbs | Galois only: u32 element per key,
-      then u32 level per key
+    b"VNK1" | u8 version 3 | u8 kind (1 public, 2 relinearization, 3 Galois) | 2 zero bytes
+    | 8-byte parameter tag | u32 keys | u32 digits | u32 limbs | Galois only: u32 element per key
+    | relinearization and Galois: u32 level per key
     | per key: 32-byte seed of the a-halves | residues of the b-halves [digit][limb][coeff]
 
-A Galois key of level ``l`` carries digits ``0..l`` over limbs ``p, q_0..q_l`` only: what a key
-switch at levels ``<= l`` reads (``keys.SwitchKey.at``).
+A switching key (relinearization or Galois) of level ``l`` carries digits ``0..l`` over limbs
+``p, q_0..q_l`` only: what a key switch at levels ``<= l`` reads (``keys.SwitchKey.at``).
 
 Parsing trusts nothing: every size is derived from the parameter set and compared with the
 exact length before anything is unpacked, and every residue is checked below its prime.
@@ -39,7 +39,7 @@ from veil.crypto.native.sampling import SEED_BYTES
 __all__ = ["SerialError", "params_tag", "pack", "unpack", "check_header", "ct_to_bytes", "ct_from_bytes",
            "keys_to_bytes", "keys_from_bytes", "KIND_PUBLIC", "KIND_RELIN", "KIND_GALOIS"]
 
-CT_MAGIC, KEY_MAGIC, VERSION, KEY_VERSION = b"VNC1", b"VNK1", 1, 2
+CT_MAGIC, KEY_MAGIC, VERSION, KEY_VERSION = b"VNC1", b"VNK1", 1, 3
 _CT_HEAD = struct.Struct("<4sBBBB8sd")
 _KEY_HEAD = struct.Struct("<4sBB2x8sIII")
 FLAG_SEEDED = 1
@@ -152,7 +152,8 @@ def keys_to_bytes(ctx: RnsContext, kind: int, keys: list[tuple[bytes, torch.Tens
                   primes: tuple[int, ...], elements: tuple[int, ...] = (),
                   levels: tuple[int, ...] = ()) -> bytes:
     """``keys``: ``(seed, b)`` with ``b`` ``[digits, limbs, N]``; Galois keys: their
-    ``elements`` and the ``levels`` they serve (only those digits and limbs are written)."""
+    ``elements``; switching keys: the ``levels`` they serve (only those digits and limbs are
+    written)."""
     digits = keys[0][1].shape[0]
     head = _KEY_HEAD.pack(KEY_MAGIC, KEY_VERSION, kind, params_tag(ctx), len(keys), digits, len(primes))
     parts = [head, struct.pack(f"<{len(elements)}I", *elements), struct.pack(f"<{len(levels)}I", *levels)]
@@ -170,7 +171,7 @@ def keys_from_bytes(ctx: RnsContext, buf: bytes, kind: int, count: int, digits: 
                     primes: tuple[int, ...]
                     ) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[bytes, torch.Tensor]]]:
     """Validate and parse ``count`` keys of ``digits x len(primes)`` limbs: ``(elements,
-    levels, [(seed, b)])``; a Galois key of level ``l`` comes back as ``b`` ``[l+1, l+2, N]``.
+    levels, [(seed, b)])``; a switching key of level ``l`` comes back as ``b`` ``[l+1, l+2, N]``.
     Expected counts come from the caller, never from the bytes."""
     if len(buf) < _KEY_HEAD.size:
         raise SerialError("shorter than a key header")
@@ -181,16 +182,16 @@ def keys_from_bytes(ctx: RnsContext, buf: bytes, kind: int, count: int, digits: 
         raise SerialError(f"key material of another parameter set than {ctx.params.id}")
     if (got_count, got_digits, limbs) != (count, digits, len(primes)):
         raise SerialError("key material has other dimensions than this parameter set needs")
-    galois = kind == KIND_GALOIS
-    n_elements = count if galois else 0
-    pos = _KEY_HEAD.size + 8 * n_elements
+    n_elements = count if kind == KIND_GALOIS else 0
+    n_levels = count if kind in (KIND_GALOIS, KIND_RELIN) else 0
+    pos = _KEY_HEAD.size + 4 * (n_elements + n_levels)
     if len(buf) < pos:
         raise SerialError("key material length does not match its header")
     elements = struct.unpack_from(f"<{n_elements}I", buf, _KEY_HEAD.size)
-    levels = struct.unpack_from(f"<{n_elements}I", buf, _KEY_HEAD.size + 4 * n_elements)
+    levels = struct.unpack_from(f"<{n_levels}I", buf, _KEY_HEAD.size + 4 * n_elements)
     if any(lv > digits - 1 for lv in levels):
-        raise SerialError("a Galois key level beyond the parameter set's levels")
-    shapes = [(lv + 1, primes[: lv + 2]) for lv in levels] if galois else [(digits, primes)] * count
+        raise SerialError("a switching key level beyond the parameter set's levels")
+    shapes = [(lv + 1, primes[: lv + 2]) for lv in levels] if n_levels else [(digits, primes)] * count
     sizes = [SEED_BYTES + d * _limb_bytes(ctx.n, ps) for d, ps in shapes]
     if len(buf) != pos + sum(sizes):
         raise SerialError("key material length does not match its header")

@@ -84,7 +84,9 @@ class SealBackend(HEBackend):
             raise HEError("no public key")
 
     # ------------------------------------------------------------------ keys
-    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = ()) -> None:
+    def generate_keys(self, rotation_steps: Sequence[int] | Mapping[int, int] = (),
+                      relin_level: int | None = None) -> None:
+        self._set_relin_level(relin_level)
         kg = sealapi.KeyGenerator(self._c.ctx)
         self._sk = kg.secret_key()
         self._pk = sealapi.PublicKey()
@@ -116,11 +118,13 @@ class SealBackend(HEBackend):
         if self._export_cache is None:
             kg = self._keygen
             # every key bit-packed at its primes' widths (``seal.packing``); relinearization and
-            # Galois keys seeded (half size)
+            # Galois keys seeded (half size; tenseal does not bind SEAL's seeded public key) and
+            # made for the levels they serve
             steps = self.rotation_steps
             widths, limit = self._c.key_prime_widths, self._key_limit(len(steps))
             pk_bytes = seal_packing.pack(self._c.io.save(self._pk), widths)
-            rk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_relin_keys()), widths, limit)
+            relin = {} if self.relin_level == self.params.top_level else {0: self.relin_level}  # s^2: index 0
+            rk_bytes = seal_packing.pack_keys(self._c.io.save(kg.create_relin_keys()), widths, limit, relin)
             if steps:
                 elts = [galois_element(s, self._c.n) for s in steps]
                 # each Galois key travels for the levels it serves only (SEAL keeps its index at elt >> 1)
@@ -129,7 +133,8 @@ class SealBackend(HEBackend):
             else:
                 gk_bytes = b""
             levels = tuple(self._key_levels[s] for s in steps)
-            self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, steps, levels)
+            self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, steps, levels,
+                                                self.relin_level)
         return self._export_cache
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -150,6 +155,7 @@ class SealBackend(HEBackend):
         except (TypeError, ValueError) as e:
             raise KeyMaterialError(f"rotation levels do not match the rotation steps: {e}") from None
         packed_levels: dict[int, int] = {}
+        relin_held = seal_packing.FULL
         for name, obj, data, raw_limit, keys in (
             ("public key", pk, material.public_key, one, 0),
             ("relin keys", rk, material.relin_keys, dnum * one, 1),
@@ -167,8 +173,8 @@ class SealBackend(HEBackend):
                                                            self._c.n, keys, dnum)
                     if name == "Galois keys":
                         packed_levels = found
-                    elif any(lv != seal_packing.FULL for lv in found.values()):
-                        raise seal_format.SealFormatError("the relinearization key must serve every level")
+                    else:
+                        relin_held = found.get(0, seal_packing.FULL)
                 elif not keys and seal_packing.is_packed(data):
                     data = seal_packing.unpack(data, self._c.key_prime_widths, self._c.version, self._c.n)
                 seal_format.parse_header(data)
@@ -183,6 +189,10 @@ class SealBackend(HEBackend):
             if name == "relin keys" and (obj.size() != 1 or not obj.has_key(2)):
                 raise KeyMaterialError("relin keys must hold exactly the key for s^2")
         top = self.params.top_level
+        relin_held = top if relin_held == seal_packing.FULL else relin_held
+        relin_level = top if material.relin_level is None else material.relin_level
+        if not isinstance(relin_level, int) or not 0 <= relin_level <= relin_held:
+            raise KeyMaterialError(f"the relinearization key holds level {relin_held}, declared {relin_level}")
         for s in key_levels:
             try:
                 elt = galois_element(s, self._c.n)
@@ -196,7 +206,7 @@ class SealBackend(HEBackend):
             if not 0 <= key_levels[s] <= held:
                 raise KeyMaterialError(f"the key of rotation step {s} holds level {held}, declared {key_levels[s]}")
         self._pk, self._rk, self._gk = pk, rk, gk
-        self._key_levels = key_levels
+        self._key_levels, self._relin_level = key_levels, relin_level
         if self._sk is not None:
             self._encryptor_sk = sealapi.Encryptor(self._c.ctx, pk, self._sk)
             self._encryptor_pk = self._encryptor_sk
@@ -331,6 +341,8 @@ class SealBackend(HEBackend):
             raise HEError("multiply needs relinearized (two-polynomial) operands")
         if rescale and self._c.level_of(x) == 0:
             raise HEError("no level left to rescale")
+        if relinearize:
+            self._check_relin(self._c.level_of(x))
         out = self._c.new_ct()
         self._c.ev.multiply(x, y, out)
         if relinearize:
@@ -344,6 +356,7 @@ class SealBackend(HEBackend):
         obj = self._unwrap(ct)
         if obj.size() == 2:
             return self._wrap(self._c.copy(obj))
+        self._check_relin(self._c.level_of(obj))
         out = self._c.new_ct()
         self._c.ev.relinearize(obj, self._rk, out)
         return self._wrap(out)
