@@ -490,18 +490,19 @@ def baby_steps(be: HEBackend, x: Ciphertext, n1: int) -> list[Ciphertext]:
 
 def replicate(be: HEBackend, ct: Ciphertext, length: int, copies: int) -> Ciphertext:
     """A vector in slots ``[0, length)`` (zero elsewhere) -> ``copies`` consecutive copies, by
-    doubling (steps: ``replicate_rotation_steps``). Uses no level."""
+    doubling (steps: ``replicate_rotation_steps``; composed where a key set lacks one). Uses no
+    level."""
     if length < 1 or copies < 1 or length * copies > be.params.slot_count:
         raise HEError(f"{copies} copies of {length} slots do not fit {be.params.slot_count} slots")
     powers = [ct]  # powers[i]: 2^i copies in [0, 2^i * length)
     while 1 << len(powers) <= copies:
         prev = powers[-1]
-        powers.append(be.add(prev, be.rotate(prev, -length * (1 << (len(powers) - 1)))))
+        powers.append(be.add(prev, rotate(be, prev, -length * (1 << (len(powers) - 1)))))
     top = len(powers) - 1
     cur, have = powers[top], 1 << top
     for i in range(top - 1, -1, -1):
         if copies >> i & 1:
-            cur = be.add(cur, be.rotate(powers[i], -length * have))
+            cur = be.add(cur, rotate(be, powers[i], -length * have))
             have += 1 << i
     return cur
 

@@ -33,6 +33,7 @@ from veil.crypto.linear import (
     plan_matvec,
     replicate,
     replicate_rotation_steps,
+    rotate,
     rotation_steps_of,
 )
 from veil.protected.batch import rows_of
@@ -165,7 +166,7 @@ class Circuit:
         while any(b >> i for b in rows):
             need = [bool(b >> i & 1) for b in rows]
             if any(need):
-                rot = self.be.rotate(ct, -width * (1 << i))
+                rot = rotate(self.be, ct, -width * (1 << i))  # composed where a minimal key set lacks it
                 ct = rot if all(need) else self.be.pick_rows(need, rot, ct)
             i += 1
         return ct
@@ -183,7 +184,7 @@ class Circuit:
         """Cyclic sum of all slots into every slot (log2(slots) rotations): no partial sums."""
         st = 1
         while st < self.dims.slots:
-            ct = self.be.add(ct, self.be.rotate(ct, st if st < BLOCK else -st))
+            ct = self.be.add(ct, rotate(self.be, ct, st if st < BLOCK else -st))
             st *= 2
         return ct
 
@@ -451,8 +452,9 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
       which drops the keys of steps 2..15 that W_qkv needs at the top level; 2, 4 and 8 stay,
       for the lane sums at 5. On a backend that does not hoist (SEAL) that is the same work.
     * ``"minimal"``: also each product's folds from its smallest, a fold by 2^i strides as 2^i
-      rotations (``linear.rotate``): fewer bytes, for 6 more key switches per layer and
-      position (4 of them at level 6, W_qkv's folds; one each in W_o and W_down at 3)."""
+      rotations, and the largest key-block step (-4096) from the next (``linear.rotate``):
+      fewer bytes, for about 9.5 more key switches per layer and position (4 at level 6, W_qkv's
+      folds; one each in W_o and W_down at 3; 1.5 at 4 and 2 at 1 for -4096)."""
     if key_set not in KEY_SETS:
         raise ValueError(f"unknown key set {key_set!r}; choose one of {KEY_SETS}")
     chained, minimal = key_set != "full", key_set == "minimal"
@@ -477,4 +479,7 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
     use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)
     use(replicate_rotation_steps(dims.d, dims.copies), lv.h_prime)  # o and W_down m replicated
     use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
+    if minimal:  # the largest key-block step from the next (q̂ copies, key blocks, σ sums)
+        for st in rotation_steps_of([-BLOCK * (dims.per_chunk // 2)], dims.slots):
+            need.pop(st)
     return dict(sorted(need.items()))
