@@ -71,10 +71,14 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
         switches[0] += 1
         return rotate(ct, step)
 
-    def counted_many(ct, steps):
+    def counted_many(ct, steps):  # one count per step: the base class loops over rotate
         steps = list(steps)
-        switches[0] += len(steps)
-        return rotate_many(ct, steps)
+        server.rotate = rotate
+        try:
+            return rotate_many(ct, steps)
+        finally:
+            switches[0] += len(steps)
+            server.rotate = counted
 
     server.rotate, server.rotate_many = counted, counted_many
     rng = np.random.default_rng(0)

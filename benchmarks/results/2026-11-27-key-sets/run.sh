@@ -10,6 +10,7 @@ run() { flock /tmp/veil-quiet.lock "$@"; }
 run $PY -m veil.benchmarks.key_sets --backends seal,native --out $OUT/key_sets.json | tee $OUT/key_sets.txt
 run $PY -m veil.benchmarks.protected_products --n1 16 --backends seal,native --keys full,compact,minimal \
     --repeat 3 --out $OUT/products.json | tee $OUT/products.txt
+# (products.* were run again alone afterwards, the same command, after a fix to the key-switch count)
 # before: the tree of feea95c on the same interpreter (a shim package of its folders ahead of the
 # editable install: git worktree add /tmp/before feea95c; /tmp/before_pkg/veil/<dir> -> /tmp/before/<dir>)
 PYTHONPATH=/tmp/before_pkg run $PY -m veil.benchmarks.protected_overhead --paths protected --k 2 --contexts 8 \
