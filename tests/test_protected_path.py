@@ -101,7 +101,7 @@ def test_server_holds_no_secret_key(server, client, generations):
 
     sent = unpack(client._material, max_bytes=len(client._material))
     assert set(sent) == {"v", "kind", "params", "public_key", "relin_keys", "galois_keys", "rotation_steps",
-                         "rotation_levels"}
+                         "rotation_levels", "relin_level"}
     assert sent["params"] == PROTECTED_PARAMS.id
 
 
