@@ -174,8 +174,8 @@ class HEBackend(abc.ABC):
         self._key_levels = levels
         return self.rotation_steps
 
-    #: the highest level the relinearization key serves (``_set_relin_level``)
-    _relin_level: int = 1 << 30
+    #: the highest level the relinearization key serves (``_set_relin_level``; None: the top)
+    _relin_level: int | None = None
 
     def _set_relin_level(self, level: int | None) -> None:
         top = self.params.top_level
@@ -187,7 +187,7 @@ class HEBackend(abc.ABC):
     @property
     def relin_level(self) -> int:
         """The highest level a ct x ct product is relinearized at."""
-        return min(self._relin_level, self.params.top_level)
+        return self.params.top_level if self._relin_level is None else self._relin_level
 
     def _check_relin(self, level: int) -> None:
         """Refuse a relinearization above the key's level: it lacks those residues."""
