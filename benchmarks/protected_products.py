@@ -1,6 +1,6 @@
 """The four products of a protected layer for several baby-step counts, several backends in
 one run: ``python -m veil.benchmarks.protected_products --n1 16,8 --backends seal,native
-[--keys full,compact,minimal] [--device cpu|cuda] [--repeat N] [--out FILE]``.
+[--keys full,compact,minimal] [--positions 8] [--device cpu|cuda] [--repeat N] [--out FILE]``.
 
 Why: the baby-step count ``n1`` of a product sets both its server time (``n1 - 1`` hoistable
 rotations of the input, ``n2 - 1`` giant-step rotations one level lower) and the client's
@@ -13,6 +13,12 @@ shapes only) and prints,
 per backend, matrix and ``n1``: the median seconds of one product, its rotations, and its
 relative error against numpy. One ``figure products.<backend>.<matrix>.n1_<n1>.<metric>``
 line each, and JSON to ``--out``.
+
+``--positions 8`` (native, or any backend that batches) also times each product for a prefill
+span of that many positions, one after another and as the rows of one batch under the session's
+keys (``Circuit.matvecs``, which batches where ``HEBackend.batch_pays``): figures
+``products.<backend>.<matrix>.n1_<n1>.positions_<P>.{loop,batch}_s_per_position`` and
+``.batch_speedup``, the batched outputs checked bit for bit against the one-by-one ones.
 
 ``--keys compact`` times the products under the client's compact key set
 (``rotation_key_levels(key_set="compact")``): the baby steps chain from step 1
@@ -57,7 +63,29 @@ def _key_levels(plans, key_set: str) -> dict[int, int]:
     return need
 
 
-def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int, fig, keys: str = "full") -> dict:
+def _span(server, client, m, name: str, level: int, cols: int, positions: int, repeat: int, rng) -> dict:
+    """One product for ``positions`` inputs: one after another, then as the rows of one batch."""
+    cts = [server.mod_switch_to(client.encrypt(replicate_input(rng.standard_normal(cols), PROTECTED_PARAMS.slot_count)),
+                                level) for _ in range(positions)]
+    batch = type(server).batched([server] * positions)
+    stacked = batch.stack(cts)
+    loop, rows = [], []
+    for _ in range(repeat + 1):  # the first of each: warm-up
+        t = time.perf_counter()
+        ys = [matvec(server, m, ct) for ct in cts]
+        loop.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        yb = batch.unstack(matvec(batch, m, stacked))
+        rows.append(time.perf_counter() - t)
+    same = all(server.serialize(a) == server.serialize(b) for a, b in zip(ys, yb, strict=True))
+    if not same:
+        raise AssertionError(f"{name}: the batched product differs from the one-by-one products")
+    lp, bp = statistics.median(loop[1:]) / positions, statistics.median(rows[1:]) / positions
+    return {"loop_s_per_position": lp, "batch_s_per_position": bp, "batch_speedup": lp / bp}
+
+
+def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int, fig, keys: str = "full",
+        positions: list[int] = ()) -> dict:
     opts = {"device": device} if backend == "native" else {}
     client = make_backend(PROTECTED_PARAMS, backend, **opts)
     plans = _plans(dims, n1s)
@@ -103,8 +131,12 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
         tag = f"{backend}.{name}.n1_{n1}" + ("" if keys == "full" else f".{keys}_keys")
         res = {"level": level, "n1": plan.n1, "n2": plan.n2, "rotations": rotations,
                "plaintexts": len(m.plaintexts), "matvec_s": statistics.median(times), "rel_err": err}
+        for p in positions if server.supports_batch else ():
+            if p > 1:
+                res[f"positions_{p}"] = _span(server, client, m, name, level, cols, p, repeat, rng)
         for k, v in res.items():
-            fig(f"{tag}.{k}", v)
+            for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)]):
+                fig(f"{tag}.{k}" + (f".{kk}" if kk else ""), vv)
         out[tag] = res
     return out
 
@@ -115,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backends", default="seal,native")
     ap.add_argument("--keys", default="full", help=f"comma-separated key sets: {', '.join(KEY_SETS)}")
     ap.add_argument("--device", default="cpu", help="where the native backend computes")
+    ap.add_argument("--positions", default="", help="comma-separated span lengths: each product also "
+                    "for that many positions, one by one and batched (backends that batch)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", default="")
@@ -127,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         for keys in args.keys.split(","):
             if keys not in KEY_SETS:
                 ap.error(f"unknown key set {keys!r}")
-            results.update(run(dims, backend, args.device, n1s, args.repeat, fig, keys))
+            results.update(run(dims, backend, args.device, n1s, args.repeat, fig, keys,
+                               [int(x) for x in args.positions.split(",") if x]))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -136,6 +136,13 @@ class HEBackend(abc.ABC):
     #: (``linear.baby_steps``); a server on such a backend prefers the client's full key set
     hoists_rotations = False
 
+    @property
+    def batch_pays(self) -> bool:
+        """Whether several ciphertexts of one session (a span's positions) go faster as the rows
+        of one ``batched`` evaluation than one after another: where one ciphertext leaves the
+        device mostly idle (a GPU), not where it already keeps every core busy (a CPU)."""
+        return False
+
     @classmethod
     def batched(cls, rows: Sequence[HEBackend]) -> RowBatch:
         """A backend over the sessions ``rows`` (their imported public material): its ciphertexts

@@ -3,8 +3,9 @@
 ``Circuit`` is the per-step context the server evaluates with: one session's backend (its
 evaluation keys, timed) plus the executor-wide encoded constants. Its methods are the pieces
 of a layer in protocol order — ``qkv`` and ``kv_blocks``, ``scores`` and ``sigma`` (for
-SCORES), ``attend`` (for MLP), ``down``, ``residual`` and ``final`` (for REFRESH / FINAL) — and
-``download`` prepares anything that leaves. Each comment's trailing number is the level the
+SCORES), ``attention``, ``attention_residual`` and ``mlp_statistics`` (for MLP), ``residual``
+and ``final`` (for REFRESH / FINAL) — and ``download`` prepares anything that leaves. The
+products run through ``matvecs``, all positions of a span at once. Each comment's trailing number is the level the
 value lands at on ``ckks-n16384-l7-v2``.
 
 0/1 masks ("select"): a product with a plaintext of zeros and ones keeps some slots and cleans
@@ -36,14 +37,13 @@ from veil.crypto.linear import (
     rotate,
     rotation_steps_of,
 )
-from veil.protected.batch import rows_of
+from veil.protected.batch import rows_of, stack_matrices
 from veil.protected.layouts import BLOCK, SCORES_DIV, SIGMA_DIV, LayoutDims, weights_period
 from veil.protected.protocol import LEVELS, MAX_SPAN, Levels
 from veil.protected.timing import TimedBackend
 from veil.protected.weights import (
     MATRIX_LAYOUTS,
     N1,
-    EncodedLayer,
     input_spans,
     matrix_shapes,
     rope_cos_sin,
@@ -158,6 +158,21 @@ class Circuit:
         with self.be.section("matvec", f"{m.rows}x{m.cols}@{m.level}"):
             return matvec(self.be, m, x)
 
+    def matvecs(self, ms: EncodedMatrix | list[EncodedMatrix], xs: list[Ciphertext]) -> list[Ciphertext]:
+        """``W x`` for every position of a span (``ms``: one matrix, or one per position, as the
+        first protected layer's shuffled copies). Where a batch pays on the backend (a GPU), the
+        positions are the rows of one batched product under the session's keys: each diagonal
+        read once and every step one launch for the whole span (the prefill's products, ~70% of
+        a layer's server time); elsewhere one product after another."""
+        ms = list(ms) if isinstance(ms, list) else [ms] * len(xs)
+        inner = self.be.inner
+        if len(xs) < 2 or not inner.batch_pays:
+            return [self.matvec(m, x) for m, x in zip(ms, xs, strict=True)]
+        batch = self.be.sharing(type(inner).batched([inner] * len(xs)))
+        m = ms[0] if all(x is ms[0] for x in ms) else stack_matrices(batch.inner, ms)
+        with self.be.section("matvec", f"{m.rows}x{m.cols}@{m.level}"):
+            return batch.unstack(matvec(batch, m, batch.stack(xs)))
+
     def rotate_blocks(self, ct: Ciphertext, blocks, width: int = BLOCK) -> Ciphertext:
         """Rotate right by ``blocks * width`` slots (power-of-two steps); per-row ``blocks`` (a
         tuple): each power of two is rotated for every row and kept where the row's bit is set."""
@@ -201,12 +216,12 @@ class Circuit:
         return self.be.serialize(masked, noise_log2=float(np.log2(self.be.scale(masked))) - REFRESH_ROUND_BELOW_SCALE)
 
     # ---- TOKEN / REFRESHED -> SCORES -----------------------------------------------------------
-    def qkv(self, layer: EncodedLayer, h: Ciphertext, t: int, want_q: bool):
-        """q̂ (or None), k̂ and v̂ of position ``t`` from h (clean, replicated, at 7): k̂ at [0, q),
-        v̂ in the value frame, both repeated for the head slots, not yet in their block."""
+    def qkv(self, y: Ciphertext, t: int, want_q: bool):
+        """q̂ (or None), k̂ and v̂ of position ``t`` from ``y = W_qkv h`` (h clean and replicated at
+        7; y at 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after): k̂ at [0, q), v̂ in the
+        value frame, both repeated for the head slots, not yet in their block."""
         be, dims = self.be, self.dims
         hd, q, kvd = dims.head_dim, dims.qdim, dims.kv_dim
-        y = self.matvec(layer.wqkv, h)  # 6, folded: y_q at [0, q), y_k at [q, q + kvd), y_v after
         # RoPE one level lower: q̂ and k̂ then land at the keys' level, where the scores use them,
         # its two rotations are cheaper, and their keys are the lane sums' (at 5 anyway)
         y_r = be.mod_switch_to(y, self.levels.keys + 1)
@@ -340,12 +355,11 @@ class Circuit:
         return self.select(sq, "norm", lambda: np.full(self.dims.slots, 1.0 / (self.dims.d * self.dims.copies * SIGMA_DIV)))
 
     # ---- WEIGHTS -> MLP ------------------------------------------------------------------------
-    def attend(self, layer: EncodedLayer, wgu: EncodedMatrix, values: list[Ciphertext], h: Ciphertext,
-               w: Ciphertext, t: int):
-        """Weighted values, W_o and the residual for position ``t``: returns (h' at 2, [û, σ'] at 0).
-        ``wgu``: the layer's W_gate|up, or its shuffled copy at the first protected layer."""
+    def attention(self, values: list[Ciphertext], w: Ciphertext, t: int) -> Ciphertext:
+        """The weighted values â of position ``t`` from its softmax weights ``w`` (6): period q on
+        ``[0, value_span)`` at 4, W_o's input."""
         be, dims = self.be, self.dims
-        d, hd = dims.d, dims.head_dim
+        hd = dims.head_dim
         ts = t if isinstance(t, tuple) else (t,)
         n_chunks = max(ts) // dims.per_chunk + 1
         # the upload's layout: every row of a batch has this period (``batch.step_key``)
@@ -376,18 +390,22 @@ class Circuit:
         while st < dims.value_shifts:  # shift sum: â with period q on [0, value_span)
             a = be.add(a, be.rotate(a, -dims.qdim * st))
             st *= 2
-        o = self.matvec(layer.wo, a)  # 3, folded
-        o = replicate(be, self.select(o, "first_d", self.first(d)), d, dims.copies)  # 2
-        h_prime = be.add(be.mod_switch_to(h, be.level(o)), o)
-        # σ'/(8d) in every slot; the client subtracts slot 2F from û
-        u = self.matvec(wgu, h_prime)  # 1, folded
-        out = be.add(self.select(u, "first_2f", self.first(2 * dims.ffn)), self.norm_statistic(h_prime))  # 0
-        return h_prime, out
+        return a
 
-    # ---- MLP_IN -> REFRESH / FINAL -------------------------------------------------------------
-    def down(self, wdown: EncodedMatrix, m: Ciphertext) -> Ciphertext:
-        return self.matvec(wdown, m)  # 3, wide: partial sums outside [0, d)
+    def attention_residual(self, h: Ciphertext, o: Ciphertext) -> Ciphertext:
+        """h' = h + W_o â, with ``o = W_o â`` (3, folded) cleaned and replicated: at 2, the input of
+        W_gate|up and of the MLP's residual."""
+        be, d = self.be, self.dims.d
+        o = replicate(be, self.select(o, "first_d", self.first(d)), d, self.dims.copies)  # 2
+        return be.add(be.mod_switch_to(h, be.level(o)), o)
 
+    def mlp_statistics(self, u: Ciphertext, h_prime: Ciphertext) -> Ciphertext:
+        """The MLP download from ``u = W_gate|up h'`` (1, folded; the first protected layer's under
+        the position's shuffle): [û + σ'/(8d), σ'/(8d) in every other slot] at 0 (the client
+        subtracts slot 2F from û)."""
+        return self.be.add(self.select(u, "first_2f", self.first(2 * self.dims.ffn)), self.norm_statistic(h_prime))
+
+    # ---- MLP_IN -> REFRESH / FINAL (after W_down m: 3, wide, partial sums outside [0, d)) -----
     def residual(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:
         """h'' = h' + W_down m, clean and replicated (2): the next layer's input once refreshed."""
         d = self.dims.d

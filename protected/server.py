@@ -309,15 +309,19 @@ class ProtectedExecutor:
         st = s.state
         ws = self._load(c, msg, dict.fromkeys(sorted(st.h), Tag.W), self.levels.w)
         layer, kv = self._layer(st.layer), s.kv[st.layer]
-        h_primes, payloads, shuffled_down = {}, [], {}
-        for i, w in ws.items():
-            wgu = layer.wgu
-            if layer.ffn is not None:
+        a = [c.attention(kv.values, w, shift(st.position, i)) for i, w in ws.items()]
+        h_primes = {i: c.attention_residual(st.h[i], o) for i, o in zip(ws, c.matvecs(layer.wo, a), strict=True)}
+        wgu, shuffled_down = layer.wgu, {}
+        if layer.ffn is not None:
+            wgu = []
+            for i in ws:
                 with c.be.section("shuffle"):
-                    wgu, shuffled_down[i] = self._shuffled(c.be.inner, layer, s.rows)
-            h_primes[i], out = c.attend(layer, wgu, kv.values, st.h[i], w, shift(st.position, i))
-            payloads.append(CtPayload(Tag.U_SIGMA2, self.levels.mlp_download,
-                                      c.download(out, self.levels.mlp_download), i))
+                    w_i, shuffled_down[i] = self._shuffled(c.be.inner, layer, s.rows)
+                wgu.append(w_i)
+        us = c.matvecs(wgu, list(h_primes.values()))
+        payloads = [CtPayload(Tag.U_SIGMA2, self.levels.mlp_download,
+                              c.download(c.mlp_statistics(u, h_primes[i]), self.levels.mlp_download), i)
+                    for i, u in zip(h_primes, us, strict=True)]
         return _Advance(self._reply(MsgKind.MLP, msg, st.layer, payloads),
                         replace(st, h=h_primes, shuffled_down=shuffled_down, expect=EXPECT[MsgKind.MLP]))
 
@@ -327,7 +331,8 @@ class ProtectedExecutor:
         st = s.state
         ms = self._load(c, msg, dict.fromkeys(sorted(st.h), Tag.M), self.levels.m)
         layer = self._layer(st.layer)
-        downs = {i: c.down(st.shuffled_down.get(i, layer.wdown), m) for i, m in ms.items()}
+        wdown = [st.shuffled_down[i] for i in ms] if st.shuffled_down else layer.wdown
+        downs = dict(zip(ms, c.matvecs(wdown, list(ms.values())), strict=True))
         if st.layer + 1 < self.last:
             payloads, masks = [], {}
             for i, down in downs.items():
@@ -361,8 +366,8 @@ class ProtectedExecutor:
         verify = msg.verify if verify is None else verify
         active = active_positions(index, self.last, count, verify)
         q_hats, blocks = {}, []
-        for i, h in hs.items():
-            q_hat, k_hat, v_hat = c.qkv(layer, h, shift(t0, i), want_q=i in active)
+        for i, y in zip(hs, c.matvecs(layer.wqkv, list(hs.values())), strict=True):
+            q_hat, k_hat, v_hat = c.qkv(y, shift(t0, i), want_q=i in active)
             if q_hat is not None:
                 q_hats[i] = q_hat
             blocks.append(c.kv_blocks(k_hat, v_hat, shift(t0, i)))

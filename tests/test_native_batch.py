@@ -190,3 +190,31 @@ def test_matrices_encoded_together_equal_each_alone(rows, layout, shape):
                 assert torch.equal(pt._obj, want)
         if layout == "bsgs":
             assert len(together[1].plaintexts) == len(encode_matrix(be, ws[1], 2).plaintexts) + 1
+
+
+def test_one_sessions_positions_as_rows_use_its_own_keys(rows):
+    """A prefill span's products (``Circuit.matvecs`` where a batch pays): the rows are one
+    session's positions, so the batch holds that session's keys themselves (one key read for all
+    rows, no per-row stack), and a product, hoisted rotations and a relinearization give each
+    position bit for bit what the session gives it alone, per-row plaintexts included."""
+    rng = np.random.default_rng(5)
+    client, server = rows[0]
+    batch = NativeBatch([server] * 3)
+    assert batch._gks == server._gks and batch._rlk is server._rlk and not batch.batch_pays
+    ws = [rng.standard_normal((64, 64)) / 8 for _ in range(3)]  # per position, as the first layer's shuffle
+    xs = [replicate_input(rng.standard_normal(64), SLOTS) for _ in range(3)]
+    cts = [server.deserialize(client.encrypt_to_bytes(x)) for x in xs]
+    ms = [encode_matrix(server, w, server.level(cts[0]), n1=8) for w in ws]
+    pts = {u: batch.stack_plain([m.plaintexts[u] for m in ms]) for u in ms[0].plaintexts}
+    stacked = type(ms[0])(ms[0].params_id, ms[0].level, ms[0].plan, pts)
+    st = batch.stack(cts)
+    together = [batch.unstack(matvec(batch, stacked, st)), batch.unstack(matvec(batch, ms[1], st)),
+                *(batch.unstack(r) for r in batch.rotate_many(st, [1, -3])),
+                batch.unstack(batch.multiply(st, st))]
+    alone = [[matvec(server, m, ct) for m, ct in zip(ms, cts, strict=True)], [matvec(server, ms[1], ct) for ct in cts],
+             *([server.rotate(ct, s) for ct in cts] for s in (1, -3)), [server.multiply(ct, ct) for ct in cts]]
+    for a_row, t_row in zip(alone, together, strict=True):
+        for a, t in zip(a_row, t_row, strict=True):
+            assert torch.equal(_data(server, a), _data(server, t))
+    for m, x, y in zip(ws, xs, together[0], strict=True):
+        assert np.abs(client.decrypt(y, 64) - m @ x[:64]).max() < 1e-4

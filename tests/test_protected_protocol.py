@@ -222,28 +222,40 @@ SPANS = (5, 4)  # 9 positions in two prefill steps; the second crosses the 8-pos
 
 @pytest.fixture(scope="module")
 def spanned(ckpt, keys, executor, plain):
-    """The same 9 positions as ``decoded``, prefilled in spans: every round trip carries a span."""
+    """The same 9 positions as ``decoded``, prefilled in spans: every round trip carries a span.
+    On a backend that batches (plain, native) the span's products run as the rows of one batch,
+    as they do where a batch pays (a GPU: ``HEBackend.batch_pays``); on SEAL one by one."""
     h_in, _ = plain
     session = executor.new_session()
     client = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, session.id)
-    outs, msgs, a = [], [], 0
-    for n in SPANS:
-        out, m = run_token(executor, client, h_in[a : a + n])
-        outs.append(out)
-        msgs.append(m)
-        a += n
-    yield session, client, np.array(outs), msgs
+    outs, msgs, a, batches = [], [], 0, []
+    cls = type(keys[1])
+    with pytest.MonkeyPatch.context() as mp:
+        if cls.supports_batch:
+            make = cls.batched
+            mp.setattr(cls, "batch_pays", property(lambda self: True))
+            mp.setattr(cls, "batched", classmethod(lambda c, rows: batches.append(len(rows)) or make(rows)))
+        for n in SPANS:
+            out, m = run_token(executor, client, h_in[a : a + n])
+            outs.append(out)
+            msgs.append(m)
+            a += n
+    yield session, client, np.array(outs), msgs, batches
     executor.drop_session(session.id)
 
 
 def test_prefill_spans_match_one_position_steps(spanned, decoded, plain, executor, keys):
-    """A prefill span computes what one-position steps compute: the span's last h_L, every
+    """A prefill span (its products batched where the backend batches) computes what
+    one-position steps compute: the span's last h_L, every
     layer's r_j (from σ_j), and the encrypted KV cache (decrypted and compared), with 3 round
     trips per layer per span. At the last layer only the span's last position goes past its KV
     append: the others send σ alone and no weights."""
     _, ref = plain
-    session, client, outs, msgs = spanned
+    session, client, outs, msgs, batches = spanned
     s1, c1, outs1, _ = decoded
+    if keys[1].supports_batch:  # per layer and span: W_qkv, W_o, W_gate|up, W_down (the last layer: one position)
+        n_layers = LAST - FIRST
+        assert batches == [span for span in SPANS for _ in range(4 * n_layers - 3)], batches
     ends = np.cumsum(SPANS) - 1
     rel = np.linalg.norm(outs - ref[ends], axis=1) / np.linalg.norm(ref[ends], axis=1)
     assert rel.max() < REL_ERR_BOUND, rel

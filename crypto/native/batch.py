@@ -12,6 +12,10 @@ CSPRNG like a single session's.
 The batch holds no key of its own: it refers to the rows' imported public material, so it is
 cheap to build per step. ``stack`` and ``unstack`` move ciphertexts between the rows' backends
 and the batch (``unstack`` copies, so a session never keeps the batch's storage alive).
+
+The rows may also be one session's positions (``NativeBatch([be] * n)``, a prefill span's
+products): the batch then holds that session's keys themselves, and the key inner product reads
+each key once for all rows instead of once per row.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ class NativeBatch(RowBatch, NativeBackend):
     name = "native-batch"
     supports_batch = False  # a batch of batches is not a thing
 
+    @property
+    def batch_pays(self) -> bool:
+        return False
+
     def __init__(self, rows: Sequence[NativeBackend]) -> None:  # not super().__init__: it would rebuild the tables
         rows = self._check_rows(rows, NativeBackend)
         first = rows[0]
@@ -40,6 +48,9 @@ class NativeBatch(RowBatch, NativeBackend):
         self._n, self._slots = first._n, first._slots
         self._sk, self._export = None, None
         self._pk = [self._require(r._pk, "public key") for r in rows]
+        if all(r is first for r in rows):  # one session's span positions: its own keys, read once per batch
+            self._rlk, self._gks = first._rlk, dict(first._gks)
+            return
         self._rlk = K.RowKeys(tuple(r._rlk for r in rows)) if all(r._rlk is not None for r in rows) else None
         elements = set.intersection(*(set(r._gks) for r in rows))
         self._gks = {g: K.RowKeys(tuple(r._gks[g] for r in rows)) for g in elements}
