@@ -84,9 +84,10 @@ class NativeBackend(Evaluator, HEBackend):
 
     @property
     def batch_pays(self) -> bool:
-        # measured on the 2-core CPU: a span of 8 positions' products batched took 0.85-1.16x
-        # their one-by-one time (benchmarks/results/2026-11-27-span-rows); on a GPU one
-        # ciphertext's launches leave it mostly idle (16 sessions batched: 4.05x, 2026-11-26)
+        # on the 2-core CPU one ciphertext already keeps both cores busy: a span of 8 positions'
+        # products ran 1.01x faster batched in sum, W_qkv 0.87x (benchmarks/results/
+        # 2026-11-27-span-rows); one ciphertext leaves a GPU mostly idle (16 sessions as one
+        # batch on an H200: 3.3-4.05x one session's throughput, 2026-11-26)
         return self.device.type == "cuda"
 
     # ------------------------------------------------------------------ handles
