@@ -14,11 +14,20 @@
  * a*w - mulhi(a, wp)*q lies in [0, 2q). Lazy bounds (Harvey): forward values stay in [0, 4q),
  * inverse values in [0, 2q); both need 4q < 2^64, i.e. q < 2^62 (the loader checks it).
  *
+ * AVX-512 IFMA (x86 CPUs that have it, chosen at run time): for primes below 2^50 (the 36-bit
+ * data primes of the protected chain) the butterfly stages with 8 or more butterflies per
+ * twiddle run 8 lanes at a time on 52-bit multiplies (Shoup with wp52 = floor(w * 2^52 / q);
+ * lazy values < 4q < 2^52 fit the multiplier), the others as the scalar code. Same network,
+ * same lazy ranges, the same canonical output bit for bit; the larger primes stay scalar.
+ *
  * Table of one prime, n = ring degree (veil_ntt_table fills it from w and winv):
- *   [0, n) w, [n, 2n) wp, [2n, 3n) winv, [3n, 4n) winvp, then lo, lop, hi, hip
- * where lo = n^-1 and hi = psi^-brev(1) * n^-1 (the last inverse stage's constants).
+ *   [0, n) w, [n, 2n) wp, [2n, 3n) winv, [3n, 4n) winvp, [4n, 5n) wp52, [5n, 6n) winvp52,
+ *   then lo, lop, hi, hip, lop52, hip52
+ * where lo = n^-1 and hi = psi^-brev(1) * n^-1 (the last inverse stage's constants); the
+ * 52-bit quotients are 0 for primes of 2^50 or more (never read).
  */
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef unsigned __int128 u128;
 
@@ -31,6 +40,12 @@ static inline uint64_t mul_shoup(uint64_t a, uint64_t w, uint64_t wp, uint64_t q
 
 static inline uint64_t shoup(uint64_t w, uint64_t q) { return (uint64_t)(((u128)w << 64) / q); }
 
+#define IFMA_MAX_Q (1ULL << 50) /* lazy values < 4q < 2^52 */
+
+static inline uint64_t shoup52(uint64_t w, uint64_t q) {
+    return q < IFMA_MAX_Q ? (uint64_t)(((u128)w << 52) / q) : 0;
+}
+
 void veil_ntt_table(uint64_t *tab, const uint64_t *w, const uint64_t *winv, int64_t n, uint64_t q,
                     uint64_t lo, uint64_t hi) {
     for (int64_t i = 0; i < n; i++) {
@@ -38,11 +53,16 @@ void veil_ntt_table(uint64_t *tab, const uint64_t *w, const uint64_t *winv, int6
         tab[n + i] = shoup(w[i], q);
         tab[2 * n + i] = winv[i];
         tab[3 * n + i] = shoup(winv[i], q);
+        tab[4 * n + i] = shoup52(w[i], q);
+        tab[5 * n + i] = shoup52(winv[i], q);
     }
-    tab[4 * n] = lo;
-    tab[4 * n + 1] = shoup(lo, q);
-    tab[4 * n + 2] = hi;
-    tab[4 * n + 3] = shoup(hi, q);
+    uint64_t *c = tab + 6 * n;
+    c[0] = lo;
+    c[1] = shoup(lo, q);
+    c[2] = hi;
+    c[3] = shoup(hi, q);
+    c[4] = shoup52(lo, q);
+    c[5] = shoup52(hi, q);
 }
 
 /* (-q, q) -> [0, q) */
@@ -74,7 +94,7 @@ static void forward_row(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, co
 
 static void inverse_row(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
     const uint64_t *w = tab + 2 * n, *wp = tab + 3 * n;
-    const uint64_t lo = tab[4 * n], lop = tab[4 * n + 1], hi = tab[4 * n + 2], hip = tab[4 * n + 3];
+    const uint64_t lo = tab[6 * n], lop = tab[6 * n + 1], hi = tab[6 * n + 2], hip = tab[6 * n + 3];
     const uint64_t two_q = 2 * q;
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
     int64_t t = 1;
@@ -100,19 +120,132 @@ static void inverse_row(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, co
     }
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define IFMA __attribute__((target("avx512f,avx512ifma")))
+
+/* a*w mod q in [0, 2q) per lane, for a < 2^52 and q < 2^50: the true a*w - quo*q lies in
+ * [0, 2q), so the difference of the products' low 52 bits, taken mod 2^52, is exact. */
+IFMA static inline __m512i mul_shoup52(__m512i a, __m512i w, __m512i wp, __m512i q) {
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i quo = _mm512_madd52hi_epu64(zero, a, wp);
+    const __m512i r = _mm512_sub_epi64(_mm512_madd52lo_epu64(zero, a, w), _mm512_madd52lo_epu64(zero, quo, q));
+    return _mm512_and_si512(r, _mm512_set1_epi64((1LL << 52) - 1));
+}
+
+/* x - m where x >= m (unsigned): x < 2m in, [0, m) out */
+IFMA static inline __m512i sub_if_ge(__m512i x, __m512i m) { return _mm512_min_epu64(x, _mm512_sub_epi64(x, m)); }
+
+IFMA static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
+    const uint64_t *w = tab, *wp = tab + n, *wp52 = tab + 4 * n;
+    const uint64_t two_q = 2 * q;
+    const __m512i Q = _mm512_set1_epi64((int64_t)q), Q2 = _mm512_set1_epi64((int64_t)two_q);
+    for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
+    for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1) {
+        for (int64_t i = 0; i < m; i++) {
+            uint64_t *u = a + 2 * i * t, *v = u + t;
+            if (t >= 8) {
+                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wp52[m + i]);
+                for (int64_t j = 0; j < t; j += 8) {
+                    const __m512i U = sub_if_ge(_mm512_loadu_si512(u + j), Q2);
+                    const __m512i V = mul_shoup52(_mm512_loadu_si512(v + j), W, Wp, Q);
+                    _mm512_storeu_si512(u + j, _mm512_add_epi64(U, V));
+                    _mm512_storeu_si512(v + j, _mm512_add_epi64(_mm512_sub_epi64(U, V), Q2));
+                }
+            } else {
+                const uint64_t W = w[m + i], Wp = wp[m + i];
+                for (int64_t j = 0; j < t; j++) {
+                    uint64_t U = u[j];
+                    U -= (U >= two_q) ? two_q : 0;
+                    const uint64_t V = mul_shoup(v[j], W, Wp, q);
+                    u[j] = U + V;
+                    v[j] = U - V + two_q;
+                }
+            }
+        }
+    }
+    for (int64_t j = 0; j < n; j += 8) {
+        const __m512i r = sub_if_ge(_mm512_loadu_si512(a + j), Q2);
+        _mm512_storeu_si512(a + j, sub_if_ge(r, Q));
+    }
+}
+
+IFMA static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
+    const uint64_t *w = tab + 2 * n, *wp = tab + 3 * n, *wp52 = tab + 5 * n, *c = tab + 6 * n;
+    const uint64_t two_q = 2 * q;
+    const __m512i Q = _mm512_set1_epi64((int64_t)q), Q2 = _mm512_set1_epi64((int64_t)two_q);
+    for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
+    int64_t t = 1;
+    for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1) {
+        for (int64_t i = 0; i < m; i++) {
+            uint64_t *u = a + 2 * i * t, *v = u + t;
+            if (t >= 8) {
+                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wp52[m + i]);
+                for (int64_t j = 0; j < t; j += 8) {
+                    const __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
+                    _mm512_storeu_si512(u + j, sub_if_ge(_mm512_add_epi64(U, V), Q2));
+                    _mm512_storeu_si512(v + j, mul_shoup52(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q));
+                }
+            } else {
+                const uint64_t W = w[m + i], Wp = wp[m + i];
+                for (int64_t j = 0; j < t; j++) {
+                    const uint64_t U = u[j], V = v[j];
+                    uint64_t s = U + V;
+                    s -= (s >= two_q) ? two_q : 0;
+                    u[j] = s;
+                    v[j] = mul_shoup(U - V + two_q, W, Wp, q);
+                }
+            }
+        }
+    }
+    const __m512i LO = _mm512_set1_epi64((int64_t)c[0]), LOP = _mm512_set1_epi64((int64_t)c[4]);
+    const __m512i HI = _mm512_set1_epi64((int64_t)c[2]), HIP = _mm512_set1_epi64((int64_t)c[5]);
+    uint64_t *u = a, *v = a + t; /* the last stage: one group of half-size n/2 */
+    for (int64_t j = 0; j < t; j += 8) {
+        const __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
+        const __m512i s = mul_shoup52(_mm512_add_epi64(U, V), LO, LOP, Q);
+        const __m512i d = mul_shoup52(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), HI, HIP, Q);
+        _mm512_storeu_si512(u + j, sub_if_ge(s, Q));
+        _mm512_storeu_si512(v + j, sub_if_ge(d, Q));
+    }
+}
+
+static int ifma_enabled = -1; /* -1: not decided yet; veil_ntt_set_ifma overrides */
+
+static int use_ifma(uint64_t q, int64_t n) {
+    if (ifma_enabled < 0) {
+        const char *env = getenv("VEIL_CPU_IFMA");
+        __builtin_cpu_init();
+        ifma_enabled = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512ifma") &&
+                       !(env && env[0] == '0');
+    }
+    return ifma_enabled && q < IFMA_MAX_Q && n >= 16;
+}
+#else
+static int ifma_enabled = 0;
+static int use_ifma(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
+static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
+static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
+#endif
+
+/* Whether the IFMA stages run for primes below 2^50 (after the first call decides). */
+int veil_ntt_ifma(void) { return use_ifma(3, 16); }
+
 /* Rows [0, rows) of x (contiguous, n each) -> out; row r is a residue of limb r % limbs, whose
  * prime and table are qs[limb], tabs[limb]. out may equal x. */
 void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, int64_t n,
                    const uint64_t *qs, const uint64_t *const *tabs, int inverse) {
+    use_ifma(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t limb = r % limbs;
         uint64_t *a = (uint64_t *)(out + r * n);
         const int64_t *src = x + r * n;
+        const int vec = use_ifma(qs[limb], n);
         if (inverse)
-            inverse_row(a, src, n, qs[limb], tabs[limb]);
+            (vec ? inverse_row_ifma : inverse_row)(a, src, n, qs[limb], tabs[limb]);
         else
-            forward_row(a, src, n, qs[limb], tabs[limb]);
+            (vec ? forward_row_ifma : forward_row)(a, src, n, qs[limb], tabs[limb]);
     }
 }
 

@@ -3,7 +3,9 @@
 * ``ntt_cpu``: the negacyclic NTT / INTT. Twin: ``veil.crypto.native.ntt.NttTables.twin`` (the
   same network and tables; both end canonical, so outputs are equal bit for bit). Why C: the
   twin makes one pass over memory per butterfly stage (compiled, ~600 µs per 16,384-point limb
-  on the development VM, 7× SEAL's transform); the kernel keeps a limb in cache across stages.
+  on the development VM, 7× SEAL's transform); the kernel keeps a limb in cache across stages,
+  and on x86 CPUs with AVX-512 IFMA runs 8 butterflies at a time for primes below 2^50
+  (``ntt_vectorized``; ``VEIL_CPU_IFMA=0`` keeps the scalar loops).
 * ``mac_cpu``: ``dot_plain``'s sum of ct × pt products, and a single ct × pt as one term
   (twin: ``ckks_ops.mac_torch``), and
   ``key_inner_cpu``: a key switch's digits × key, a rotation's Galois gather read inside it
@@ -29,11 +31,11 @@ import torch
 
 from veil.kernels import cbuild
 
-__all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu", "row_weights"]
+__all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu", "ntt_vectorized", "row_weights"]
 
 _SOURCE = Path(__file__).with_name("ckks_cpu.c")
 _MAX_Q = 1 << 62  # the lazy bounds need 4q < 2^64
-_FLAGS = ("-O3",)  # portable: the hot loops are scalar 64x64->128-bit products
+_FLAGS = ("-O3",)  # portable: the IFMA stages carry their own target attribute and are chosen at run time
 
 
 @functools.cache
@@ -48,12 +50,19 @@ def _library() -> ctypes.CDLL | None:
     lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int]
     lib.veil_mac.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
+    lib.veil_ntt_ifma.argtypes, lib.veil_ntt_ifma.restype = [], ctypes.c_int
     return lib
 
 
 def available() -> bool:
     """Whether CPU tensors take the kernel (enabled and built)."""
     return cbuild.enabled() and _library() is not None
+
+
+def ntt_vectorized() -> bool:
+    """Whether the NTT runs its AVX-512 IFMA stages for primes below 2^50 (an x86 CPU with
+    IFMA, and ``VEIL_CPU_IFMA`` not 0: benchmarks compare both)."""
+    return available() and bool(_library().veil_ntt_ifma())
 
 
 @functools.lru_cache(maxsize=128)
@@ -64,7 +73,7 @@ def _prime_table(q: int, n: int) -> torch.Tensor:
 
     fw, inv, n_inv = _twiddles(q, n)
     w, winv = np.asarray(fw, dtype=np.uint64), np.asarray(inv, dtype=np.uint64)  # alive for the call
-    tab = torch.empty(4 * n + 4, dtype=torch.int64)
+    tab = torch.empty(6 * n + 6, dtype=torch.int64)
     _library().veil_ntt_table(tab.data_ptr(), w.ctypes.data, winv.ctypes.data, n, q, n_inv, inv[1] * n_inv % q)
     return tab
 
