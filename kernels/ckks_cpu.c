@@ -8,14 +8,15 @@
  *
  * veil_mac: sum_k a_k * w_k mod q, the products summed exactly in 128 bits and reduced once per
  * output: dot_plain's ct x pt sums (twin ckks_ops.mac_torch) and the key inner product of a key
- * switch, the Galois gather read inside it (twin rns._key_inner).
+ * switch, the Galois gather read inside it (twin rns._key_inner). With IFMA, primes below 2^50
+ * sum the products' 52-bit halves in two 64-bit lanes each, reduced every 8 terms.
  *
  * Products: Shoup's, with wp = floor(w * 2^64 / q): for any 64-bit a,
  * a*w - mulhi(a, wp)*q lies in [0, 2q). Lazy bounds (Harvey): forward values stay in [0, 4q),
  * inverse values in [0, 2q); both need 4q < 2^64, i.e. q < 2^62 (the loader checks it).
  *
  * AVX-512 IFMA (x86 CPUs that have it, chosen at run time): for primes below 2^50 (the 36-bit
- * data primes of the protected chain) the butterfly stages with 8 or more butterflies per
+ * data primes of the protected chain) the multiply-accumulate, and the butterfly stages with 8 or more butterflies per
  * twiddle run 8 lanes at a time on 52-bit multiplies (Shoup with wp52 = floor(w * 2^52 / q);
  * lazy values < 4q < 2^52 fit the multiplier), the others as the scalar code. Same network,
  * same lazy ranges, the same canonical output bit for bit; the larger primes stay scalar.
@@ -210,7 +211,16 @@ IFMA static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
     }
 }
 
-static int ifma_enabled = -1; /* -1: not decided yet; veil_ntt_set_ifma overrides */
+IFMA static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c) {
+    const __m512i Q = _mm512_set1_epi64((int64_t)q), C = _mm512_set1_epi64((int64_t)c);
+    const __m512i CP = _mm512_set1_epi64((int64_t)shoup52(c, q));
+    for (int64_t j = 0; j < n; j += 8) {
+        const __m512i d = _mm512_add_epi64(_mm512_sub_epi64(_mm512_loadu_si512(x + j), _mm512_loadu_si512(r + j)), Q);
+        _mm512_storeu_si512(dst + j, sub_if_ge(mul_shoup52(d, C, CP, Q), Q));
+    }
+}
+
+static int ifma_enabled = -1; /* -1: not decided yet; VEIL_CPU_IFMA=0 turns it off */
 
 static int use_ifma(uint64_t q, int64_t n) {
     if (ifma_enabled < 0) {
@@ -226,21 +236,41 @@ static int ifma_enabled = 0;
 static int use_ifma(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
 static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
+static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c) {}
 #endif
 
 /* Whether the IFMA stages run for primes below 2^50 (after the first call decides). */
 int veil_ntt_ifma(void) { return use_ifma(3, 16); }
 
+/* |x| < 2^62 -> (-q, q): x - round(x / q) * q, the quotient from a double (relative error
+ * 2^-53 on |x / q| < 2^42 (q >= 2^20): off by at most one, which the range (-q, q) absorbs). */
+static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
+    const int64_t k = (int64_t)__builtin_llround((double)x * qinv);
+    int64_t r = x - k * (int64_t)q;
+    r -= (r >= (int64_t)q) ? (int64_t)q : 0;
+    r += (r <= -(int64_t)q) ? (int64_t)q : 0;
+    return r;
+}
+
 /* Rows [0, rows) of x (contiguous, n each) -> out; row r is a residue of limb r % limbs, whose
- * prime and table are qs[limb], tabs[limb]. out may equal x. */
+ * prime and table are qs[limb], tabs[limb]. out may equal x (not with bcast).
+ * bcast: x holds one row per polynomial, any |x| < 2^62 (a centred integer from another
+ * basis), and row r transforms x's row r / limbs reduced mod its limb's prime: ModDown's and
+ * the rescale's "the dropped limb in every other basis", without a [.., L, N] reduced copy. */
 void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, int64_t n,
-                   const uint64_t *qs, const uint64_t *const *tabs, int inverse) {
+                   const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast) {
     use_ifma(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t limb = r % limbs;
         uint64_t *a = (uint64_t *)(out + r * n);
         const int64_t *src = x + r * n;
+        if (bcast) { /* reduced into the output row, then transformed in place */
+            const int64_t *row = x + (r / limbs) * n;
+            const double qinv = 1.0 / (double)qs[limb];
+            for (int64_t j = 0; j < n; j++) out[r * n + j] = reduce_any(row[j], qs[limb], qinv);
+            src = out + r * n;
+        }
         const int vec = use_ifma(qs[limb], n);
         if (inverse)
             (vec ? inverse_row_ifma : inverse_row)(a, src, n, qs[limb], tabs[limb]);
@@ -273,16 +303,92 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
  * next block, so a batch reads each weight block from memory once. Terms are summed in 128
  * bits, reduced every `per` terms so the sum cannot wrap (per = the most products of
  * canonical operands that fit). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* MAC_IFMA_FLUSH products of canonical operands below q < 2^50 each add < 2^52 to the low and
+ * < 2^48 to the high 52-bit half: after 8 the halves are < 2^55 and < 2^51, and
+ * sum = H * 2^52 + L is brought to [0, q) with two 52-bit Shoup products. */
+#define MAC_IFMA_FLUSH 8
+
+IFMA static inline __m512i reduce_halves(__m512i H, __m512i L, __m512i Q, __m512i c52, __m512i c52p,
+                                        __m512i one_p) {
+    const __m512i mask = _mm512_set1_epi64((1LL << 52) - 1);
+    const __m512i hi = _mm512_add_epi64(H, _mm512_srli_epi64(L, 52)); /* < 2^52 */
+    const __m512i s = _mm512_add_epi64(mul_shoup52(hi, c52, c52p, Q),
+                                       mul_shoup52(_mm512_and_si512(L, mask), _mm512_set1_epi64(1), one_p, Q));
+    return sub_if_ge(sub_if_ge(s, _mm512_add_epi64(Q, Q)), Q); /* < 4q -> [0, q) */
+}
+
+/* veil_mac's block (limb, [pos, pos + len)) for every row, len a multiple of 8, q < 2^50. */
+IFMA static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const int64_t *index,
+                                const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
+                                int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
+                                int64_t plane, uint64_t q) {
+    uint64_t hacc[MAC_OUTS][MAC_BLOCK], lacc[MAC_OUTS][MAC_BLOCK], x[MAC_BLOCK];
+    const int64_t e = limb * n + pos;
+    const uint64_t c52 = (uint64_t)(((u128)1 << 52) % q);
+    const __m512i Q = _mm512_set1_epi64((int64_t)q), C52 = _mm512_set1_epi64((int64_t)c52);
+    const __m512i C52P = _mm512_set1_epi64((int64_t)shoup52(c52, q)), ONEP = _mm512_set1_epi64((int64_t)shoup52(1, q));
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t o = 0; o < outs; o++)
+            for (int64_t j = 0; j < len; j += 8) {
+                _mm512_storeu_si512(hacc[o] + j, zero);
+                _mm512_storeu_si512(lacc[o] + j, zero);
+            }
+        for (int64_t k = 0; k < terms; k++) {
+            if (k && k % MAC_IFMA_FLUSH == 0)
+                for (int64_t o = 0; o < outs; o++)
+                    for (int64_t j = 0; j < len; j += 8) {
+                        const __m512i v = reduce_halves(_mm512_loadu_si512(hacc[o] + j), _mm512_loadu_si512(lacc[o] + j),
+                                                        Q, C52, C52P, ONEP);
+                        _mm512_storeu_si512(lacc[o] + j, v);
+                        _mm512_storeu_si512(hacc[o] + j, zero);
+                    }
+            const int64_t *src = a[k] + r * a_row_stride + limb * n;
+            if (index)
+                for (int64_t j = 0; j < len; j++) x[j] = lift(src[index[pos + j]], q);
+            else
+                for (int64_t j = 0; j < len; j++) x[j] = lift(src[pos + j], q);
+            for (int64_t o = 0; o < outs; o++) {
+                const uint64_t *y = (const uint64_t *)(w[k * outs + o] + (r / w_row_div) * w_row_stride + e);
+                for (int64_t j = 0; j < len; j += 8) {
+                    const __m512i X = _mm512_loadu_si512(x + j), Y = _mm512_loadu_si512(y + j);
+                    _mm512_storeu_si512(lacc[o] + j, _mm512_madd52lo_epu64(_mm512_loadu_si512(lacc[o] + j), X, Y));
+                    _mm512_storeu_si512(hacc[o] + j, _mm512_madd52hi_epu64(_mm512_loadu_si512(hacc[o] + j), X, Y));
+                }
+            }
+        }
+        for (int64_t o = 0; o < outs; o++) {
+            int64_t *dst = out + (r * outs + o) * plane + e;
+            for (int64_t j = 0; j < len; j += 8)
+                _mm512_storeu_si512(dst + j, reduce_halves(_mm512_loadu_si512(hacc[o] + j),
+                                                           _mm512_loadu_si512(lacc[o] + j), Q, C52, C52P, ONEP));
+        }
+    }
+}
+#else
+static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const int64_t *index,
+                           const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
+                           int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
+                           int64_t plane, uint64_t q) {}
+#endif
+
 void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const int64_t *index,
               const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms, int64_t outs,
               int64_t rows, int64_t limbs, int64_t n, const uint64_t *qs) {
     const int64_t plane = limbs * n, per_limb = (n + MAC_BLOCK - 1) / MAC_BLOCK;
+    use_ifma(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < limbs * per_limb; b++) {
         u128 acc[MAC_OUTS][MAC_BLOCK];
         uint64_t x[MAC_BLOCK];
         const int64_t limb = b / per_limb, pos = (b % per_limb) * MAC_BLOCK, e = limb * n + pos;
         const int64_t len = n - pos < MAC_BLOCK ? n - pos : MAC_BLOCK;
+        if (len % 8 == 0 && use_ifma(qs[limb], n)) {
+            mac_block_ifma(out, a, a_row_stride, index, w, w_row_stride, w_row_div, terms, outs, rows, limb, n, pos,
+                           len, plane, qs[limb]);
+            continue;
+        }
         const uint64_t q = qs[limb], r64 = (uint64_t)(((u128)1 << 64) % q);
         const uint64_t r64p = shoup(r64, q), one_p = shoup(1, q);
         const u128 prod_max = (u128)(q - 1) * (q - 1);
@@ -312,6 +418,29 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const
                 int64_t *dst = out + (r * outs + o) * plane + e;
                 for (int64_t j = 0; j < len; j++) dst[j] = (int64_t)reduce128(acc[o][j], q, r64, r64p, one_p);
             }
+        }
+    }
+}
+
+/* out = (x - r) * c mod q in [0, q) for canonical x, r [rows, L, N] (row = limb-major plane), c
+ * one constant per limb: the rescale's and ModDown's tail in one pass (the torch twin
+ * ckks_ops.sub_mul_const_torch makes a dozen). */
+void veil_sub_mul(int64_t *out, const int64_t *x, const int64_t *r, int64_t rows, int64_t limbs, int64_t n,
+                  const uint64_t *qs, const uint64_t *cs) {
+    use_ifma(3, 16);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < rows * limbs; b++) {
+        const int64_t limb = b % limbs;
+        const uint64_t q = qs[limb], c = cs[limb], cp = shoup(c, q);
+        const uint64_t *xs = (const uint64_t *)x + b * n, *rs = (const uint64_t *)r + b * n;
+        uint64_t *dst = (uint64_t *)out + b * n;
+        if (n % 8 == 0 && use_ifma(q, n)) {
+            sub_mul_ifma(dst, xs, rs, n, q, c);
+            continue;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const uint64_t v = mul_shoup(xs[j] - rs[j] + q, c, cp, q); /* [0, 2q) */
+            dst[j] = v - ((v >= q) ? q : 0);
         }
     }
 }

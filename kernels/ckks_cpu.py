@@ -31,7 +31,8 @@ import torch
 
 from veil.kernels import cbuild
 
-__all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu", "ntt_vectorized", "row_weights"]
+__all__ = ["available", "key_inner_cpu", "mac_cpu", "ntt_cpu", "ntt_reduced_cpu", "ntt_vectorized", "row_weights",
+           "sub_mul_cpu"]
 
 _SOURCE = Path(__file__).with_name("ckks_cpu.c")
 _MAX_Q = 1 << 62  # the lazy bounds need 4q < 2^64
@@ -47,7 +48,9 @@ def _library() -> ctypes.CDLL | None:
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
     lib.veil_ntt_table.argtypes = [p, p, p, i64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
-    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int]
+    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int]
+    lib.veil_sub_mul.argtypes = [p, p, p, i64, i64, i64, p, p]
+    lib.veil_sub_mul.restype = None
     lib.veil_mac.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
     lib.veil_ntt_ifma.argtypes, lib.veil_ntt_ifma.restype = [], ctypes.c_int
@@ -105,7 +108,38 @@ def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool) -> torch.Te
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), x.numel() // n, len(primes), n, _primes(primes),
-                             _tables(primes, n).ptrs, int(inverse))
+                             _tables(primes, n).ptrs, int(inverse), 0)
+    return out
+
+
+def ntt_reduced_cpu(primes: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
+    """The forward NTT of one integer polynomial ``x [..., 1, N]`` (any ``|x| < 2^62``: a limb
+    centred in another basis) in every limb of ``primes``: ``[..., len(primes), N]``, canonical.
+    What ``ntt.forward(basis.reduce(x))`` gives, in one pass per limb (rescale, ModDown)."""
+    n = x.shape[-1]
+    if x.dtype != torch.int64 or x.device.type != "cpu" or x.dim() < 2 or x.shape[-2] != 1:
+        raise ValueError(f"expected int64 CPU integers [..., 1, {n}], got {x.dtype} {tuple(x.shape)} on {x.device}")
+    if any(not 0 < q < _MAX_Q for q in primes):
+        raise ValueError(f"the CPU kernels need primes below 2^62, got {max(primes)}")
+    x = x.contiguous()
+    out = torch.empty((*x.shape[:-2], len(primes), n), dtype=torch.int64)
+    _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), out.numel() // n, len(primes), n, _primes(primes),
+                             _tables(primes, n).ptrs, 0, 1)
+    return out
+
+
+def sub_mul_cpu(primes: tuple[int, ...], x: torch.Tensor, r: torch.Tensor, consts: tuple[int, ...]) -> torch.Tensor:
+    """``(x - r) * c mod q`` in ``[0, q)`` for canonical ``x``, ``r`` ``[..., L, N]`` (one shape)
+    and one constant ``c < q`` per limb (``ckks_ops.sub_mul_const_torch``'s contract)."""
+    n = x.shape[-1]
+    _check(primes, [x, r], n)
+    if x.shape != r.shape or len(consts) != len(primes) or \
+            any(not 0 <= c < q for c, q in zip(consts, primes, strict=True)):
+        raise ValueError("x and r of one shape, one constant below its prime per limb")
+    x, r = x.contiguous(), r.contiguous()
+    out = torch.empty_like(x)
+    _library().veil_sub_mul(out.data_ptr(), x.data_ptr(), r.data_ptr(), x.numel() // (len(primes) * n), len(primes),
+                            n, _primes(primes), _primes(tuple(consts)))
     return out
 
 

@@ -122,6 +122,11 @@ def test_mac_edges_and_shapes():
     top = torch.full((1, 1, 16), q - 1, dtype=torch.int64)  # (q-1)^2 summed 600 times
     got = ckks_cpu.mac_cpu((q,), [top] * 600, [top[0]] * 600)
     assert got.flatten().tolist() == [600 * (q - 1) ** 2 % q] * 16
+    for q in (MIXED[2], MIXED[3], PROT[2]):  # below 2^50 (the IFMA halves, reduced every 8 terms): 50, 40, 36 bits
+        top = torch.full((1, 1, 16), q - 1, dtype=torch.int64)
+        for terms in (7, 8, 9, 600):
+            got = ckks_cpu.mac_cpu((q,), [top] * terms, [top[0]] * terms)
+            assert got.flatten().tolist() == [terms * (q - 1) ** 2 % q] * 16, (q, terms)
     view = _canonical(MASTER, (2,), 64, seed=5)[:, :, ::2]  # non-contiguous terms are copied
     w = _canonical(MASTER, (), 32, seed=6)
     assert torch.equal(ckks_cpu.mac_cpu(MASTER, [view], [w]), ckks_ops.mac_torch([view], [w], Basis.of(MASTER)))
@@ -218,3 +223,27 @@ def test_the_ifma_stages_run_where_the_cpu_has_them():
         flags = []
     has = "avx512f" in flags and "avx512ifma" in flags and os.environ.get("VEIL_CPU_IFMA", "1") != "0"
     assert ckks_cpu.ntt_vectorized() == has
+
+
+@pytest.mark.parametrize("level", [7, 1])
+def test_dropping_a_limb_equals_the_twin(level):
+    """The tail of a rescale and of ModDown: the dropped limb's centred coefficients, reduced
+    and transformed in every remaining limb in one pass (``ntt_reduced_cpu``), and
+    ``(x - r) * c`` (``sub_mul_cpu``) equal the torch reduction, NTT and ``sub_mul_const_torch``
+    bit for bit (57/55-bit limbs scalar, 36-bit ones IFMA where the CPU has it)."""
+    ctx = RnsContext(PROTECTED_PARAMS)
+    basis, tables = ctx.data(level)
+    p = ctx.special_prime
+    rng = np.random.default_rng(level)
+    r = torch.from_numpy(rng.integers(-(p // 2), p // 2 + 1, (3, 2, 1, ctx.n), dtype=np.int64))
+    r[0, 0, 0, :2] = torch.tensor([-(p // 2), p // 2])
+    got = ckks_cpu.ntt_reduced_cpu(basis.primes, r)
+    assert torch.equal(got, tables.twin(basis.reduce(r), inverse=False))
+    x = _canonical(basis.primes, (3, 2), ctx.n, seed=level)
+    want = ckks_ops.sub_mul_const_torch(x, got, ctx.p_inv(level), basis)
+    consts = tuple(pow(p, -1, q) for q in basis.primes)
+    assert torch.equal(ckks_cpu.sub_mul_cpu(basis.primes, x, got, consts), want)
+    with pytest.raises(ValueError, match="one shape"):
+        ckks_cpu.sub_mul_cpu(basis.primes, x, got[:1], consts)
+    with pytest.raises(ValueError, match="\\[..., 1,"):
+        ckks_cpu.ntt_reduced_cpu(basis.primes, x)

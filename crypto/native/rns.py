@@ -20,6 +20,7 @@ Triton kernels (``veil.kernels.ckks_ops``, whose twins compute what the torch co
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -45,8 +46,24 @@ def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     last = ntt.limbs(slice(level, level + 1))
     r = basis.limbs(slice(level, level + 1)).center(last.inverse(x[..., level:, :]))
     low_basis, low_ntt = ctx.data(level - 1)
-    r = low_ntt.forward(low_basis.reduce(r))
-    return sub_mul_const(x[..., :level, :], r, ctx.rescale_const(level), low_basis)
+    return _drop_limb(x[..., :level, :], r, low_basis, low_ntt, ctx.data_primes[level],
+                      lambda: ctx.rescale_const(level))
+
+
+def _drop_limb(x: torch.Tensor, r: torch.Tensor, basis: Basis, ntt, dropped: int, const) -> torch.Tensor:
+    """``(x - r) / dropped`` in ``basis`` (NTT form) for the centred coefficients ``r`` ``[..., 1, N]``
+    of the limb being dropped: the tail of a rescale and of ModDown. On the CPU two C passes per
+    limb (``ckks_cpu.ntt_reduced_cpu``, ``sub_mul_cpu``); elsewhere the reduction, the NTT and
+    ``sub_mul_const`` (``const()``: dropped^-1 per limb as a ``MulConst``)."""
+    if x.device.type == "cpu" and ckks_cpu.available():
+        r = ckks_cpu.ntt_reduced_cpu(basis.primes, r)
+        return ckks_cpu.sub_mul_cpu(basis.primes, x, r, _inverses(dropped, basis.primes))
+    return sub_mul_const(x, ntt.forward(basis.reduce(r)), const(), basis)
+
+
+@functools.lru_cache(maxsize=64)
+def _inverses(value: int, primes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(pow(value, -1, q) for q in primes)
 
 
 def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -126,8 +143,7 @@ def mod_down(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     sp_basis, sp_ntt = ctx.special
     r = sp_basis.center(sp_ntt.inverse(x[..., :1, :]))
     basis, ntt = ctx.data(level)
-    r = ntt.forward(basis.reduce(r))
-    return sub_mul_const(x[..., 1:, :], r, ctx.p_inv(level), basis)
+    return _drop_limb(x[..., 1:, :], r, basis, ntt, ctx.special_prime, lambda: ctx.p_inv(level))
 
 
 def balanced_digits(coeffs: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
