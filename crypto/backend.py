@@ -72,9 +72,10 @@ class Ciphertext:
 
 
 class Plaintext:
-    """Opaque handle of one encoded plaintext: a slot vector at a level and scale."""
+    """Opaque handle of one encoded plaintext: a slot vector at a level and scale (immutable:
+    ``nonzero`` caches a backend's check that it is not all zero, None until checked)."""
 
-    __slots__ = ("_obj", "params_id", "level", "scale", "nbytes")
+    __slots__ = ("_obj", "params_id", "level", "scale", "nbytes", "nonzero")
 
     def __init__(self, obj: object, params_id: str, level: int, scale: float, nbytes: int) -> None:
         self._obj = obj
@@ -82,6 +83,7 @@ class Plaintext:
         self.level = level
         self.scale = scale
         self.nbytes = nbytes
+        self.nonzero: bool | None = None
 
     def __repr__(self) -> str:
         return f"Plaintext(params={self.params_id!r}, level={self.level}, scale=2^{np.log2(self.scale):.1f})"

@@ -242,10 +242,11 @@ static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, in
 /* Whether the IFMA stages run for primes below 2^50 (after the first call decides). */
 int veil_ntt_ifma(void) { return use_ifma(3, 16); }
 
-/* |x| < 2^62 -> (-q, q): x - round(x / q) * q, the quotient from a double (relative error
- * 2^-53 on |x / q| < 2^42 (q >= 2^20): off by at most one, which the range (-q, q) absorbs). */
+/* |x| < 2^62 -> (-q, q): x - trunc(x / q) * q, the quotient from a double (relative error
+ * 2^-52 on |x / q| < 2^42 (q >= 2^20), then truncated: off by at most one, so the remainder
+ * lies in (-2q, 2q) and one correction each way brings it into (-q, q)). */
 static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
-    const int64_t k = (int64_t)__builtin_llround((double)x * qinv);
+    const int64_t k = (int64_t)((double)x * qinv);
     int64_t r = x - k * (int64_t)q;
     r -= (r >= (int64_t)q) ? (int64_t)q : 0;
     r += (r <= -(int64_t)q) ? (int64_t)q : 0;

@@ -55,7 +55,9 @@ class Evaluator:
             raise HEError("plaintext of another parameter set")
         if pt.level != c.level:
             raise HEError(f"plaintext at level {pt.level}, ciphertext at {c.level}")
-        if not bool(pt._obj.any()):
+        if pt.nonzero is None:  # checked once: a weight diagonal is used by every product
+            pt.nonzero = bool(pt._obj.any())
+        if not pt.nonzero:
             raise HEError("multiplication by an all-zero plaintext")
         return pt._obj
 
