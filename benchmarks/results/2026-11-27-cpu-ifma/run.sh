@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Native CPU kernels before (4acfeea) and after (this commit), alternating, on one quiet machine:
+# Native CPU kernels before (4acfeea) and after (the commit that adds this file), alternating:
 #   flock /tmp/veil-quiet.lock bash run.sh
 # "before" runs a worktree of 4acfeea through PYTHONPATH (/tmp/bw/veil -> the worktree).
 set -euo pipefail
@@ -14,7 +14,7 @@ for i in 1 2; do
   b -m veil.benchmarks.he_ops --backends native --repeat 9 --out $here/he_ops_before_$i.json > $here/he_ops_before_$i.txt 2>&1
   a -m veil.benchmarks.he_ops --backends native --repeat 9 --out $here/he_ops_after_$i.json > $here/he_ops_after_$i.txt 2>&1
 done
-for i in 1 2; do
+for i in 1 2 3 4; do
   b -m veil.benchmarks.protected_sessions --sessions 1 --warmup --out $here/sessions_before_$i.json 2>&1 | grep -v "Converting\|Loading" > $here/sessions_before_$i.txt
   a -m veil.benchmarks.protected_sessions --sessions 1 --warmup --out $here/sessions_after_$i.json 2>&1 | grep -v "Converting\|Loading" > $here/sessions_after_$i.txt
 done
