@@ -15,11 +15,14 @@
  * a*w - mulhi(a, wp)*q lies in [0, 2q). Lazy bounds (Harvey): forward values stay in [0, 4q),
  * inverse values in [0, 2q); both need 4q < 2^64, i.e. q < 2^62 (the loader checks it).
  *
- * AVX-512 IFMA (x86 CPUs that have it, chosen at run time): for primes below 2^50 (the 36-bit
- * data primes of the protected chain) the multiply-accumulate, and the butterfly stages with 8 or more butterflies per
- * twiddle run 8 lanes at a time on 52-bit multiplies (Shoup with wp52 = floor(w * 2^52 / q);
- * lazy values < 4q < 2^52 fit the multiplier), the others as the scalar code. Same network,
- * same lazy ranges, the same canonical output bit for bit; the larger primes stay scalar.
+ * AVX-512 (x86 CPUs with IFMA and DQ, chosen at run time; VEIL_CPU_IFMA=0 turns it off): the
+ * butterfly stages with 8 or more butterflies per twiddle run 8 lanes at a time, on 52-bit
+ * multiplies for primes below 2^50 (the chain's 36-bit primes: Shoup with wp52 =
+ * floor(w * 2^52 / q), lazy values < 4q < 2^52 fit the multiplier) and on 64-bit products
+ * built from 32-bit ones for the others (q0, q1, p); the stages with fewer stay scalar. Same
+ * network, same lazy ranges, the same canonical output bit for bit. The multiply-accumulate and
+ * (x - r) * c take the 52-bit lanes for primes below 2^50 only (a 64-bit lane sum of 114-bit
+ * products costs what the scalar 128-bit sum does).
  *
  * Table of one prime, n = ring degree (veil_ntt_table fills it from w and winv):
  *   [0, n) w, [n, 2n) wp, [2n, 3n) winv, [3n, 4n) winvp, [4n, 5n) wp52, [5n, 6n) winvp52,
@@ -69,23 +72,36 @@ void veil_ntt_table(uint64_t *tab, const uint64_t *w, const uint64_t *winv, int6
 /* (-q, q) -> [0, q) */
 static inline uint64_t lift(int64_t x, uint64_t q) { return (uint64_t)x + (x < 0 ? q : 0); }
 
+/* One twiddle's group of t Cooley-Tukey butterflies (forward; values in [0, 4q)). */
+static inline void forward_group(uint64_t *u, uint64_t *v, int64_t t, uint64_t W, uint64_t Wp, uint64_t q) {
+    const uint64_t two_q = 2 * q;
+    for (int64_t j = 0; j < t; j++) {
+        uint64_t U = u[j];
+        U -= (U >= two_q) ? two_q : 0;
+        const uint64_t V = mul_shoup(v[j], W, Wp, q);
+        u[j] = U + V;
+        v[j] = U - V + two_q;
+    }
+}
+
+/* One twiddle's group of t Gentleman-Sande butterflies (inverse; values in [0, 2q)). */
+static inline void inverse_group(uint64_t *u, uint64_t *v, int64_t t, uint64_t W, uint64_t Wp, uint64_t q) {
+    const uint64_t two_q = 2 * q;
+    for (int64_t j = 0; j < t; j++) {
+        const uint64_t U = u[j], V = v[j];
+        uint64_t s = U + V;
+        s -= (s >= two_q) ? two_q : 0;
+        u[j] = s;
+        v[j] = mul_shoup(U - V + two_q, W, Wp, q);
+    }
+}
+
 static void forward_row(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
     const uint64_t *w = tab, *wp = tab + n;
     const uint64_t two_q = 2 * q;
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
-    for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1) {
-        for (int64_t i = 0; i < m; i++) {
-            const uint64_t W = w[m + i], Wp = wp[m + i];
-            uint64_t *u = a + 2 * i * t, *v = u + t;
-            for (int64_t j = 0; j < t; j++) {
-                uint64_t U = u[j];
-                U -= (U >= two_q) ? two_q : 0;
-                const uint64_t V = mul_shoup(v[j], W, Wp, q);
-                u[j] = U + V;
-                v[j] = U - V + two_q;
-            }
-        }
-    }
+    for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1)
+        for (int64_t i = 0; i < m; i++) forward_group(a + 2 * i * t, a + 2 * i * t + t, t, w[m + i], wp[m + i], q);
     for (int64_t j = 0; j < n; j++) {
         uint64_t r = a[j];
         r -= (r >= two_q) ? two_q : 0;
@@ -99,19 +115,8 @@ static void inverse_row(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, co
     const uint64_t two_q = 2 * q;
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
     int64_t t = 1;
-    for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1) {
-        for (int64_t i = 0; i < m; i++) {
-            const uint64_t W = w[m + i], Wp = wp[m + i];
-            uint64_t *u = a + 2 * i * t, *v = u + t;
-            for (int64_t j = 0; j < t; j++) {
-                const uint64_t U = u[j], V = v[j];
-                uint64_t s = U + V;
-                s -= (s >= two_q) ? two_q : 0;
-                u[j] = s;
-                v[j] = mul_shoup(U - V + two_q, W, Wp, q);
-            }
-        }
-    }
+    for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1)
+        for (int64_t i = 0; i < m; i++) inverse_group(a + 2 * i * t, a + 2 * i * t + t, t, w[m + i], wp[m + i], q);
     uint64_t *u = a, *v = a + t;  /* the last stage: one group of half-size n/2 */
     for (int64_t j = 0; j < t; j++) {
         const uint64_t U = u[j], V = v[j];
@@ -123,7 +128,7 @@ static void inverse_row(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, co
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define IFMA __attribute__((target("avx512f,avx512ifma")))
+#define IFMA __attribute__((target("avx512f,avx512dq,avx512ifma")))
 
 /* a*w mod q in [0, 2q) per lane, for a < 2^52 and q < 2^50: the true a*w - quo*q lies in
  * [0, 2q), so the difference of the products' low 52 bits, taken mod 2^52, is exact. */
@@ -134,11 +139,35 @@ IFMA static inline __m512i mul_shoup52(__m512i a, __m512i w, __m512i wp, __m512i
     return _mm512_and_si512(r, _mm512_set1_epi64((1LL << 52) - 1));
 }
 
+/* The high 64 bits of a*b per lane, from four 32x32-bit products. */
+IFMA static inline __m512i mulhi64(__m512i a, __m512i b) {
+    const __m512i lo32 = _mm512_set1_epi64(0xffffffffLL);
+    const __m512i ah = _mm512_srli_epi64(a, 32), bh = _mm512_srli_epi64(b, 32);
+    const __m512i ll = _mm512_mul_epu32(a, b), lh = _mm512_mul_epu32(a, bh);
+    const __m512i hl = _mm512_mul_epu32(ah, b), hh = _mm512_mul_epu32(ah, bh);
+    const __m512i mid = _mm512_add_epi64(_mm512_srli_epi64(ll, 32),
+                                         _mm512_add_epi64(_mm512_and_si512(lh, lo32), _mm512_and_si512(hl, lo32)));
+    return _mm512_add_epi64(_mm512_add_epi64(hh, _mm512_srli_epi64(mid, 32)),
+                            _mm512_add_epi64(_mm512_srli_epi64(lh, 32), _mm512_srli_epi64(hl, 32)));
+}
+
+/* a*w mod q in [0, 2q) per lane for any 64-bit a and q < 2^62 (Shoup's wp = floor(w*2^64/q)):
+ * the scalar mul_shoup, 8 lanes at a time. */
+IFMA static inline __m512i mul_shoup64(__m512i a, __m512i w, __m512i wp, __m512i q) {
+    return _mm512_sub_epi64(_mm512_mullo_epi64(a, w), _mm512_mullo_epi64(mulhi64(a, wp), q));
+}
+
+/* The butterflies' product: 52-bit for primes below 2^50 (a < 4q < 2^52), else 64-bit. */
+IFMA static inline __m512i vmul_shoup(__m512i a, __m512i w, __m512i wp, __m512i q, int wide) {
+    return wide ? mul_shoup64(a, w, wp, q) : mul_shoup52(a, w, wp, q);
+}
+
 /* x - m where x >= m (unsigned): x < 2m in, [0, m) out */
 IFMA static inline __m512i sub_if_ge(__m512i x, __m512i m) { return _mm512_min_epu64(x, _mm512_sub_epi64(x, m)); }
 
 IFMA static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
-    const uint64_t *w = tab, *wp = tab + n, *wp52 = tab + 4 * n;
+    const int wide = q >= IFMA_MAX_Q;
+    const uint64_t *w = tab, *wp = tab + n, *wpv = wide ? wp : tab + 4 * n;
     const uint64_t two_q = 2 * q;
     const __m512i Q = _mm512_set1_epi64((int64_t)q), Q2 = _mm512_set1_epi64((int64_t)two_q);
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
@@ -146,22 +175,15 @@ IFMA static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
         for (int64_t i = 0; i < m; i++) {
             uint64_t *u = a + 2 * i * t, *v = u + t;
             if (t >= 8) {
-                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wp52[m + i]);
+                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
                 for (int64_t j = 0; j < t; j += 8) {
                     const __m512i U = sub_if_ge(_mm512_loadu_si512(u + j), Q2);
-                    const __m512i V = mul_shoup52(_mm512_loadu_si512(v + j), W, Wp, Q);
+                    const __m512i V = vmul_shoup(_mm512_loadu_si512(v + j), W, Wp, Q, wide);
                     _mm512_storeu_si512(u + j, _mm512_add_epi64(U, V));
                     _mm512_storeu_si512(v + j, _mm512_add_epi64(_mm512_sub_epi64(U, V), Q2));
                 }
             } else {
-                const uint64_t W = w[m + i], Wp = wp[m + i];
-                for (int64_t j = 0; j < t; j++) {
-                    uint64_t U = u[j];
-                    U -= (U >= two_q) ? two_q : 0;
-                    const uint64_t V = mul_shoup(v[j], W, Wp, q);
-                    u[j] = U + V;
-                    v[j] = U - V + two_q;
-                }
+                forward_group(u, v, t, w[m + i], wp[m + i], q);
             }
         }
     }
@@ -172,7 +194,8 @@ IFMA static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
 }
 
 IFMA static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
-    const uint64_t *w = tab + 2 * n, *wp = tab + 3 * n, *wp52 = tab + 5 * n, *c = tab + 6 * n;
+    const int wide = q >= IFMA_MAX_Q;
+    const uint64_t *w = tab + 2 * n, *wp = tab + 3 * n, *wpv = wide ? wp : tab + 5 * n, *c = tab + 6 * n;
     const uint64_t two_q = 2 * q;
     const __m512i Q = _mm512_set1_epi64((int64_t)q), Q2 = _mm512_set1_epi64((int64_t)two_q);
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
@@ -181,31 +204,24 @@ IFMA static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
         for (int64_t i = 0; i < m; i++) {
             uint64_t *u = a + 2 * i * t, *v = u + t;
             if (t >= 8) {
-                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wp52[m + i]);
+                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
                 for (int64_t j = 0; j < t; j += 8) {
                     const __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
                     _mm512_storeu_si512(u + j, sub_if_ge(_mm512_add_epi64(U, V), Q2));
-                    _mm512_storeu_si512(v + j, mul_shoup52(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q));
+                    _mm512_storeu_si512(v + j, vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q, wide));
                 }
             } else {
-                const uint64_t W = w[m + i], Wp = wp[m + i];
-                for (int64_t j = 0; j < t; j++) {
-                    const uint64_t U = u[j], V = v[j];
-                    uint64_t s = U + V;
-                    s -= (s >= two_q) ? two_q : 0;
-                    u[j] = s;
-                    v[j] = mul_shoup(U - V + two_q, W, Wp, q);
-                }
+                inverse_group(u, v, t, w[m + i], wp[m + i], q);
             }
         }
     }
-    const __m512i LO = _mm512_set1_epi64((int64_t)c[0]), LOP = _mm512_set1_epi64((int64_t)c[4]);
-    const __m512i HI = _mm512_set1_epi64((int64_t)c[2]), HIP = _mm512_set1_epi64((int64_t)c[5]);
+    const __m512i LO = _mm512_set1_epi64((int64_t)c[0]), LOP = _mm512_set1_epi64((int64_t)c[wide ? 1 : 4]);
+    const __m512i HI = _mm512_set1_epi64((int64_t)c[2]), HIP = _mm512_set1_epi64((int64_t)c[wide ? 3 : 5]);
     uint64_t *u = a, *v = a + t; /* the last stage: one group of half-size n/2 */
     for (int64_t j = 0; j < t; j += 8) {
         const __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
-        const __m512i s = mul_shoup52(_mm512_add_epi64(U, V), LO, LOP, Q);
-        const __m512i d = mul_shoup52(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), HI, HIP, Q);
+        const __m512i s = vmul_shoup(_mm512_add_epi64(U, V), LO, LOP, Q, wide);
+        const __m512i d = vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), HI, HIP, Q, wide);
         _mm512_storeu_si512(u + j, sub_if_ge(s, Q));
         _mm512_storeu_si512(v + j, sub_if_ge(d, Q));
     }
@@ -226,14 +242,18 @@ static int use_ifma(uint64_t q, int64_t n) {
     if (ifma_enabled < 0) {
         const char *env = getenv("VEIL_CPU_IFMA");
         __builtin_cpu_init();
-        ifma_enabled = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512ifma") &&
-                       !(env && env[0] == '0');
+        ifma_enabled = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                       __builtin_cpu_supports("avx512ifma") && !(env && env[0] == '0');
     }
     return ifma_enabled && q < IFMA_MAX_Q && n >= 16;
 }
+
+/* The NTT's vector stages take every prime (64-bit products for those of 2^50 or more). */
+static int use_vector_ntt(int64_t n) { return use_ifma(3, n); }
 #else
 static int ifma_enabled = 0;
 static int use_ifma(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
+static int use_vector_ntt(int64_t n) { (void)n; return 0; }
 static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c) {}
@@ -272,7 +292,7 @@ void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, 
             for (int64_t j = 0; j < n; j++) out[r * n + j] = reduce_any(row[j], qs[limb], qinv);
             src = out + r * n;
         }
-        const int vec = use_ifma(qs[limb], n);
+        const int vec = use_vector_ntt(n);
         if (inverse)
             (vec ? inverse_row_ifma : inverse_row)(a, src, n, qs[limb], tabs[limb]);
         else
@@ -304,6 +324,23 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
  * next block, so a batch reads each weight block from memory once. Terms are summed in 128
  * bits, reduced every `per` terms so the sum cannot wrap (per = the most products of
  * canonical operands that fit). */
+/* Term k of row r over the block [pos, pos + len) of its limb, lifted to [0, q) (gathered by
+ * index first where there is one): the digits or ciphertext residues of one product. */
+static inline void load_term(uint64_t *x, const int64_t *const *a, int64_t k, int64_t r, int64_t a_row_stride,
+                             int64_t limb, int64_t n, const int64_t *index, int64_t pos, int64_t len, uint64_t q) {
+    const int64_t *src = a[k] + r * a_row_stride + limb * n;
+    if (index)
+        for (int64_t j = 0; j < len; j++) x[j] = lift(src[index[pos + j]], q);
+    else
+        for (int64_t j = 0; j < len; j++) x[j] = lift(src[pos + j], q);
+}
+
+/* The weights of term k, output o, for row r at flat position e. */
+static inline const uint64_t *weight_at(const int64_t *const *w, int64_t k, int64_t outs, int64_t o, int64_t r,
+                                        int64_t w_row_div, int64_t w_row_stride, int64_t e) {
+    return (const uint64_t *)(w[k * outs + o] + (r / w_row_div) * w_row_stride + e);
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 /* MAC_IFMA_FLUSH products of canonical operands below q < 2^50 each add < 2^52 to the low and
  * < 2^48 to the high 52-bit half: after 8 the halves are < 2^55 and < 2^51, and
@@ -345,13 +382,9 @@ IFMA static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a
                         _mm512_storeu_si512(lacc[o] + j, v);
                         _mm512_storeu_si512(hacc[o] + j, zero);
                     }
-            const int64_t *src = a[k] + r * a_row_stride + limb * n;
-            if (index)
-                for (int64_t j = 0; j < len; j++) x[j] = lift(src[index[pos + j]], q);
-            else
-                for (int64_t j = 0; j < len; j++) x[j] = lift(src[pos + j], q);
+            load_term(x, a, k, r, a_row_stride, limb, n, index, pos, len, q);
             for (int64_t o = 0; o < outs; o++) {
-                const uint64_t *y = (const uint64_t *)(w[k * outs + o] + (r / w_row_div) * w_row_stride + e);
+                const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e);
                 for (int64_t j = 0; j < len; j += 8) {
                     const __m512i X = _mm512_loadu_si512(x + j), Y = _mm512_loadu_si512(y + j);
                     _mm512_storeu_si512(lacc[o] + j, _mm512_madd52lo_epu64(_mm512_loadu_si512(lacc[o] + j), X, Y));
@@ -404,13 +437,9 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const
                         for (int64_t j = 0; j < len; j++) acc[o][j] = reduce128(acc[o][j], q, r64, r64p, one_p);
                     held = 0;
                 }
-                const int64_t *src = a[k] + r * a_row_stride + limb * n;
-                if (index)
-                    for (int64_t j = 0; j < len; j++) x[j] = lift(src[index[pos + j]], q);
-                else
-                    for (int64_t j = 0; j < len; j++) x[j] = lift(src[pos + j], q);
+                load_term(x, a, k, r, a_row_stride, limb, n, index, pos, len, q);
                 for (int64_t o = 0; o < outs; o++) {
-                    const uint64_t *y = (const uint64_t *)(w[k * outs + o] + (r / w_row_div) * w_row_stride + e);
+                    const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e);
                     for (int64_t j = 0; j < len; j++) acc[o][j] += (u128)x[j] * y[j];
                 }
                 held++;

@@ -4,8 +4,9 @@
   same network and tables; both end canonical, so outputs are equal bit for bit). Why C: the
   twin makes one pass over memory per butterfly stage (compiled, ~600 µs per 16,384-point limb
   on the development VM, 7× SEAL's transform); the kernel keeps a limb in cache across stages,
-  and on x86 CPUs with AVX-512 IFMA runs 8 butterflies at a time for primes below 2^50
-  (``ntt_vectorized``; ``VEIL_CPU_IFMA=0`` keeps the scalar loops).
+  and on x86 CPUs with AVX-512 IFMA runs 8 butterflies at a time (52-bit products for primes
+  below 2^50, 64-bit ones from 32-bit products for the others; ``ntt_vectorized``;
+  ``VEIL_CPU_IFMA=0`` keeps the scalar loops).
 * ``mac_cpu``: ``dot_plain``'s sum of ct × pt products, and a single ct × pt as one term
   (twin: ``ckks_ops.mac_torch``), and
   ``key_inner_cpu``: a key switch's digits × key, a rotation's Galois gather read inside it
@@ -63,8 +64,9 @@ def available() -> bool:
 
 
 def ntt_vectorized() -> bool:
-    """Whether the NTT runs its AVX-512 IFMA stages for primes below 2^50 (an x86 CPU with
-    IFMA, and ``VEIL_CPU_IFMA`` not 0: benchmarks compare both)."""
+    """Whether the kernels run their AVX-512 lanes: the NTT's stages for every prime, the
+    multiply-accumulate and the rescale tail for primes below 2^50 (an x86 CPU with IFMA and DQ,
+    and ``VEIL_CPU_IFMA`` not 0: benchmarks compare both)."""
     return available() and bool(_library().veil_ntt_ifma())
 
 

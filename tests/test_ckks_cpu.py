@@ -213,15 +213,16 @@ def test_without_a_compiler_the_twin_runs(monkeypatch, tmp_path):
 
 
 def test_the_ifma_stages_run_where_the_cpu_has_them():
-    """On an x86 CPU with AVX-512 IFMA the NTT runs its 8-lane stages for primes below 2^50 (the
-    protected chain's 36-bit primes, the 50- and 40-bit ones above), so the tests above check
-    them against the twin there; elsewhere, or with VEIL_CPU_IFMA=0, the scalar loops."""
+    """On an x86 CPU with AVX-512 IFMA and DQ the kernels run their 8-lane code (the NTT for every
+    prime of the bases above, 52-bit products below 2^50 and 64-bit ones above; the
+    multiply-accumulate below 2^50), so the tests above check it against the twin there;
+    elsewhere, or with VEIL_CPU_IFMA=0, the scalar loops."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()
     except OSError:
         flags = []
-    has = "avx512f" in flags and "avx512ifma" in flags and os.environ.get("VEIL_CPU_IFMA", "1") != "0"
+    has = {"avx512f", "avx512dq", "avx512ifma"} <= set(flags) and os.environ.get("VEIL_CPU_IFMA", "1") != "0"
     assert ckks_cpu.ntt_vectorized() == has
 
 
