@@ -9,3 +9,7 @@ for be in native seal; do
       --max-new-tokens 4 --he-backend $be --out $OUT/protected_overhead_k2_$be.json \
       > $OUT/protected_overhead_k2_$be.txt 2>&1
 done
+# then, after the NTT's 64-bit lanes (54e4949), native again:
+#   flock /tmp/veil-quiet.lock .venv/bin/python -m veil.benchmarks.protected_overhead --paths protected --k 2 \
+#       --contexts 8 --max-new-tokens 4 --he-backend native --out $OUT/protected_overhead_k2_native_wide.json \
+#       > $OUT/protected_overhead_k2_native_wide.txt 2>&1
