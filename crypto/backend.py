@@ -410,6 +410,8 @@ class RowBatch:
 
     _rows: tuple[int, ...]
     row_backends: tuple[HEBackend, ...]
+    #: a batch's rows are never batched again (a batch of batches is not a thing)
+    batch_pays = False
 
     @property
     def batch_size(self) -> int:

@@ -329,10 +329,6 @@ class PlainBatch(RowBatch, PlainBackend):
     name = "plain-batch"
     supports_batch = False
 
-    @property
-    def batch_pays(self) -> bool:
-        return False
-
     def __init__(self, rows: Sequence[PlainBackend]) -> None:
         rows = self._check_rows(rows, PlainBackend)
         first = rows[0]

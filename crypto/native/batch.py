@@ -35,10 +35,6 @@ class NativeBatch(RowBatch, NativeBackend):
     name = "native-batch"
     supports_batch = False  # a batch of batches is not a thing
 
-    @property
-    def batch_pays(self) -> bool:
-        return False
-
     def __init__(self, rows: Sequence[NativeBackend]) -> None:  # not super().__init__: it would rebuild the tables
         rows = self._check_rows(rows, NativeBackend)
         first = rows[0]
