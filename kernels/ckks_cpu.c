@@ -251,7 +251,6 @@ static int use_ifma(uint64_t q, int64_t n) {
 /* The NTT's vector stages take every prime (64-bit products for those of 2^50 or more). */
 static int use_vector_ntt(int64_t n) { return use_ifma(3, n); }
 #else
-static int ifma_enabled = 0;
 static int use_ifma(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
 static int use_vector_ntt(int64_t n) { (void)n; return 0; }
 static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
@@ -259,7 +258,7 @@ static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t 
 static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c) {}
 #endif
 
-/* Whether the IFMA stages run for primes below 2^50 (after the first call decides). */
+/* Whether the AVX-512 lanes run (decided on the first call: the CPU and VEIL_CPU_IFMA). */
 int veil_ntt_ifma(void) { return use_ifma(3, 16); }
 
 /* |x| < 2^62 -> (-q, q): x - trunc(x / q) * q, the quotient from a double (relative error

@@ -119,10 +119,8 @@ def ntt_reduced_cpu(primes: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
     centred in another basis) in every limb of ``primes``: ``[..., len(primes), N]``, canonical.
     What ``ntt.forward(basis.reduce(x))`` gives, in one pass per limb (rescale, ModDown)."""
     n = x.shape[-1]
-    if x.dtype != torch.int64 or x.device.type != "cpu" or x.dim() < 2 or x.shape[-2] != 1:
-        raise ValueError(f"expected int64 CPU integers [..., 1, {n}], got {x.dtype} {tuple(x.shape)} on {x.device}")
-    if any(not 0 < q < _MAX_Q for q in primes):
-        raise ValueError(f"the CPU kernels need primes below 2^62, got {max(primes)}")
+    _check((primes[0],), [x], n)  # one limb: the integers, |x| < 2^62 whatever the prime
+    _check(primes, [], n)
     x = x.contiguous()
     out = torch.empty((*x.shape[:-2], len(primes), n), dtype=torch.int64)
     _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), out.numel() // n, len(primes), n, _primes(primes),
