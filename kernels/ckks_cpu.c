@@ -473,3 +473,15 @@ void veil_sub_mul(int64_t *out, const int64_t *x, const int64_t *r, int64_t rows
         }
     }
 }
+
+/* out[g, r, e] = x[g, r, idx[g, e] & (n - 1)]: groups of rows, each gathered by its own index
+ * (a rotation's automorphism in NTT form, one per rotation of a hoisted set). n is a power of
+ * two, so the mask keeps every read inside its row whatever the index holds. */
+void veil_gather(int64_t *out, const int64_t *x, const int64_t *idx, int64_t groups, int64_t rows, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < groups * rows; b++) {
+        const int64_t *ix = idx + (b / rows) * n, *src = x + b * n;
+        int64_t *dst = out + b * n;
+        for (int64_t e = 0; e < n; e++) dst[e] = src[ix[e] & (n - 1)];
+    }
+}

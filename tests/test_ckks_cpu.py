@@ -248,3 +248,20 @@ def test_dropping_a_limb_equals_the_twin(level):
         ckks_cpu.sub_mul_cpu(basis.primes, x, got[:1], consts)
     with pytest.raises(ValueError, match="\\[..., 1,"):
         ckks_cpu.ntt_reduced_cpu(basis.primes, x)
+
+
+def test_gather_equals_twin_and_stays_inside_its_row():
+    """``gather_cpu`` (a hoisted set's automorphisms, one index per group) equals ``torch.gather``;
+    an index past N reads inside its row (masked), never past it."""
+    from veil.crypto.native.ntt import automorphisms
+
+    n = 2048
+    x = _signed(MASTER, (3, 2), n, 7)
+    index = torch.stack([automorphism_index(g, n) for g in (3, 5, 2 * n - 1)])
+    want = torch.stack([x[i].index_select(-1, index[i]) for i in range(3)])
+    assert torch.equal(ckks_cpu.gather_cpu(x, index), want)
+    assert torch.equal(automorphisms(x, index), want)  # dispatched
+    far = ckks_cpu.gather_cpu(x[:1], torch.full((1, n), n + 5))
+    assert torch.equal(far, x[:1, ..., 5:6].expand(far.shape))
+    with pytest.raises(ValueError):
+        ckks_cpu.gather_cpu(x[..., :1000], index[:, :1000])  # not a power of two

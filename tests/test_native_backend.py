@@ -112,6 +112,26 @@ def test_hoisted_rotations_are_bit_identical_to_single_rotations(pair, rng):
         server.rotate_many(ct, [1, 11])
 
 
+def test_rotation_keys_held_permuted_rotate_as_the_textbook_does(pair, rng):
+    """The server holds each Galois key permuted by sigma_g^-1 (``keys.rotation_key``) and
+    gathers the key switch's output; bit for bit what gathering ``c`` first and switching with
+    the key as made gives, and the client exports the key as made."""
+    client, server = pair
+    ctx = server._ctx
+    ct = client.encrypt(rng.standard_normal(SLOTS), level=P.top_level)
+    c, level = ct._obj.data, P.top_level
+    for step in (3, -1000):
+        g = galois_element(step, N)
+        held = server._gks[g]
+        made = K.SwitchKey(held.data.index_select(-1, ctx.galois_index(g)), held.seed)
+        assert torch.equal(made.data[0], K.galois_b(ctx, g, client._gks[g]))  # what travelled
+        cg = c.index_select(-1, ctx.galois_index(g))
+        want = rns.mod_down(rns.key_inner(rns.decompose(cg[1], ctx, level), made.at(level),
+                                          ctx.ext(level)[0]), ctx, level)
+        want[0] = ctx.data(level)[0].add(want[0], cg[0])
+        assert torch.equal(server.rotate(ct, step)._obj.data, want)
+
+
 def test_masked_refresh_is_exact(pair, rng):
     """The re-encryption carries x + rho exactly: after unmasking, the plaintext polynomial
     differs from the input's by the two fresh encryption noises only (no rounding)."""

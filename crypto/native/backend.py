@@ -36,6 +36,7 @@ from veil.crypto.native.context import RnsContext, galois_element
 from veil.crypto.native.encoding import Encoder
 from veil.crypto.native.evaluator import Evaluator
 from veil.crypto.params import CkksParams
+from veil.kernels import heap
 
 __all__ = ["NativeBackend"]
 
@@ -70,6 +71,8 @@ class NativeBackend(Evaluator, HEBackend):
         if compile is None:
             compile = os.environ.get("VEIL_NATIVE_COMPILE", "") == "1"
         self._ctx = RnsContext(params, device, compile)
+        if self._ctx.device.type == "cpu":
+            heap.keep_freed_memory()  # a key switch allocates tens of MB: reuse the pages
         self._n, self._slots = params.poly_modulus_degree, params.slot_count
         self._encoder = Encoder(self._n, self.device)
         self._sk: K.SecretKey | None = None
@@ -124,7 +127,7 @@ class NativeBackend(Evaluator, HEBackend):
         basis, _ = ctx.master
         self._sk, self._pk = sk, K.gen_public(ctx, sk)
         self._rlk = K.gen_switch_key(ctx, sk, basis.mul(sk.s, sk.s))
-        self._gks = {g: K.gen_switch_key(ctx, sk, sk.s.index_select(-1, ctx.galois_index(g)))
+        self._gks = {g: K.rotation_key(ctx, g, K.gen_switch_key(ctx, sk, sk.s.index_select(-1, ctx.galois_index(g))))
                      for g in elements}
         self._export = None
 
@@ -146,7 +149,7 @@ class NativeBackend(Evaluator, HEBackend):
                 elements = tuple(sorted(self._gks))
                 level_of = {galois_element(st, self._n): lv for st, lv in self._key_levels.items()}
                 gk = serial.keys_to_bytes(ctx, serial.KIND_GALOIS,
-                                          [(self._gks[g].seed, self._gks[g].data[0]) for g in elements],
+                                          [(self._gks[g].seed, K.galois_b(ctx, g, self._gks[g])) for g in elements],
                                           master, elements, tuple(level_of[g] for g in elements))
             steps = self.rotation_steps
             self._export = PublicMaterial(self.params.id, pk, rk, gk, steps, tuple(self._key_levels[st] for st in steps),
@@ -183,7 +186,7 @@ class NativeBackend(Evaluator, HEBackend):
                 for st, lv in declared.items():  # what a key holds is what it serves
                     if not 0 <= lv <= held_by[galois_element(st, self._n)]:
                         raise ValueError(f"the key of rotation step {st} holds fewer levels than {lv}")
-                gks = {g: self._switch_key(seed, b) for g, (seed, b) in zip(got, raw, strict=True)}
+                gks = {g: K.rotation_key(ctx, g, self._switch_key(seed, b)) for g, (seed, b) in zip(got, raw, strict=True)}
             elif material.galois_keys:
                 raise ValueError("Galois keys without rotation steps")
         except (ValueError, TypeError) as e:  # serial.SerialError is a ValueError

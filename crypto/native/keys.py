@@ -27,7 +27,7 @@ from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import Stream, expand_uniform, new_seed
 
 __all__ = ["SecretKey", "PublicKey", "SwitchKey", "RowKeys", "gen_secret", "gen_public", "gen_switch_key",
-           "expand_a", "key_a", "encrypt_symmetric", "encrypt_public", "decrypt_ntt",
+           "rotation_key", "galois_b", "expand_a", "key_a", "encrypt_symmetric", "encrypt_public", "decrypt_ntt",
            "TAG_PK", "TAG_CT"]
 
 #: Stream tags of seed expansions (digit ``j`` of a key-switching key uses tag ``j``).
@@ -57,6 +57,22 @@ class SwitchKey:
     def at(self, level: int) -> torch.Tensor:
         """The key for digits and limbs of ``level``: a view ``[2, level+1, level+2, N]``."""
         return self.data[:, : level + 1, : level + 2]
+
+
+def rotation_key(ctx: RnsContext, g: int, key: SwitchKey) -> SwitchKey:
+    """A Galois key as rotations hold it: ``sigma_g^-1`` applied to every ``(b_j, a_j)`` (NTT
+    form, so a gather). The product is pointwise, so ``sum_j sigma_g(d_j) * k_j = sigma_g(sum_j
+    d_j * sigma_g^-1(k_j))``, and ModDown commutes with ``sigma_g`` (it permutes coefficients and
+    negates some; centring is odd-symmetric): a rotation then meets the digits of ``c1`` as they
+    are and gathers only its output, 2(l+1) limbs instead of the (l+1)(l+2) of the digits, which
+    every rotation of a hoisted set reads again (``keyswitch``). Bit for bit the same result."""
+    inverse = ctx.galois_index(pow(g, -1, 2 * ctx.n))
+    return SwitchKey(key.data.index_select(-1, inverse), key.seed)
+
+
+def galois_b(ctx: RnsContext, g: int, key: SwitchKey) -> torch.Tensor:
+    """The ``b_j`` of a rotation key as made (``sigma_g`` undoes ``rotation_key``): what travels."""
+    return key.data[0].index_select(-1, ctx.galois_index(g))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from veil.crypto.native import rns
+from veil.crypto.native import ntt, rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.keys import RowKeys, SwitchKey
 from veil.kernels.ckks_arith import use_triton
@@ -60,12 +60,12 @@ def relinearize(c: torch.Tensor, key: SwitchKey, ctx: RnsContext, level: int) ->
 
 
 def rotate(c: torch.Tensor, g: int, key: SwitchKey, ctx: RnsContext, level: int) -> torch.Tensor:
-    """Apply ``X -> X^g`` to ``[..., 2, l+1, N]`` and switch back to ``s``."""
+    """Apply ``X -> X^g`` to ``[..., 2, l+1, N]`` and switch back to ``s``; ``key`` is held as
+    ``keys.rotation_key`` makes it, so the automorphism is one gather of the result."""
     basis, _ = ctx.data(level)
-    c = c.index_select(-1, ctx.galois_index(g))
     ks = switch(c[..., 1, :, :], key, ctx, level)
     ks[..., 0, :, :] = basis.add(ks[..., 0, :, :], c[..., 0, :, :])
-    return ks
+    return ntt.automorphisms(ks[None], ctx.galois_index(g)[None])[0]
 
 
 def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[SwitchKey | RowKeys],
@@ -74,11 +74,6 @@ def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[Swit
     decomposition: ``[len(elements), *rows, 2, l+1, N]``."""
     basis, _ = ctx.data(level)
     digits = rns.decompose(c[..., 1, :, :], ctx, level)  # [*rows, l+1, l+2, N]
-    acc, c0s = [], []
-    for g, key in zip(elements, keys, strict=True):
-        idx = ctx.galois_index(g)
-        acc.append(_inner(digits, key, ctx, level, idx))  # the gather fused on CUDA
-        c0s.append(c[..., 0, :, :].index_select(-1, idx))
-    out = rns.mod_down(torch.stack(acc), ctx, level)
-    out[..., 0, :, :] = basis.add(out[..., 0, :, :], torch.stack(c0s))
-    return out
+    out = rns.mod_down(torch.stack([_inner(digits, key, ctx, level) for key in keys]), ctx, level)
+    out[..., 0, :, :] = basis.add(out[..., 0, :, :], c[..., 0, :, :])  # c0 is the same for every step
+    return ntt.automorphisms(out, torch.stack([ctx.galois_index(g) for g in elements]))

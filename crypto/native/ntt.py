@@ -26,7 +26,7 @@ from veil.kernels import ckks_cpu
 from veil.kernels.ckks_arith import use_triton
 from veil.kernels.ckks_ntt import ntt_triton
 
-__all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "coeff_automorphism"]
+__all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "automorphisms", "coeff_automorphism"]
 
 
 def bit_reverse(n: int) -> list[int]:
@@ -249,6 +249,15 @@ def automorphism_index(g: int, n: int, device: torch.device | str = "cpu") -> to
     if g % 2 == 0:
         raise ValueError("a Galois element is odd")
     return torch.tensor(_automorphism_index_list(g % (2 * n), n), dtype=torch.int64, device=device)
+
+
+def automorphisms(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """NTT-form ``x [G, ..., N]`` with group ``g`` gathered by ``index[g]`` (``[G, N]``, rows of
+    ``automorphism_index``): the C kernel on the CPU, ``torch.gather`` (its twin) elsewhere."""
+    if x.device.type == "cpu" and ckks_cpu.available():
+        return ckks_cpu.gather_cpu(x, index)
+    view = index.reshape(index.shape[0], *([1] * (x.dim() - 2)), index.shape[-1])
+    return torch.gather(x, -1, view.expand(x.shape))
 
 
 def coeff_automorphism(x: torch.Tensor, g: int, basis: Basis) -> torch.Tensor:

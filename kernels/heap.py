@@ -1,0 +1,45 @@
+"""Keep freed memory in the process heap, so large CPU tensors reuse pages.
+
+glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh mapping
+and unmaps it on free, so each such tensor pays a page fault and the kernel's zeroing for
+every 4 KiB page it touches. The native CKKS backend allocates tens of MB per key switch on
+the CPU (a hoisted set's products, its ModDown); measured on the 2-core development VM
+(benchmarks/results/2026-11-27-heap): a fresh 37.7 MB tensor filled by a copy took 12.1 ms,
+2.3 ms with the heap kept, 1.9 ms copied into a reused buffer.
+
+``keep_freed_memory`` turns glibc's mmap path off (``M_MMAP_MAX`` 0) and never trims the heap
+(``M_TRIM_THRESHOLD``), for the whole process: freed blocks go back to malloc's free lists
+and the next tensor takes them. The price is that the process never gives memory back to the
+system before it exits: its resident size stays at its peak. ``VEIL_KEEP_HEAP=0`` leaves
+glibc's policy alone; other C libraries are left alone too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+import os
+
+__all__ = ["keep_freed_memory"]
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Once per process; whether glibc now keeps freed memory (False: not glibc, or turned off)."""
+    if os.environ.get("VEIL_KEEP_HEAP", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    kept = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    log.info("glibc keeps freed memory in the heap: %s", kept)
+    return kept
