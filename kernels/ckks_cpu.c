@@ -8,8 +8,8 @@
  *
  * veil_mac: sum_k a_k * w_k mod q, the products summed exactly in 128 bits and reduced once per
  * output: dot_plain's ct x pt sums (twin ckks_ops.mac_torch) and the key inner product of a key
- * switch, the Galois gather read inside it (twin rns._key_inner). With IFMA, primes below 2^50
- * sum the products' 52-bit halves in two 64-bit lanes each, reduced every 8 terms.
+ * switch (twin rns._key_inner). With IFMA, primes below 2^50 sum the products' 52-bit halves in
+ * two 64-bit lanes each, in registers, reduced every 8 terms.
  *
  * Products: Shoup's, with wp = floor(w * 2^64 / q): for any 64-bit a,
  * a*w - mulhi(a, wp)*q lies in [0, 2q). Lazy bounds (Harvey): forward values stay in [0, 4q),
@@ -280,7 +280,7 @@ static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
 void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, int64_t n,
                    const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast) {
     use_ifma(3, 16); /* decided before the threads start */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t limb = r % limbs;
         uint64_t *a = (uint64_t *)(out + r * n);
@@ -311,27 +311,21 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
 #define MAC_BLOCK 256
 #define MAC_OUTS 2
 
-/* out[r, o, e] = sum_k a_k[r, gather(e)] * w[k * outs + o][e] mod q(limb of e), for rows r in
- * [0, rows), outputs o in [0, outs <= MAC_OUTS), and flat positions e of the [L, N] plane.
- * a_k[r] starts at a[k] + r * a_row_stride; gather(e) = e, or with an index (a Galois
- * automorphism, [N]) limb * n + index[e - limb * n]. w[.]: [L, N], shared by every row
- * (w_row_stride 0), or one per w_row_div consecutive rows (a batch's per-session plaintexts:
- * row r reads w[.] + (r / w_row_div) * w_row_stride); out: [rows, outs, L, N].
+/* out[r, o, e] = sum_k a_k[r, e] * w[k * outs + o][e] mod q(limb of e), for rows r in [0, rows),
+ * outputs o in [0, outs <= MAC_OUTS), and flat positions e of the [L, N] plane. a_k[r] starts at
+ * a[k] + r * a_row_stride. w[.]: [L, N], shared by every row (w_row_stride 0), or one per
+ * w_row_div consecutive rows (a batch's per-session plaintexts: row r reads
+ * w[.] + (r / w_row_div) * w_row_stride); out: [rows, outs, L, N].
  * The terms a may be lazy, in (-q, q); the weights w are canonical.
- * dot_plain is outs = 1 without an index; the key inner product outs = 2 (the key's halves),
- * one pass over the digits for both. A block of positions is done for every row before the
- * next block, so a batch reads each weight block from memory once. Terms are summed in 128
- * bits, reduced every `per` terms so the sum cannot wrap (per = the most products of
- * canonical operands that fit). */
-/* Term k of row r over the block [pos, pos + len) of its limb, lifted to [0, q) (gathered by
- * index first where there is one): the digits or ciphertext residues of one product. */
+ * dot_plain is outs = 1; the key inner product outs = 2 (the key's halves), one pass over the
+ * digits for both. A block of positions is done for every row before the next block, so a batch
+ * reads each weight block from memory once. Terms are summed in 128 bits, reduced every `per`
+ * terms so the sum cannot wrap (per = the most products of canonical operands that fit). */
+/* Term k of row r over the block [pos, pos + len) of its limb, lifted to [0, q). */
 static inline void load_term(uint64_t *x, const int64_t *const *a, int64_t k, int64_t r, int64_t a_row_stride,
-                             int64_t limb, int64_t n, const int64_t *index, int64_t pos, int64_t len, uint64_t q) {
-    const int64_t *src = a[k] + r * a_row_stride + limb * n;
-    if (index)
-        for (int64_t j = 0; j < len; j++) x[j] = lift(src[index[pos + j]], q);
-    else
-        for (int64_t j = 0; j < len; j++) x[j] = lift(src[pos + j], q);
+                             int64_t limb, int64_t n, int64_t pos, int64_t len, uint64_t q) {
+    const int64_t *src = a[k] + r * a_row_stride + limb * n + pos;
+    for (int64_t j = 0; j < len; j++) x[j] = lift(src[j], q);
 }
 
 /* The weights of term k, output o, for row r at flat position e. */
@@ -355,71 +349,73 @@ IFMA static inline __m512i reduce_halves(__m512i H, __m512i L, __m512i Q, __m512
     return sub_if_ge(sub_if_ge(s, _mm512_add_epi64(Q, Q)), Q); /* < 4q -> [0, q) */
 }
 
-/* veil_mac's block (limb, [pos, pos + len)) for every row, len a multiple of 8, q < 2^50. */
-IFMA static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const int64_t *index,
+/* veil_mac's block (limb, [pos, pos + len)) for every row, len a multiple of 16, q < 2^50. Two
+ * vectors of 8 positions at a time, every output's two halves in registers across all terms
+ * (up to 8 independent accumulator chains keep the multiplier busy), each operand read once. */
+IFMA static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
                                 const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
                                 int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
                                 int64_t plane, uint64_t q) {
-    uint64_t hacc[MAC_OUTS][MAC_BLOCK], lacc[MAC_OUTS][MAC_BLOCK], x[MAC_BLOCK];
     const int64_t e = limb * n + pos;
     const uint64_t c52 = (uint64_t)(((u128)1 << 52) % q);
     const __m512i Q = _mm512_set1_epi64((int64_t)q), C52 = _mm512_set1_epi64((int64_t)c52);
     const __m512i C52P = _mm512_set1_epi64((int64_t)shoup52(c52, q)), ONEP = _mm512_set1_epi64((int64_t)shoup52(1, q));
     const __m512i zero = _mm512_setzero_si512();
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t o = 0; o < outs; o++)
-            for (int64_t j = 0; j < len; j += 8) {
-                _mm512_storeu_si512(hacc[o] + j, zero);
-                _mm512_storeu_si512(lacc[o] + j, zero);
-            }
-        for (int64_t k = 0; k < terms; k++) {
-            if (k && k % MAC_IFMA_FLUSH == 0)
-                for (int64_t o = 0; o < outs; o++)
-                    for (int64_t j = 0; j < len; j += 8) {
-                        const __m512i v = reduce_halves(_mm512_loadu_si512(hacc[o] + j), _mm512_loadu_si512(lacc[o] + j),
-                                                        Q, C52, C52P, ONEP);
-                        _mm512_storeu_si512(lacc[o] + j, v);
-                        _mm512_storeu_si512(hacc[o] + j, zero);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < len; j += 16) {
+            __m512i lo[MAC_OUTS][2], hi[MAC_OUTS][2];
+            for (int64_t o = 0; o < MAC_OUTS; o++)
+                lo[o][0] = lo[o][1] = hi[o][0] = hi[o][1] = zero;
+            for (int64_t k = 0; k < terms; k++) {
+                if (k && k % MAC_IFMA_FLUSH == 0)
+                    for (int64_t o = 0; o < outs; o++)
+                        for (int v = 0; v < 2; v++) {
+                            lo[o][v] = reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP);
+                            hi[o][v] = zero;
+                        }
+                const int64_t *src = a[k] + r * a_row_stride + e + j;
+                __m512i x[2];
+                for (int v = 0; v < 2; v++) { /* lazy terms in (-q, q) -> [0, q) */
+                    const __m512i t = _mm512_loadu_si512(src + 8 * v);
+                    x[v] = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
+                }
+                for (int64_t o = 0; o < outs; o++) {
+                    const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e + j);
+                    for (int v = 0; v < 2; v++) {
+                        const __m512i Y = _mm512_loadu_si512(y + 8 * v);
+                        lo[o][v] = _mm512_madd52lo_epu64(lo[o][v], x[v], Y);
+                        hi[o][v] = _mm512_madd52hi_epu64(hi[o][v], x[v], Y);
                     }
-            load_term(x, a, k, r, a_row_stride, limb, n, index, pos, len, q);
-            for (int64_t o = 0; o < outs; o++) {
-                const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e);
-                for (int64_t j = 0; j < len; j += 8) {
-                    const __m512i X = _mm512_loadu_si512(x + j), Y = _mm512_loadu_si512(y + j);
-                    _mm512_storeu_si512(lacc[o] + j, _mm512_madd52lo_epu64(_mm512_loadu_si512(lacc[o] + j), X, Y));
-                    _mm512_storeu_si512(hacc[o] + j, _mm512_madd52hi_epu64(_mm512_loadu_si512(hacc[o] + j), X, Y));
                 }
             }
+            for (int64_t o = 0; o < outs; o++) {
+                int64_t *dst = out + (r * outs + o) * plane + e + j;
+                for (int v = 0; v < 2; v++)
+                    _mm512_storeu_si512(dst + 8 * v, reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP));
+            }
         }
-        for (int64_t o = 0; o < outs; o++) {
-            int64_t *dst = out + (r * outs + o) * plane + e;
-            for (int64_t j = 0; j < len; j += 8)
-                _mm512_storeu_si512(dst + j, reduce_halves(_mm512_loadu_si512(hacc[o] + j),
-                                                           _mm512_loadu_si512(lacc[o] + j), Q, C52, C52P, ONEP));
-        }
-    }
 }
 #else
-static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const int64_t *index,
+static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
                            const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
                            int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
                            int64_t plane, uint64_t q) {}
 #endif
 
-void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const int64_t *index,
+void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
               const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms, int64_t outs,
               int64_t rows, int64_t limbs, int64_t n, const uint64_t *qs) {
     const int64_t plane = limbs * n, per_limb = (n + MAC_BLOCK - 1) / MAC_BLOCK;
     use_ifma(3, 16); /* decided before the threads start */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 4)
     for (int64_t b = 0; b < limbs * per_limb; b++) {
         u128 acc[MAC_OUTS][MAC_BLOCK];
         uint64_t x[MAC_BLOCK];
         const int64_t limb = b / per_limb, pos = (b % per_limb) * MAC_BLOCK, e = limb * n + pos;
         const int64_t len = n - pos < MAC_BLOCK ? n - pos : MAC_BLOCK;
-        if (len % 8 == 0 && use_ifma(qs[limb], n)) {
-            mac_block_ifma(out, a, a_row_stride, index, w, w_row_stride, w_row_div, terms, outs, rows, limb, n, pos,
-                           len, plane, qs[limb]);
+        if (len % 16 == 0 && use_ifma(qs[limb], n)) {
+            mac_block_ifma(out, a, a_row_stride, w, w_row_stride, w_row_div, terms, outs, rows, limb, n, pos, len,
+                           plane, qs[limb]);
             continue;
         }
         const uint64_t q = qs[limb], r64 = (uint64_t)(((u128)1 << 64) % q);
@@ -436,7 +432,7 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride, const
                         for (int64_t j = 0; j < len; j++) acc[o][j] = reduce128(acc[o][j], q, r64, r64p, one_p);
                     held = 0;
                 }
-                load_term(x, a, k, r, a_row_stride, limb, n, index, pos, len, q);
+                load_term(x, a, k, r, a_row_stride, limb, n, pos, len, q);
                 for (int64_t o = 0; o < outs; o++) {
                     const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e);
                     for (int64_t j = 0; j < len; j++) acc[o][j] += (u128)x[j] * y[j];

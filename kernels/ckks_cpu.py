@@ -9,11 +9,11 @@
   ``VEIL_CPU_IFMA=0`` keeps the scalar loops).
 * ``mac_cpu``: ``dot_plain``'s sum of ct × pt products, and a single ct × pt as one term
   (twin: ``ckks_ops.mac_torch``), and
-  ``key_inner_cpu``: a key switch's digits × key, a rotation's Galois gather read inside it
-  (twin: ``rns._key_inner``). Eager torch spends a dozen passes over memory per term; the
-  kernel sums exact 128-bit products in one pass, both key halves per read of the digits, and
-  reads each shared weight block once for all rows of a batch (a batch's per-session
-  plaintexts, ``row_weights``, row by row).
+  ``key_inner_cpu``: a key switch's digits × key (twin: ``rns._key_inner``). Eager torch
+  spends a dozen passes over memory per term; the kernel sums exact 128-bit products in one
+  pass, both key halves per read of the digits, and reads each shared weight block once for
+  all rows of a batch (a batch's per-session plaintexts, ``row_weights``, row by row).
+* ``gather_cpu``: the automorphisms of a hoisted set of rotations (twin: ``torch.gather``).
 
 Tests: ``tests/test_ckks_cpu.py``. On CUDA tensors the Triton kernels run instead. Built on
 first use by ``cbuild`` (no compiler, a failed build or ``VEIL_CPU_KERNELS=0``: the twin runs,
@@ -52,7 +52,7 @@ def _library() -> ctypes.CDLL | None:
     lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int]
     lib.veil_sub_mul.argtypes = [p, p, p, i64, i64, i64, p, p]
     lib.veil_sub_mul.restype = None
-    lib.veil_mac.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, i64, i64, p]
+    lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
     lib.veil_ntt_ifma.argtypes, lib.veil_ntt_ifma.restype = [], ctypes.c_int
     lib.veil_gather.argtypes, lib.veil_gather.restype = [p, p, p, i64, i64, i64], None
@@ -170,16 +170,15 @@ def _check(primes: tuple[int, ...], tensors, n: int) -> None:
         raise ValueError(f"the CPU kernels need primes below 2^62, got {max(primes)}")
 
 
-def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int, index: torch.Tensor | None,
+def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int,
          w: list[torch.Tensor], outs: int, w_rows: tuple[int, int] = (0, 1)) -> torch.Tensor:
     """``veil_mac`` into ``out`` ``[rows, outs, L, N]`` (contiguous); ``w_rows``: the weights'
     (row stride, rows per weight row), ``(0, 1)`` for weights every row shares."""
     limbs, n = len(primes), out.shape[-1]
     a_arr = (ctypes.c_void_p * len(a_ptrs))(*a_ptrs)
     w_arr = (ctypes.c_void_p * len(w))(*[t.data_ptr() for t in w])
-    idx = None if index is None else index.data_ptr()
     rows = out.numel() // (outs * limbs * n)
-    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, idx, w_arr, *w_rows, len(a_ptrs), outs, rows, limbs,
+    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, w_arr, *w_rows, len(a_ptrs), outs, rows, limbs,
                         n, _primes(primes))
     return out
 
@@ -217,24 +216,18 @@ def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
     if any(t.shape != a[0].shape for t in a) or any(t.shape != w[0].shape for t in w) or w_rows is None:
         raise ValueError("the terms must share one shape, and the weights one shape: [L, N] or per row")
     out = torch.empty(a[0].shape, dtype=torch.int64)
-    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, None, w, 1, w_rows)
+    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, w, 1, w_rows)
 
 
-def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, key: torch.Tensor,
-                  index: torch.Tensor | None = None) -> torch.Tensor:
+def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """``sum_j d_j * key_j`` (``rns.key_inner``'s contract, one key): digits ``d`` ``[..., K, L, N]``
-    and a key ``[2, K, L, N]``, canonical -> ``[..., 2, L, N]``; ``index`` ``[N]`` gathers the
-    digits' coefficients first (read inside the product: no gathered copy)."""
+    and a key ``[2, K, L, N]``, canonical -> ``[..., 2, L, N]``."""
     n, k = d.shape[-1], d.shape[-3]
     if key.dim() != 4 or key.shape[:2] != (2, k):
         raise ValueError(f"a key [2, {k}, L, N] for {k} digits, got {tuple(key.shape)}")
     d = d.contiguous()
     _check(primes, [d, key], n)
     w = [key[o, j].contiguous() for j in range(k) for o in range(2)]  # views: a level's run of limbs
-    if index is not None:
-        index = index.to(torch.int64).contiguous()
-        if index.shape != (n,) or bool(((index < 0) | (index >= n)).any()):
-            raise ValueError(f"a gather index of {n} positions in [0, {n})")
     plane = len(primes) * n
     out = torch.empty((*d.shape[:-3], 2, len(primes), n), dtype=torch.int64)
-    return _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, index, w, 2)
+    return _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, w, 2)

@@ -1,10 +1,9 @@
 """Fused RNS-CKKS residue kernels in Triton, each with its torch twin.
 
 * ``key_inner_triton``: the key-switch inner product ``out[..., r, i, x] = sum_j d[..., j, i,
-  idx[x]] * key[r, j, i, x] mod q_i`` with the automorphism's gather fused into the loads. A
-  hoisted rotation otherwise gathers all digits into a new tensor first (a full extra pass over
-  them); here each digit element is read once, through the index, and feeds both key halves.
-  Twin: ``rns.key_inner`` (``index_select``, then lazy products summed and reduced once).
+  x] * key[r, j, i, x] mod q_i``, each digit element read once for both key halves (a
+  rotation's automorphism is a gather of the output: ``keys.rotation_key``). Twin:
+  ``rns.key_inner`` (lazy products summed and reduced once).
 * ``mac``: ``out[..., i, x] = sum_k a[k, ..., i, x] * w[k, i, x] mod q_i``, the ct x pt sums
   of the BSGS matvec (``evaluator.dot_plain``), one pass over the terms.
 * ``sub_mul_const``: ``(x - r) * c mod q_i`` with a per-limb constant ``c``, the tail of
@@ -49,7 +48,7 @@ def _col(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).contiguous()
 
 
-# ---- key switching: sum_j d_j[idx] * key_j ---------------------------------------------------
+# ---- key switching: sum_j d_j * key_j ---------------------------------------------------
 @triton.jit
 def _program_tile(run_limbs, first_limb, n, BLOCK: tl.constexpr):
     """What a program of the ``(B * limbs of the run, N / BLOCK)`` grid works on: batch row
@@ -61,17 +60,14 @@ def _program_tile(run_limbs, first_limb, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _key_inner_kernel(d_ptr, key_ptr, idx_ptr, out_ptr, q_ptr, qinv_ptr,
+def _key_inner_kernel(d_ptr, key_ptr, out_ptr, q_ptr, qinv_ptr,
                       digits, run_limbs, first_limb, n, sd_b, sd_j, sd_i, sk_b, sk_r, sk_j, sk_i,
                       so_b, so_r, so_i,
-                      HAS_INDEX: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+                      WIDE: tl.constexpr, BLOCK: tl.constexpr):
     b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
-    src = x
-    if HAS_INDEX:
-        src = tl.load(idx_ptr + x, mask=mask, other=0)  # the automorphism's gather
     q = tl.load(q_ptr + limb)
     qinv = tl.load(qinv_ptr + limb)
-    d_j = d_ptr + b * sd_b + i * sd_i + src
+    d_j = d_ptr + b * sd_b + i * sd_i + x
     k_j = key_ptr + b * sk_b + i * sk_i + x  # sk_b = 0: one key for every row
     acc0 = tl.zeros([BLOCK], dtype=tl.int64)
     acc1 = tl.zeros([BLOCK], dtype=tl.int64)
@@ -86,34 +82,28 @@ def _key_inner_kernel(d_ptr, key_ptr, idx_ptr, out_ptr, q_ptr, qinv_ptr,
     tl.store(out + so_r, fix(reduce_lazy(acc1, q, qinv), q), mask=mask)
 
 
-def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis, index: torch.Tensor | None = None
-                     ) -> torch.Tensor:
-    """``rns.key_inner(d.index_select(-1, index), key, basis)``: digits ``[..., K, L, N]``
-    (canonical), key ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``) or one key
-    per row of a batch ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]``, ``index``
-    ``[N]`` int64 in ``[0, N)`` or None -> ``[..., 2, L, N]``. An index out of range is not
-    detected here (it would cost a device sync); ``index_select`` on the twin's path raises."""
-    check_triton_device(d, key, basis.q, *(() if index is None else (index,)))
+def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis) -> torch.Tensor:
+    """``rns.key_inner(d, key, basis)``: digits ``[..., K, L, N]`` (canonical), key
+    ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``) or one key per row of a
+    batch ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]`` -> ``[..., 2, L, N]``."""
+    check_triton_device(d, key, basis.q)
     *lead, k, limbs, n = d.shape
     rows = (lead[0],) if key.dim() == 5 and len(lead) == 1 else ()
     if key.shape != rows + (2, k, limbs, n) or d.dtype != torch.int64 or key.dtype != torch.int64:
         raise ValueError(f"digits {tuple(d.shape)} {d.dtype} and key {tuple(key.shape)} "
                          f"{key.dtype} do not match [..., K, L, N] / [(B,) 2, K, L, N] int64")
-    if index is not None and (index.shape != (n,) or index.dtype != torch.int64):
-        raise ValueError(f"index must be int64 [{n}], got {index.dtype} {tuple(index.shape)}")
     if k * max(basis.primes) >= 2**63:
         raise ValueError(f"{k} digits overflow the int64 accumulator")
     d4, key = _unit_last(d.reshape(-1, k, limbs, n)), _unit_last(key)
-    idx = d4 if index is None else index.contiguous()  # a placeholder pointer without an index
     out = torch.empty((d4.shape[0], 2, limbs, n), dtype=torch.int64, device=d.device)
     for a, stop, part in basis.parts:
         grid, block = _grid(d4.shape[0] * (stop - a), n)
         if grid[0]:
             _key_inner_kernel[grid](
-                d4, key, idx, out, _col(part.q), _col(part.qinv), k, stop - a, a, n,
+                d4, key, out, _col(part.q), _col(part.qinv), k, stop - a, a, n,
                 d4.stride(0), d4.stride(1), d4.stride(2), key.stride(0) if rows else 0,
                 key.stride(-4), key.stride(-3), key.stride(-2), out.stride(0), out.stride(1), out.stride(2),
-                HAS_INDEX=index is not None, WIDE=part.wide, BLOCK=block, **NO_FMA)
+                WIDE=part.wide, BLOCK=block, **NO_FMA)
     return out.view(*lead, 2, limbs, n)
 
 

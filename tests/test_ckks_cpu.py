@@ -137,22 +137,18 @@ def test_mac_edges_and_shapes():
         ckks_cpu.mac_cpu(MIXED, [torch.zeros(4, 16, dtype=torch.int64)], [])
 
 
-@pytest.mark.parametrize("gather", [False, True], ids=["relinearize", "rotate"])
 @pytest.mark.parametrize("lead", [(), (3,)], ids=["one", "rows"])
-def test_key_inner_equals_twin(gather, lead):
+def test_key_inner_equals_twin(lead):
     """A key's view for a lower level (a run of limbs of the master key, as ``SwitchKey.at``
-    hands out), digits with leading rows, with and without a Galois gather."""
-    n, digits = 1024, 3
-    master = torch.stack([_canonical(MASTER, (digits,), n, seed=20 + o) for o in range(2)])  # [2, K, 9, N]
-    run = slice(0, 5)
-    primes, key = MASTER[run], master[:, :, run]
-    d = _canonical(primes, (*lead, digits), n, seed=7)
-    index = automorphism_index(pow(3, 5, 2 * n), n) if gather else None
-    want = rns._key_inner(d, key, Basis.of(primes), index)
-    assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, key, index), want)
-    assert torch.equal(rns.key_inner(d, key, Basis.of(primes), index=index), want)  # dispatched
-    with pytest.raises(ValueError, match="gather index"):
-        ckks_cpu.key_inner_cpu(primes, d, key, torch.full((n,), n))  # would read past the limb
+    hands out), digits with leading rows; 8 digits at the production N (the IFMA path's flush)."""
+    for n, digits in ((1024, 3), (16384, 9)):
+        master = torch.stack([_canonical(MASTER, (digits,), n, seed=20 + o) for o in range(2)])  # [2, K, 9, N]
+        run = slice(0, 5)
+        primes, key = MASTER[run], master[:, :, run]
+        d = _canonical(primes, (*lead, digits), n, seed=7)
+        want = rns._key_inner(d, key, Basis.of(primes))
+        assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, key), want)
+        assert torch.equal(rns.key_inner(d, key, Basis.of(primes)), want)  # dispatched
 
 
 @pytest.mark.parametrize(("lead", "w_lead"), [((3, 2), (3, 1)), ((2,), (2,)), ((2, 2), (1, 1))],

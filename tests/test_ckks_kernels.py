@@ -28,7 +28,7 @@ import triton.language as tl
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis
-from veil.crypto.native.ntt import NttTables, automorphism_index
+from veil.crypto.native.ntt import NttTables
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
 from veil.kernels import ckks_ops
 from veil.kernels.ckks_arith import NO_FMA
@@ -109,20 +109,18 @@ def _key_view(primes, digits: int, n: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(BASES))
-def test_key_inner_with_gather_equals_twin(name):
+def test_key_inner_equals_twin(name):
     primes, n, digits = BASES[name][:5], 256, 4
     basis = Basis.of(primes)
     d = _residues(primes, (2, digits), n, seed=1)
     key = _key_view(primes, digits, n, seed=2)
     assert not key.is_contiguous()
-    for g in (5, 2 * n - 1):
-        idx = automorphism_index(g, n)
-        want = rns.key_inner(d.index_select(-1, idx), key, basis)
-        assert torch.equal(ckks_ops.key_inner_triton(d, key, basis, idx), want)
-        assert torch.equal(rns.key_inner(d, key, basis, index=idx), want)  # the CPU dispatch
+    want = rns._key_inner(d, key, basis)
+    assert torch.equal(ckks_ops.key_inner_triton(d, key, basis), want)
+    assert torch.equal(rns.key_inner(d, key, basis), want)  # the CPU dispatch
     strided = d.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
     assert not strided.is_contiguous()
-    assert torch.equal(ckks_ops.key_inner_triton(strided, key, basis), rns.key_inner(d, key, basis))
+    assert torch.equal(ckks_ops.key_inner_triton(strided, key, basis), want)
 
 
 @pytest.mark.parametrize("name", list(BASES))
@@ -132,10 +130,9 @@ def test_key_inner_with_a_key_per_row_equals_each_row_alone(name):
     basis = Basis.of(primes)
     d = _residues(primes, (rows, digits), n, seed=3)
     keys = torch.stack([_key_view(primes, digits, n, seed=10 + b) for b in range(rows)])
-    idx = automorphism_index(5, n)
-    want = torch.stack([rns.key_inner(d[b], keys[b], basis, index=idx) for b in range(rows)])
-    assert torch.equal(ckks_ops.key_inner_triton(d, keys, basis, idx), want)
-    assert torch.equal(rns.key_inner(d, keys, basis, index=idx), want)  # the twin broadcasts per row
+    want = torch.stack([rns.key_inner(d[b], keys[b], basis) for b in range(rows)])
+    assert torch.equal(ckks_ops.key_inner_triton(d, keys, basis), want)
+    assert torch.equal(rns.key_inner(d, keys, basis), want)  # the twin broadcasts per row
     with pytest.raises(ValueError, match="do not match"):
         ckks_ops.key_inner_triton(d[:2], keys, basis)
 
@@ -222,12 +219,10 @@ def test_cpu_tensors_take_the_twins_with_the_interpreter_off(monkeypatch):
         ntt_triton(ntt, x, inverse=False)
     fw = ntt.forward(x)
     assert torch.equal(ntt.inverse(fw), x)
-    idx = ctx.galois_index(5)
     key = _residues(basis.primes, (2, 2), ctx.n, seed=9)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        ckks_ops.key_inner_triton(fw, key, basis, idx)
-    assert torch.equal(rns.key_inner(fw, key, basis, index=idx),
-                       rns.key_inner(fw.index_select(-1, idx), key, basis))
+        ckks_ops.key_inner_triton(fw, key, basis)
+    assert torch.equal(rns.key_inner(fw, key, basis), rns._key_inner(fw, key, basis))
     out = rns.mod_down(fw, ctx, 1)  # the sub_mul_const dispatch
     assert out.shape == (2, 2, ctx.n)
     assert not ckks_ops.use_triton(x)
@@ -255,7 +250,7 @@ wide60 = Basis.of(get_params("ckks-n16384-l6-v1").primes[:2])  # reductions insi
 for inverse in (False, True):
     ckks_ntt.ntt_triton(tables, z[0, :2], inverse)
     ckks_ntt.ntt_triton(NttTables(wide60, n), z[0, :2, :2], inverse)
-ckks_ops.key_inner_triton(z[:1], z, basis, torch.zeros(n, dtype=torch.int64))
+ckks_ops.key_inner_triton(z[:1], z, basis)
 ckks_ops.mac_triton(z, z[0, :2].expand(2, 4, n), basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis)
 types = {torch.int64: "*i64", torch.float64: "*fp64"}

@@ -26,6 +26,7 @@ from veil.crypto.linear import (
 )
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext, galois_element
+from veil.crypto.native.ntt import automorphisms
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.kernels import ckks_arith, ckks_ops
 
@@ -179,19 +180,19 @@ def test_cuda_ntt_kernels_equal_cpu_twin(contexts):
 
 
 @needs_triton
-def test_cuda_key_inner_with_gather_equals_cpu_twin(contexts):
+def test_cuda_key_inner_and_automorphisms_equal_cpu(contexts):
     cpu, gpu = contexts
     level = P.top_level
     (basis, _), (basis_gpu, _) = cpu.ext(level), gpu.ext(level)
     digits = level + 1
     d = _res(basis.primes, (digits,), 13)
     key = _res(basis.primes + basis.primes[:1], (2, digits + 1), 14)[:, :digits, : len(basis)]
-    for g in (galois_element(1, P.poly_modulus_degree), galois_element(-3, P.poly_modulus_degree)):
-        want = rns.key_inner(d, key, basis, index=cpu.galois_index(g))
-        got = rns.key_inner(d.cuda(), key.cuda(), basis_gpu, index=gpu.galois_index(g))
-        assert torch.equal(got.cpu(), want)
-    assert torch.equal(rns.key_inner(d.cuda(), key.cuda(), basis_gpu).cpu(),
-                       rns.key_inner(d, key, basis))
+    assert torch.equal(rns.key_inner(d.cuda(), key.cuda(), basis_gpu).cpu(), rns.key_inner(d, key, basis))
+    gs = (galois_element(1, P.poly_modulus_degree), galois_element(-3, P.poly_modulus_degree))
+    index = torch.stack([cpu.galois_index(g) for g in gs])
+    x = torch.stack([d[:2], d[2:4]])
+    got = automorphisms(x.cuda(), torch.stack([gpu.galois_index(g) for g in gs]))
+    assert torch.equal(got.cpu(), automorphisms(x, index))
 
 
 @needs_triton

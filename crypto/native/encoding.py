@@ -35,22 +35,32 @@ class Encoder:
         # numpy for decoding (host data), tensors on the device for encoding
         self.at = (pos - 1) // 2  # E index of zeta^(3^i)
         self.twist = np.exp(1j * np.pi * np.arange(n) / n)  # zeta^k
-        self._at = torch.from_numpy(self.at).to(self.device)
-        self._conj_at = torch.from_numpy((2 * n - pos - 1) // 2).to(self.device)  # E index of zeta^(-3^i)
-        self._untwist = torch.from_numpy(self.twist.conj()).to(self.device)
+        # E index -> the slot it holds (slot i at zeta^(3^i) and at its conjugate zeta^(-3^i)),
+        # or ``slots``: a zero column past the values
+        slot_of = np.full(n, self.slots, dtype=np.int64)
+        slot_of[self.at] = slot_of[(2 * n - pos - 1) // 2] = np.arange(self.slots)
+        self._slot_of = torch.from_numpy(slot_of).to(self.device)
+        untwist = torch.from_numpy(self.twist.conj() / n).to(self.device)
+        self._untwist_re, self._untwist_im = untwist.real.contiguous(), untwist.imag.contiguous()
 
     def embed(self, values, scale: float) -> torch.Tensor:
         """Real slot values ``[..., <= N/2]`` (array or tensor) -> real coefficients ``[..., N]``
-        (float64 on the encoder's device, unrounded)."""
+        (float64 on the encoder's device, unrounded).
+
+        The evaluation vector ``E`` is real (each slot's value sits at a root and at its
+        conjugate), so its DFT is Hermitian: ``rfft`` gives ``F_0..F_{N/2}`` for half the work of
+        a complex FFT, ``F_{N-k} = conj(F_k)`` the rest, and ``E`` is one gather of the values."""
         v = torch.as_tensor(values, dtype=torch.float64).to(self.device)
         width = v.shape[-1]
         if width > self.slots:
             raise ValueError(f"{width} values exceed {self.slots} slots")
-        e = torch.zeros(v.shape[:-1] + (self.n,), dtype=torch.complex128, device=self.device)
-        sv = (v * scale).to(torch.complex128)
-        e[..., self._at[:width]] = sv
-        e[..., self._conj_at[:width]] = sv
-        return (torch.fft.fft(e, dim=-1) * self._untwist).real / self.n
+        padded = torch.zeros(v.shape[:-1] + (self.slots + 1,), dtype=torch.float64, device=self.device)
+        padded[..., :width] = v * scale
+        f = torch.fft.rfft(padded[..., self._slot_of], dim=-1)  # [..., N/2 + 1]
+        mirrored = f[..., 1 : self.slots].flip(-1)  # F_k for k in (N/2, N): conj(F_{N-k})
+        re = torch.cat((f.real, mirrored.real), dim=-1)
+        im = torch.cat((f.imag, mirrored.imag.neg()), dim=-1)
+        return re * self._untwist_re - im * self._untwist_im  # Re(F_k * conj(zeta^k)) / N
 
     def encode(self, values, scale: float, bound: float = MAX_COEFF) -> torch.Tensor:
         """Slot values -> integer coefficients (int64, on the encoder's device). ``ValueError``

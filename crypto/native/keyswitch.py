@@ -4,16 +4,17 @@ A key switch of a polynomial ``d`` at level ``l`` (NTT form): ``decompose`` (INT
 digits ``[d]_{q_j}``, each lifted to ``[p, q_0..q_l]`` and NTT'd), ``key_inner`` with the key's
 view for the level, ``mod_down`` (divide by ``p``). Noise bound: ``keys`` module docstring.
 
-Rotation by a Galois element ``g``: in NTT form the automorphism is a gather (``ntt``), so
-``rot(c0, c1) = (c0^g + KS_g(c1^g)_0, KS_g(c1^g)_1)``.
+Rotation by a Galois element ``g``: in NTT form the automorphism ``sigma_g`` is a gather
+(``ntt``), so ``rot(c0, c1) = (c0^g + KS_g(c1^g)_0, KS_g(c1^g)_1)``. The Galois keys are held
+permuted by ``sigma_g^-1`` (``keys.rotation_key``), which turns that into
+``sigma_g(c0 + KS'_g(c1))``: the key switch meets the digits of ``c1`` as they are, and one
+gather of its 2(l+1) output limbs applies the automorphism.
 
-Hoisting (``rotate_many``): the digits of ``c1`` are decomposed and lifted once; for every
-step the automorphism is applied to the lifted digits instead. It commutes with the lift:
-``X -> X^g`` permutes the coefficients and negates some, and the negation of a centred digit
-(``|d| <= (q_j - 1)/2``, q_j odd) is the centred digit of the negated residue, so the permuted
-digits are exactly the digits of ``c1^g``. Hoisted rotations are therefore bit-identical to
-unhoisted ones (a test checks it). The per-step cost is a gather and the inner product; ModDown
-is batched over the steps.
+Hoisting (``rotate_many``): the digits of ``c1`` are decomposed and lifted once, and every step
+multiplies the same digits by its own key; ModDown and the gathers are batched over the steps.
+Hoisted rotations are bit-identical to single ones (a test checks it), and both to the textbook
+order that gathers ``c1`` first: ModDown commutes with ``sigma_g`` (a signed permutation of
+coefficients; centring is odd-symmetric for odd primes).
 """
 
 from __future__ import annotations
@@ -30,21 +31,19 @@ from veil.kernels.ckks_arith import use_triton
 __all__ = ["switch", "relinearize", "rotate", "rotate_hoisted"]
 
 
-def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int,
-           index: torch.Tensor | None = None) -> torch.Tensor:
-    """The key inner product of ``digits`` ``[*rows, K, L, N]`` (gathered by ``index`` first,
-    a rotation's automorphism); with ``RowKeys`` (a batch of sessions) row b meets row b's key.
-    Everything around it (the NTTs of ModUp and ModDown) runs on the whole batch at once; only
-    this product reads per-row key material."""
+def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int) -> torch.Tensor:
+    """The key inner product of ``digits`` ``[*rows, K, L, N]``; with ``RowKeys`` (a batch of
+    sessions) row b meets row b's key. Everything around it (the NTTs of ModUp and ModDown) runs
+    on the whole batch at once; only this product reads per-row key material."""
     ext_basis, _ = ctx.ext(level)
     if isinstance(key, RowKeys):
         if use_triton(digits):  # one launch, each row reading its own key (the stack: B keys copied)
             keys = torch.stack([k.at(level) for k in key.rows])
-            return rns.key_inner(digits, keys, ext_basis, ctx.compile, index)
+            return rns.key_inner(digits, keys, ext_basis, ctx.compile)
         # the twin row by row: no copy of the keys, and each row's operands stay in cache
-        return torch.stack([rns.key_inner(d, k.at(level), ext_basis, ctx.compile, index)
+        return torch.stack([rns.key_inner(d, k.at(level), ext_basis, ctx.compile)
                             for d, k in zip(digits.unbind(0), key.rows, strict=True)])
-    return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile, index)
+    return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile)
 
 
 def switch(d: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int) -> torch.Tensor:

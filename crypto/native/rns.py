@@ -31,13 +31,22 @@ from veil.crypto.native.ntt import compiled
 from veil.kernels import ckks_cpu, ckks_ops
 from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const, use_triton
 
-__all__ = ["to_residues", "rescale", "decompose", "key_inner", "mul_plain", "mac", "mod_down",
+__all__ = ["to_residues", "to_ntt_residues", "rescale", "decompose", "key_inner", "mul_plain", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
 
 
 def to_residues(coeffs: torch.Tensor, basis: Basis) -> torch.Tensor:
     """Integer coefficients ``[..., N]`` (int64) -> residues ``[..., L, N]``."""
     return basis.reduce(coeffs.unsqueeze(-2))
+
+
+def to_ntt_residues(coeffs: torch.Tensor, basis: Basis, ntt) -> torch.Tensor:
+    """Integer coefficients ``[..., N]`` (``|c| < 2^62``) -> NTT-form residues ``[..., L, N]``
+    (encoding): on the CPU one C pass per limb (``ckks_cpu.ntt_reduced_cpu``: the reduction
+    read inside the NTT), elsewhere ``to_residues`` and the NTT."""
+    if coeffs.device.type == "cpu" and ckks_cpu.available():
+        return ckks_cpu.ntt_reduced_cpu(basis.primes, coeffs.unsqueeze(-2))
+    return ntt.forward(to_residues(coeffs, basis))
 
 
 def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -93,9 +102,7 @@ def _needs_reduction(digit_primes: tuple[int, ...], primes: tuple[int, ...]) -> 
     return out
 
 
-def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, index: torch.Tensor | None) -> torch.Tensor:
-    if index is not None:  # compiled, the gather is read inside the products' loop (no gathered copy)
-        d = d.index_select(-1, index)
+def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
     acc = None  # one digit at a time: each step's operands stay in cache
     for j in range(d.shape[-3]):
         p = basis.mul_lazy(d[..., j, None, :, :], key.select(-3, j))  # a batch's per-row keys broadcast
@@ -103,20 +110,19 @@ def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, index: torch.Te
     return basis.reduce(acc)
 
 
-def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False,
-              index: torch.Tensor | None = None) -> torch.Tensor:
+def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False) -> torch.Tensor:
     """``sum_j d_j * key_j`` for digits ``d`` ``[..., K, L, N]`` and a key ``[2, K, L, N]``
     (its two halves), or one key per row ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]``:
     ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
-    (``K * q < 2^63``: ``RnsContext`` checks it). ``index`` (``[N]``, e.g. a Galois gather
-    index) is applied to the digits first, ``d.index_select(-1, index)``; on CUDA one Triton
-    kernel gathers as it reads (``veil.kernels.ckks_ops``), on the CPU one C kernel (one key;
-    ``veil.kernels.ckks_cpu``), and the code below is their twin."""
+    (``K * q < 2^63``: ``RnsContext`` checks it). On CUDA one Triton kernel
+    (``veil.kernels.ckks_ops``), on the CPU one C kernel (one key; ``veil.kernels.ckks_cpu``),
+    and the code below is their twin. A rotation's automorphism is not applied here: its key is
+    held permuted and its output gathered (``keys.rotation_key``)."""
     if use_triton(d):
-        return key_inner_triton(d, key, basis, index)
+        return key_inner_triton(d, key, basis)
     if d.device.type == "cpu" and key.dim() == 4 and ckks_cpu.available():
-        return ckks_cpu.key_inner_cpu(basis.primes, d, key, index)
-    return (compiled(_key_inner) if compile else _key_inner)(d, key, basis, index)
+        return ckks_cpu.key_inner_cpu(basis.primes, d, key)
+    return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
 
 
 def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
