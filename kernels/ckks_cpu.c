@@ -447,17 +447,19 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
     }
 }
 
-/* out = (x - r) * c mod q in [0, q) for canonical x, r [rows, L, N] (row = limb-major plane), c
+/* out = (x - r) * c mod q in [0, q) for canonical x, r [rows, L, N] (row = limb-major plane; x's
+ * rows x_row_stride apart: a run of limbs of a wider tensor, ModDown's data limbs), c
  * one constant per limb: the rescale's and ModDown's tail in one pass (the torch twin
  * ckks_ops.sub_mul_const_torch makes a dozen). */
-void veil_sub_mul(int64_t *out, const int64_t *x, const int64_t *r, int64_t rows, int64_t limbs, int64_t n,
-                  const uint64_t *qs, const uint64_t *cs) {
+void veil_sub_mul(int64_t *out, const int64_t *x, int64_t x_row_stride, const int64_t *r, int64_t rows,
+                  int64_t limbs, int64_t n, const uint64_t *qs, const uint64_t *cs) {
     use_ifma(3, 16);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < rows * limbs; b++) {
         const int64_t limb = b % limbs;
         const uint64_t q = qs[limb], c = cs[limb], cp = shoup(c, q);
-        const uint64_t *xs = (const uint64_t *)x + b * n, *rs = (const uint64_t *)r + b * n;
+        const uint64_t *xs = (const uint64_t *)x + (b / limbs) * x_row_stride + limb * n;
+        const uint64_t *rs = (const uint64_t *)r + b * n;
         uint64_t *dst = (uint64_t *)out + b * n;
         if (n % 8 == 0 && use_ifma(q, n)) {
             sub_mul_ifma(dst, xs, rs, n, q, c);

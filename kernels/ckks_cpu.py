@@ -50,7 +50,7 @@ def _library() -> ctypes.CDLL | None:
     i64 = ctypes.c_int64
     lib.veil_ntt_table.argtypes = [p, p, p, i64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
     lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int]
-    lib.veil_sub_mul.argtypes = [p, p, p, i64, i64, i64, p, p]
+    lib.veil_sub_mul.argtypes = [p, p, i64, p, i64, i64, i64, p, p]
     lib.veil_sub_mul.restype = None
     lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
@@ -131,15 +131,22 @@ def ntt_reduced_cpu(primes: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
 
 def sub_mul_cpu(primes: tuple[int, ...], x: torch.Tensor, r: torch.Tensor, consts: tuple[int, ...]) -> torch.Tensor:
     """``(x - r) * c mod q`` in ``[0, q)`` for canonical ``x``, ``r`` ``[..., L, N]`` (one shape)
-    and one constant ``c < q`` per limb (``ckks_ops.sub_mul_const_torch``'s contract)."""
-    n = x.shape[-1]
+    and one constant ``c < q`` per limb (``ckks_ops.sub_mul_const_torch``'s contract). ``x`` may
+    be a run of limbs of a wider tensor (``y[..., 1:, :]``): read in place, not copied."""
+    n, limbs = x.shape[-1], len(primes)
     _check(primes, [x, r], n)
-    if x.shape != r.shape or len(consts) != len(primes) or \
+    if x.shape != r.shape or len(consts) != limbs or \
             any(not 0 <= c < q for c, q in zip(consts, primes, strict=True)):
         raise ValueError("x and r of one shape, one constant below its prime per limb")
-    x, r = x.contiguous(), r.contiguous()
-    out = torch.empty_like(x)
-    _library().veil_sub_mul(out.data_ptr(), x.data_ptr(), r.data_ptr(), x.numel() // (len(primes) * n), len(primes),
+    try:  # rows of L contiguous limbs at one stride: a view, no copy
+        rows = x.view(-1, limbs, n)
+        if rows.stride(-1) != 1 or rows.stride(-2) != n:
+            raise RuntimeError
+    except RuntimeError:
+        rows = x.contiguous().view(-1, limbs, n)
+    r = r.contiguous()
+    out = torch.empty(x.shape, dtype=torch.int64)
+    _library().veil_sub_mul(out.data_ptr(), rows.data_ptr(), rows.stride(0), r.data_ptr(), rows.shape[0], limbs,
                             n, _primes(primes), _primes(tuple(consts)))
     return out
 

@@ -240,6 +240,10 @@ def test_dropping_a_limb_equals_the_twin(level):
     want = ckks_ops.sub_mul_const_torch(x, got, ctx.p_inv(level), basis)
     consts = tuple(pow(p, -1, q) for q in basis.primes)
     assert torch.equal(ckks_cpu.sub_mul_cpu(basis.primes, x, got, consts), want)
+    wider = torch.cat((torch.zeros_like(x[..., :1, :]), x), dim=-2)  # ModDown's [p, q_0..]: read in place
+    assert torch.equal(ckks_cpu.sub_mul_cpu(basis.primes, wider[..., 1:, :], got, consts), want)
+    assert torch.equal(ckks_cpu.sub_mul_cpu(basis.primes, x.transpose(0, 1), got.transpose(0, 1), consts),
+                       want.transpose(0, 1))  # rows not at one stride: copied
     with pytest.raises(ValueError, match="one shape"):
         ckks_cpu.sub_mul_cpu(basis.primes, x, got[:1], consts)
     with pytest.raises(ValueError, match="\\[..., 1,"):

@@ -81,6 +81,8 @@ def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     basis, ntt = ctx.data(level)
     ext_basis, ext_ntt = ctx.ext(level)
     digits = basis.center(ntt.inverse(c))
+    if c.device.type == "cpu" and ckks_cpu.available():  # each digit reduced as its NTTs load it
+        return ckks_cpu.ntt_reduced_cpu(ext_basis.primes, digits.unsqueeze(-2))
     # |d_j| < q_j/2 is already a valid (signed) residue for every prime above q_j/2, which the
     # NTT takes as it is; only the digits of larger primes (q_0) need reducing for the others
     lifted = digits.unsqueeze(-2).expand(*digits.shape[:-1], len(ext_basis), ctx.n).clone()
