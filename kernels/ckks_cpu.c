@@ -8,8 +8,7 @@
  *
  * veil_mac: sum_k a_k * w_k mod q, the products summed exactly in 128 bits and reduced once per
  * output: dot_plain's ct x pt sums (twin ckks_ops.mac_torch) and the key inner product of a key
- * switch (twin rns._key_inner). With IFMA, primes below 2^50 sum the products' 52-bit halves in
- * two 64-bit lanes each, in registers, reduced every 8 terms.
+ * switch (twin rns._key_inner), in AVX-512 registers where the CPU has IFMA (below).
  *
  * Products: Shoup's, with wp = floor(w * 2^64 / q): for any 64-bit a,
  * a*w - mulhi(a, wp)*q lies in [0, 2q). Lazy bounds (Harvey): forward values stay in [0, 4q),
@@ -20,9 +19,10 @@
  * multiplies for primes below 2^50 (the chain's 36-bit primes: Shoup with wp52 =
  * floor(w * 2^52 / q), lazy values < 4q < 2^52 fit the multiplier) and on 64-bit products
  * built from 32-bit ones for the others (q0, q1, p); the stages with fewer stay scalar. Same
- * network, same lazy ranges, the same canonical output bit for bit. The multiply-accumulate and
- * (x - r) * c take the 52-bit lanes for primes below 2^50 only (a 64-bit lane sum of 114-bit
- * products costs what the scalar 128-bit sum does).
+ * network, same lazy ranges, the same canonical output bit for bit. The multiply-accumulate sums
+ * 52-bit product halves for primes below 2^50 and three 52-bit columns of split operands for
+ * those up to 2^60 (mac_block_wide: 2x the scalar 128-bit sum on the 55/57-bit primes); (x - r)
+ * * c takes the 52-bit lanes for primes below 2^50 only.
  *
  * Table of one prime, n = ring degree (veil_ntt_table fills it from w and winv):
  *   [0, n) w, [n, 2n) wp, [2n, 3n) winv, [3n, 4n) winvp, [4n, 5n) wp52, [5n, 6n) winvp52,
@@ -395,12 +395,91 @@ IFMA static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a
             }
         }
 }
+
+/* Primes of 2^50 up to 2^60 (q0, q1 and p): each operand split at bit 52 (x = xh*2^52 + xl,
+ * xh < 2^8), the product's 52-bit pieces summed exactly in three columns of weights 1, 2^52
+ * and 2^104 (seven IFMA products per term, where the scalar path makes one 128-bit product
+ * per lane); a term adds < 3*2^52 to the middle column, so the columns are carried every
+ * MAC_WIDE_FLUSH terms. The sum c0 + c1*2^52 + c2*2^104 is brought to [0, q) with two 64-bit
+ * Shoup products by 2^52 mod q and 2^104 mod q. */
+#define MAC_WIDE_FLUSH 1024
+
+IFMA static inline void carry52(__m512i *c) {
+    const __m512i mask = _mm512_set1_epi64((1LL << 52) - 1);
+    c[1] = _mm512_add_epi64(c[1], _mm512_srli_epi64(c[0], 52));
+    c[0] = _mm512_and_si512(c[0], mask);
+    c[2] = _mm512_add_epi64(c[2], _mm512_srli_epi64(c[1], 52));
+    c[1] = _mm512_and_si512(c[1], mask);
+}
+
+IFMA static void mac_block_wide(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
+                                const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
+                                int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
+                                int64_t plane, uint64_t q) {
+    const int64_t e = limb * n + pos;
+    const uint64_t r52 = (uint64_t)(((u128)1 << 52) % q), r104 = (uint64_t)(((u128)r52 << 52) % q);
+    const __m512i Q = _mm512_set1_epi64((int64_t)q), mask = _mm512_set1_epi64((1LL << 52) - 1);
+    const __m512i R52 = _mm512_set1_epi64((int64_t)r52), R52P = _mm512_set1_epi64((int64_t)shoup(r52, q));
+    const __m512i R104 = _mm512_set1_epi64((int64_t)r104), R104P = _mm512_set1_epi64((int64_t)shoup(r104, q));
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < len; j += 16) {
+            __m512i c[MAC_OUTS][2][3];
+            for (int64_t o = 0; o < MAC_OUTS; o++)
+                for (int v = 0; v < 2; v++) c[o][v][0] = c[o][v][1] = c[o][v][2] = zero;
+            for (int64_t k = 0; k < terms; k++) {
+                if (k && k % MAC_WIDE_FLUSH == 0)
+                    for (int64_t o = 0; o < outs; o++) carry52(c[o][0]), carry52(c[o][1]);
+                const int64_t *src = a[k] + r * a_row_stride + e + j;
+                __m512i xl[2], xh[2];
+                for (int v = 0; v < 2; v++) { /* lazy terms in (-q, q) -> [0, q) */
+                    const __m512i t = _mm512_loadu_si512(src + 8 * v);
+                    const __m512i x = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
+                    xl[v] = _mm512_and_si512(x, mask);
+                    xh[v] = _mm512_srli_epi64(x, 52);
+                }
+                for (int64_t o = 0; o < outs; o++) {
+                    const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e + j);
+                    for (int v = 0; v < 2; v++) {
+                        const __m512i Y = _mm512_loadu_si512(y + 8 * v);
+                        const __m512i yl = _mm512_and_si512(Y, mask), yh = _mm512_srli_epi64(Y, 52);
+                        __m512i *col = c[o][v];
+                        col[0] = _mm512_madd52lo_epu64(col[0], xl[v], yl);
+                        col[1] = _mm512_madd52hi_epu64(col[1], xl[v], yl);
+                        col[1] = _mm512_madd52lo_epu64(col[1], xl[v], yh);
+                        col[1] = _mm512_madd52lo_epu64(col[1], xh[v], yl);
+                        col[2] = _mm512_madd52hi_epu64(col[2], xl[v], yh);
+                        col[2] = _mm512_madd52hi_epu64(col[2], xh[v], yl);
+                        col[2] = _mm512_madd52lo_epu64(col[2], xh[v], yh);
+                    }
+                }
+            }
+            for (int64_t o = 0; o < outs; o++) {
+                int64_t *dst = out + (r * outs + o) * plane + e + j;
+                for (int v = 0; v < 2; v++) {
+                    __m512i *col = c[o][v];
+                    carry52(col); /* c0, c1 < 2^52: the sum < 2^52 + 4q < 8q */
+                    __m512i s = _mm512_add_epi64(col[0], _mm512_add_epi64(mul_shoup64(col[1], R52, R52P, Q),
+                                                                          mul_shoup64(col[2], R104, R104P, Q)));
+                    s = sub_if_ge(sub_if_ge(sub_if_ge(s, _mm512_slli_epi64(Q, 2)), _mm512_add_epi64(Q, Q)), Q);
+                    _mm512_storeu_si512(dst + 8 * v, s);
+                }
+            }
+        }
+}
 #else
 static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
                            const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
                            int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
                            int64_t plane, uint64_t q) {}
+static void mac_block_wide(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
+                           const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
+                           int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
+                           int64_t plane, uint64_t q) {}
 #endif
+
+/* The three-column lanes take primes below 2^60 (their sum's bound, 8q < 2^64, with room). */
+static int use_ifma_wide(uint64_t q, int64_t n) { return use_vector_ntt(n) && q < (1ULL << 60); }
 
 void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
               const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms, int64_t outs,
@@ -413,9 +492,10 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
         uint64_t x[MAC_BLOCK];
         const int64_t limb = b / per_limb, pos = (b % per_limb) * MAC_BLOCK, e = limb * n + pos;
         const int64_t len = n - pos < MAC_BLOCK ? n - pos : MAC_BLOCK;
-        if (len % 16 == 0 && use_ifma(qs[limb], n)) {
-            mac_block_ifma(out, a, a_row_stride, w, w_row_stride, w_row_div, terms, outs, rows, limb, n, pos, len,
-                           plane, qs[limb]);
+        if (len % 16 == 0 && (use_ifma(qs[limb], n) || use_ifma_wide(qs[limb], n))) {
+            (use_ifma(qs[limb], n) ? mac_block_ifma : mac_block_wide)(out, a, a_row_stride, w, w_row_stride,
+                                                                      w_row_div, terms, outs, rows, limb, n, pos,
+                                                                      len, plane, qs[limb]);
             continue;
         }
         const uint64_t q = qs[limb], r64 = (uint64_t)(((u128)1 << 64) % q);

@@ -118,10 +118,11 @@ def test_ct_times_pt_is_the_one_term_kernel():
 
 
 def test_mac_edges_and_shapes():
-    q = MIXED[0]
-    top = torch.full((1, 1, 16), q - 1, dtype=torch.int64)  # (q-1)^2 summed 600 times
-    got = ckks_cpu.mac_cpu((q,), [top] * 600, [top[0]] * 600)
-    assert got.flatten().tolist() == [600 * (q - 1) ** 2 % q] * 16
+    for q in (MIXED[0], PROT[0], PROT[1]):  # 60, 57, 55 bits: the three columns, carried every 1024 terms
+        top = torch.full((1, 1, 16), q - 1, dtype=torch.int64)
+        for terms in (1, 600, 1024, 1025, 2100):
+            got = ckks_cpu.mac_cpu((q,), [top] * terms, [top[0]] * terms)
+            assert got.flatten().tolist() == [terms * (q - 1) ** 2 % q] * 16, (q, terms)
     for q in (MIXED[2], MIXED[3], PROT[2]):  # below 2^50 (the IFMA halves, reduced every 8 terms): 50, 40, 36 bits
         top = torch.full((1, 1, 16), q - 1, dtype=torch.int64)
         for terms in (7, 8, 9, 600):
