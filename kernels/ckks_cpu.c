@@ -15,10 +15,10 @@
  * inverse values in [0, 2q); both need 4q < 2^64, i.e. q < 2^62 (the loader checks it).
  *
  * AVX-512 (x86 CPUs with IFMA and DQ, chosen at run time; VEIL_CPU_IFMA=0 turns it off): the
- * butterfly stages with 8 or more butterflies per twiddle run 8 lanes at a time, on 52-bit
- * multiplies for primes below 2^50 (the chain's 36-bit primes: Shoup with wp52 =
- * floor(w * 2^52 / q), lazy values < 4q < 2^52 fit the multiplier) and on 64-bit products
- * built from 32-bit ones for the others (q0, q1, p); the stages with fewer stay scalar. Same
+ * butterflies run 8 lanes at a time, on 52-bit multiplies for primes below 2^50 (the chain's
+ * 36-bit primes: Shoup with wp52 = floor(w * 2^52 / q), lazy values < 4q < 2^52 fit the
+ * multiplier) and on 64-bit products built from 32-bit ones for the others (q0, q1, p); the
+ * stages with fewer than 8 butterflies per twiddle permute 16 values into lanes first. Same
  * network, same lazy ranges, the same canonical output bit for bit. The multiply-accumulate sums
  * 52-bit product halves for primes below 2^50 and three 52-bit columns of split operands for
  * those up to 2^60 (mac_block_wide: 2x the scalar 128-bit sum on the 55/57-bit primes); (x - r)
@@ -165,6 +165,54 @@ IFMA static inline __m512i vmul_shoup(__m512i a, __m512i w, __m512i wp, __m512i 
 /* x - m where x >= m (unsigned): x < 2m in, [0, m) out */
 IFMA static inline __m512i sub_if_ge(__m512i x, __m512i m) { return _mm512_min_epu64(x, _mm512_sub_epi64(x, m)); }
 
+/* The stages with t < 8 butterflies per twiddle (t = 4, 2, 1; the last three forward, the
+ * first three inverse): 16 consecutive values hold 16 / (2t) whole groups, and two permutes
+ * gather their butterflies' halves into U and V (lane l: group l / t, element l % t), each lane
+ * with its group's twiddle; two more put the results back. Same butterflies, same values. */
+typedef struct { __m512i u, v, a, b, w; } SmallStage;
+
+IFMA static SmallStage small_stage(int64_t t) {
+    int64_t iu[8], iv[8], ia[8], ib[8], iw[8];
+    for (int64_t l = 0; l < 8; l++) {
+        iu[l] = 2 * t * (l / t) + l % t;
+        iv[l] = iu[l] + t;
+        iw[l] = l / t;
+    }
+    for (int64_t e = 0; e < 16; e++) { /* where value e comes back from: U lane, or V lane (+8) */
+        const int64_t g = e / (2 * t), r = e % (2 * t);
+        (e < 8 ? ia : ib)[e % 8] = r < t ? g * t + r : 8 + g * t + r - t;
+    }
+    SmallStage st = {_mm512_loadu_si512(iu), _mm512_loadu_si512(iv), _mm512_loadu_si512(ia),
+                     _mm512_loadu_si512(ib), _mm512_loadu_si512(iw)};
+    return st;
+}
+
+/* One small-t stage over a row: forward (Cooley-Tukey, values in [0, 4q)) or inverse
+ * (Gentleman-Sande, values in [0, 2q)), twiddles w[m + group] with quotients wp. */
+IFMA static void small_stage_row(uint64_t *a, int64_t n, int64_t t, int64_t m, const uint64_t *w, const uint64_t *wp,
+                                 __m512i Q, __m512i Q2, int wide, int inverse) {
+    const SmallStage st = small_stage(t);
+    for (int64_t base = 0; base < n; base += 16) {
+        const __m512i A = _mm512_loadu_si512(a + base), B = _mm512_loadu_si512(a + base + 8);
+        __m512i U = _mm512_permutex2var_epi64(A, st.u, B), V = _mm512_permutex2var_epi64(A, st.v, B);
+        const int64_t first = m + base / (2 * t); /* reads up to first + 7 < n: this table's twiddles */
+        const __m512i W = _mm512_permutexvar_epi64(st.w, _mm512_loadu_si512(w + first));
+        const __m512i Wp = _mm512_permutexvar_epi64(st.w, _mm512_loadu_si512(wp + first));
+        __m512i u, v;
+        if (inverse) {
+            u = sub_if_ge(_mm512_add_epi64(U, V), Q2);
+            v = vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q, wide);
+        } else {
+            U = sub_if_ge(U, Q2);
+            V = vmul_shoup(V, W, Wp, Q, wide);
+            u = _mm512_add_epi64(U, V);
+            v = _mm512_add_epi64(_mm512_sub_epi64(U, V), Q2);
+        }
+        _mm512_storeu_si512(a + base, _mm512_permutex2var_epi64(u, st.a, v));
+        _mm512_storeu_si512(a + base + 8, _mm512_permutex2var_epi64(u, st.b, v));
+    }
+}
+
 IFMA static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
     const int wide = q >= IFMA_MAX_Q;
     const uint64_t *w = tab, *wp = tab + n, *wpv = wide ? wp : tab + 4 * n;
@@ -172,18 +220,18 @@ IFMA static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
     const __m512i Q = _mm512_set1_epi64((int64_t)q), Q2 = _mm512_set1_epi64((int64_t)two_q);
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
     for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1) {
+        if (t < 8) {
+            small_stage_row(a, n, t, m, w, wpv, Q, Q2, wide, 0);
+            continue;
+        }
         for (int64_t i = 0; i < m; i++) {
             uint64_t *u = a + 2 * i * t, *v = u + t;
-            if (t >= 8) {
-                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
-                for (int64_t j = 0; j < t; j += 8) {
-                    const __m512i U = sub_if_ge(_mm512_loadu_si512(u + j), Q2);
-                    const __m512i V = vmul_shoup(_mm512_loadu_si512(v + j), W, Wp, Q, wide);
-                    _mm512_storeu_si512(u + j, _mm512_add_epi64(U, V));
-                    _mm512_storeu_si512(v + j, _mm512_add_epi64(_mm512_sub_epi64(U, V), Q2));
-                }
-            } else {
-                forward_group(u, v, t, w[m + i], wp[m + i], q);
+            const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
+            for (int64_t j = 0; j < t; j += 8) {
+                const __m512i U = sub_if_ge(_mm512_loadu_si512(u + j), Q2);
+                const __m512i V = vmul_shoup(_mm512_loadu_si512(v + j), W, Wp, Q, wide);
+                _mm512_storeu_si512(u + j, _mm512_add_epi64(U, V));
+                _mm512_storeu_si512(v + j, _mm512_add_epi64(_mm512_sub_epi64(U, V), Q2));
             }
         }
     }
@@ -201,17 +249,17 @@ IFMA static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
     int64_t t = 1;
     for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1) {
+        if (t < 8) {
+            small_stage_row(a, n, t, m, w, wpv, Q, Q2, wide, 1);
+            continue;
+        }
         for (int64_t i = 0; i < m; i++) {
             uint64_t *u = a + 2 * i * t, *v = u + t;
-            if (t >= 8) {
-                const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
-                for (int64_t j = 0; j < t; j += 8) {
-                    const __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
-                    _mm512_storeu_si512(u + j, sub_if_ge(_mm512_add_epi64(U, V), Q2));
-                    _mm512_storeu_si512(v + j, vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q, wide));
-                }
-            } else {
-                inverse_group(u, v, t, w[m + i], wp[m + i], q);
+            const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
+            for (int64_t j = 0; j < t; j += 8) {
+                const __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
+                _mm512_storeu_si512(u + j, sub_if_ge(_mm512_add_epi64(U, V), Q2));
+                _mm512_storeu_si512(v + j, vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q, wide));
             }
         }
     }
