@@ -36,7 +36,7 @@ from veil.crypto.native.context import RnsContext, galois_element
 from veil.crypto.native.encoding import Encoder
 from veil.crypto.native.evaluator import Evaluator
 from veil.crypto.params import CkksParams
-from veil.kernels import heap
+from veil.kernels import ckks_cpu, heap
 
 __all__ = ["NativeBackend"]
 
@@ -87,11 +87,13 @@ class NativeBackend(Evaluator, HEBackend):
 
     @property
     def batch_pays(self) -> bool:
-        # on the 2-core CPU one ciphertext already keeps both cores busy: a span of 8 positions'
-        # products ran 1.01x faster batched in sum, W_qkv 0.87x (benchmarks/results/
-        # 2026-11-27-span-rows); one ciphertext leaves a GPU mostly idle (16 sessions as one
-        # batch on an H200: 3.3-4.05x one session's throughput, 2026-11-26)
-        return self.device.type == "cuda"
+        # one ciphertext leaves a GPU mostly idle (16 sessions as one batch on an H200: 3.3-4.05x
+        # one session's throughput, 2026-11-26). On the CPU the C kernels' sums in registers
+        # left the key inner product waiting on memory, and a span's rows read each key and
+        # weight block once: 1.24x for the four products of a span of 8 in sum, each 1.17x or
+        # more (benchmarks/results/2026-11-27-rotations; 1.01x before, 2026-11-27-span-rows).
+        # The torch twins (no C compiler) keep one product after another: not measured batched.
+        return self.device.type == "cuda" or ckks_cpu.available()
 
     # ------------------------------------------------------------------ handles
     def _wrap(self, data: torch.Tensor, level: int, scale: float) -> Ciphertext:
