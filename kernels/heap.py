@@ -4,8 +4,8 @@ glibc serves every allocation above its mmap threshold (at most 32 MiB) with a f
 and unmaps it on free, so each such tensor pays a page fault and the kernel's zeroing for
 every 4 KiB page it touches. The native CKKS backend allocates tens of MB per key switch on
 the CPU (a hoisted set's products, its ModDown); measured on the 2-core development VM
-(benchmarks/results/2026-11-27-rotations): a fresh 37.7 MB tensor filled by a copy took 12.1 ms,
-2.3 ms with the heap kept, 1.9 ms copied into a reused buffer.
+(benchmarks/results/2026-11-27-rotations, heap_micro.py): a fresh 37.7 MB tensor filled by a
+copy took 15.2 ms, 2.8 ms with the heap kept, 2.5 ms copied into a reused buffer.
 
 ``keep_freed_memory`` turns glibc's mmap path off (``M_MMAP_MAX`` 0) and never trims the heap
 (``M_TRIM_THRESHOLD``), for the whole process: freed blocks go back to malloc's free lists

@@ -90,8 +90,8 @@ class NativeBackend(Evaluator, HEBackend):
         # one ciphertext leaves a GPU mostly idle (16 sessions as one batch on an H200: 3.3-4.05x
         # one session's throughput, 2026-11-26). On the CPU the C kernels' sums in registers
         # left the key inner product waiting on memory, and a span's rows read each key and
-        # weight block once: 1.24x for the four products of a span of 8 in sum, each 1.17x or
-        # more (benchmarks/results/2026-11-27-rotations; 1.01x before, 2026-11-27-span-rows).
+        # weight block once: 1.17x and 1.24x (two runs) for the four products of a span of 8
+        # in sum (benchmarks/results/2026-11-27-rotations; 1.01x before, 2026-11-27-span-rows).
         # The torch twins (no C compiler) keep one product after another: not measured batched.
         return self.device.type == "cuda" or ckks_cpu.available()
 
