@@ -1,17 +1,11 @@
 #!/usr/bin/env bash
 # Native CPU key switching and encoding, the commit before this session (77022a0) against the
 # session's kernels (78ec80e), alternating on one quiet machine, each from a worktree of its
-# commit through PYTHONPATH (/tmp/ab-<commit>/veil -> the worktree; the `veil serve` that
-# protected_overhead starts inherits it). From this folder:
+# commit (commits.sh). From this folder:
 #   flock /tmp/veil-quiet.lock bash run.sh
 set -euo pipefail
-py=/work/main/.venv/bin/python
-here=$(pwd)
-for c in 77022a0 78ec80e; do
-  [ -d /tmp/wt-$c ] || git -C /work/main worktree add -f /tmp/wt-$c $c
-  mkdir -p /tmp/ab-$c && ln -sfn /tmp/wt-$c /tmp/ab-$c/veil
-done
-run() { local c=$1; shift; (cd /tmp && PYTHONPATH=/tmp/ab-$c $py "$@"); }
+commits="77022a0 78ec80e"
+source commits.sh
 side() { [ $1 = before ] && echo 77022a0 || echo 78ec80e; }
 for i in 1 2; do
   for s in before after; do

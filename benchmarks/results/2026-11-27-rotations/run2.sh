@@ -5,13 +5,8 @@
 # by one and batched, one and four sessions, the k=2 protected path on both backends, and the
 # heap micro-benchmark.
 set -euo pipefail
-py=/work/main/.venv/bin/python
-here=$(pwd)
-for c in 78ec80e 1002587; do
-  [ -d /tmp/wt-$c ] || git -C /work/main worktree add -f /tmp/wt-$c $c
-  mkdir -p /tmp/ab-$c && ln -sfn /tmp/wt-$c /tmp/ab-$c/veil
-done
-run() { local c=$1; shift; (cd /tmp && PYTHONPATH=/tmp/ab-$c $py "$@"); }
+commits="78ec80e 1002587"
+source commits.sh
 for i in 1 2; do
   for c in 78ec80e 1002587; do
     run $c -m veil.benchmarks.he_ops --backends native --params ckks-n16384-l7-v2 --repeat 9 \
