@@ -165,6 +165,21 @@ IFMA static inline __m512i vmul_shoup(__m512i a, __m512i w, __m512i wp, __m512i 
 /* x - m where x >= m (unsigned): x < 2m in, [0, m) out */
 IFMA static inline __m512i sub_if_ge(__m512i x, __m512i m) { return _mm512_min_epu64(x, _mm512_sub_epi64(x, m)); }
 
+/* Eight butterflies in lanes: forward (Cooley-Tukey, values in [0, 4q)) or inverse
+ * (Gentleman-Sande, values in [0, 2q)), the scalar forward_group / inverse_group's arithmetic. */
+IFMA static inline void butterflies(__m512i *u, __m512i *v, __m512i W, __m512i Wp, __m512i Q, __m512i Q2, int wide,
+                                    int inverse) {
+    const __m512i U = *u, V = *v;
+    if (inverse) {
+        *u = sub_if_ge(_mm512_add_epi64(U, V), Q2);
+        *v = vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q, wide);
+    } else {
+        const __m512i Ur = sub_if_ge(U, Q2), Vw = vmul_shoup(V, W, Wp, Q, wide);
+        *u = _mm512_add_epi64(Ur, Vw);
+        *v = _mm512_add_epi64(_mm512_sub_epi64(Ur, Vw), Q2);
+    }
+}
+
 /* The stages with t < 8 butterflies per twiddle (t = 4, 2, 1; the last three forward, the
  * first three inverse): 16 consecutive values hold 16 / (2t) whole groups, and two permutes
  * gather their butterflies' halves into U and V (lane l: group l / t, element l % t), each lane
@@ -187,27 +202,30 @@ IFMA static SmallStage small_stage(int64_t t) {
     return st;
 }
 
-/* One small-t stage over a row: forward (Cooley-Tukey, values in [0, 4q)) or inverse
- * (Gentleman-Sande, values in [0, 2q)), twiddles w[m + group] with quotients wp. */
-IFMA static void small_stage_row(uint64_t *a, int64_t n, int64_t t, int64_t m, const uint64_t *w, const uint64_t *wp,
-                                 __m512i Q, __m512i Q2, int wide, int inverse) {
+/* One stage of m groups of t butterflies over a row, forward or inverse, twiddles w[m + group]
+ * with quotients wp: a twiddle per group of 8 or more lanes, else the permuted small stage. */
+IFMA static void stage_row(uint64_t *a, int64_t n, int64_t t, int64_t m, const uint64_t *w, const uint64_t *wp,
+                           __m512i Q, __m512i Q2, int wide, int inverse) {
+    if (t >= 8) {
+        for (int64_t i = 0; i < m; i++) {
+            uint64_t *u = a + 2 * i * t, *v = u + t;
+            const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wp[m + i]);
+            for (int64_t j = 0; j < t; j += 8) {
+                __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
+                butterflies(&U, &V, W, Wp, Q, Q2, wide, inverse);
+                _mm512_storeu_si512(u + j, U);
+                _mm512_storeu_si512(v + j, V);
+            }
+        }
+        return;
+    }
     const SmallStage st = small_stage(t);
     for (int64_t base = 0; base < n; base += 16) {
         const __m512i A = _mm512_loadu_si512(a + base), B = _mm512_loadu_si512(a + base + 8);
-        __m512i U = _mm512_permutex2var_epi64(A, st.u, B), V = _mm512_permutex2var_epi64(A, st.v, B);
+        __m512i u = _mm512_permutex2var_epi64(A, st.u, B), v = _mm512_permutex2var_epi64(A, st.v, B);
         const int64_t first = m + base / (2 * t); /* reads up to first + 7 < n: this table's twiddles */
-        const __m512i W = _mm512_permutexvar_epi64(st.w, _mm512_loadu_si512(w + first));
-        const __m512i Wp = _mm512_permutexvar_epi64(st.w, _mm512_loadu_si512(wp + first));
-        __m512i u, v;
-        if (inverse) {
-            u = sub_if_ge(_mm512_add_epi64(U, V), Q2);
-            v = vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q, wide);
-        } else {
-            U = sub_if_ge(U, Q2);
-            V = vmul_shoup(V, W, Wp, Q, wide);
-            u = _mm512_add_epi64(U, V);
-            v = _mm512_add_epi64(_mm512_sub_epi64(U, V), Q2);
-        }
+        butterflies(&u, &v, _mm512_permutexvar_epi64(st.w, _mm512_loadu_si512(w + first)),
+                    _mm512_permutexvar_epi64(st.w, _mm512_loadu_si512(wp + first)), Q, Q2, wide, inverse);
         _mm512_storeu_si512(a + base, _mm512_permutex2var_epi64(u, st.a, v));
         _mm512_storeu_si512(a + base + 8, _mm512_permutex2var_epi64(u, st.b, v));
     }
@@ -219,22 +237,7 @@ IFMA static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
     const uint64_t two_q = 2 * q;
     const __m512i Q = _mm512_set1_epi64((int64_t)q), Q2 = _mm512_set1_epi64((int64_t)two_q);
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
-    for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1) {
-        if (t < 8) {
-            small_stage_row(a, n, t, m, w, wpv, Q, Q2, wide, 0);
-            continue;
-        }
-        for (int64_t i = 0; i < m; i++) {
-            uint64_t *u = a + 2 * i * t, *v = u + t;
-            const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
-            for (int64_t j = 0; j < t; j += 8) {
-                const __m512i U = sub_if_ge(_mm512_loadu_si512(u + j), Q2);
-                const __m512i V = vmul_shoup(_mm512_loadu_si512(v + j), W, Wp, Q, wide);
-                _mm512_storeu_si512(u + j, _mm512_add_epi64(U, V));
-                _mm512_storeu_si512(v + j, _mm512_add_epi64(_mm512_sub_epi64(U, V), Q2));
-            }
-        }
-    }
+    for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1) stage_row(a, n, t, m, w, wpv, Q, Q2, wide, 0);
     for (int64_t j = 0; j < n; j += 8) {
         const __m512i r = sub_if_ge(_mm512_loadu_si512(a + j), Q2);
         _mm512_storeu_si512(a + j, sub_if_ge(r, Q));
@@ -248,21 +251,7 @@ IFMA static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
     const __m512i Q = _mm512_set1_epi64((int64_t)q), Q2 = _mm512_set1_epi64((int64_t)two_q);
     for (int64_t j = 0; j < n; j++) a[j] = lift(x[j], q);
     int64_t t = 1;
-    for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1) {
-        if (t < 8) {
-            small_stage_row(a, n, t, m, w, wpv, Q, Q2, wide, 1);
-            continue;
-        }
-        for (int64_t i = 0; i < m; i++) {
-            uint64_t *u = a + 2 * i * t, *v = u + t;
-            const __m512i W = _mm512_set1_epi64((int64_t)w[m + i]), Wp = _mm512_set1_epi64((int64_t)wpv[m + i]);
-            for (int64_t j = 0; j < t; j += 8) {
-                const __m512i U = _mm512_loadu_si512(u + j), V = _mm512_loadu_si512(v + j);
-                _mm512_storeu_si512(u + j, sub_if_ge(_mm512_add_epi64(U, V), Q2));
-                _mm512_storeu_si512(v + j, vmul_shoup(_mm512_add_epi64(_mm512_sub_epi64(U, V), Q2), W, Wp, Q, wide));
-            }
-        }
-    }
+    for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1) stage_row(a, n, t, m, w, wpv, Q, Q2, wide, 1);
     const __m512i LO = _mm512_set1_epi64((int64_t)c[0]), LOP = _mm512_set1_epi64((int64_t)c[wide ? 1 : 4]);
     const __m512i HI = _mm512_set1_epi64((int64_t)c[2]), HIP = _mm512_set1_epi64((int64_t)c[wide ? 3 : 5]);
     uint64_t *u = a, *v = a + t; /* the last stage: one group of half-size n/2 */

@@ -140,10 +140,10 @@ def sub_mul_cpu(primes: tuple[int, ...], x: torch.Tensor, r: torch.Tensor, const
         raise ValueError("x and r of one shape, one constant below its prime per limb")
     try:  # rows of L contiguous limbs at one stride: a view, no copy
         rows = x.view(-1, limbs, n)
-        if rows.stride(-1) != 1 or rows.stride(-2) != n:
-            raise RuntimeError
-    except RuntimeError:
+    except RuntimeError:  # the leading dims do not merge into one stride
         rows = x.contiguous().view(-1, limbs, n)
+    if rows.stride(-1) != 1 or rows.stride(-2) != n:
+        rows = rows.contiguous()
     r = r.contiguous()
     out = torch.empty(x.shape, dtype=torch.int64)
     _library().veil_sub_mul(out.data_ptr(), rows.data_ptr(), rows.stride(0), r.data_ptr(), rows.shape[0], limbs,

@@ -131,3 +131,8 @@ class RnsContext:
         if idx is None:
             idx = self._galois[g] = automorphism_index(g, self.n, self.device)
         return idx
+
+    @functools.cache  # noqa: B019 (a product's baby steps: the same few sets every time)
+    def galois_indices(self, elements: tuple[int, ...]) -> torch.Tensor:
+        """``[len(elements), N]``: the gather indices of a hoisted set of rotations, stacked once."""
+        return torch.stack([self.galois_index(g) for g in elements])

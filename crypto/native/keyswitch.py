@@ -64,7 +64,7 @@ def rotate(c: torch.Tensor, g: int, key: SwitchKey, ctx: RnsContext, level: int)
     basis, _ = ctx.data(level)
     ks = switch(c[..., 1, :, :], key, ctx, level)
     ks[..., 0, :, :] = basis.add(ks[..., 0, :, :], c[..., 0, :, :])
-    return ntt.automorphisms(ks[None], ctx.galois_index(g)[None])[0]
+    return ntt.automorphisms(ks[None], ctx.galois_indices((g,)))[0]
 
 
 def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[SwitchKey | RowKeys],
@@ -75,4 +75,4 @@ def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[Swit
     digits = rns.decompose(c[..., 1, :, :], ctx, level)  # [*rows, l+1, l+2, N]
     out = rns.mod_down(torch.stack([_inner(digits, key, ctx, level) for key in keys]), ctx, level)
     out[..., 0, :, :] = basis.add(out[..., 0, :, :], c[..., 0, :, :])  # c0 is the same for every step
-    return ntt.automorphisms(out, torch.stack([ctx.galois_index(g) for g in elements]))
+    return ntt.automorphisms(out, ctx.galois_indices(tuple(elements)))

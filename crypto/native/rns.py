@@ -62,12 +62,12 @@ def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
 def _drop_limb(x: torch.Tensor, r: torch.Tensor, basis: Basis, ntt, dropped: int, const) -> torch.Tensor:
     """``(x - r) / dropped`` in ``basis`` (NTT form) for the centred coefficients ``r`` ``[..., 1, N]``
     of the limb being dropped: the tail of a rescale and of ModDown. On the CPU two C passes per
-    limb (``ckks_cpu.ntt_reduced_cpu``, ``sub_mul_cpu``); elsewhere the reduction, the NTT and
-    ``sub_mul_const`` (``const()``: dropped^-1 per limb as a ``MulConst``)."""
+    limb (``to_ntt_residues``, ``sub_mul_cpu``); elsewhere ``sub_mul_const`` after the NTT
+    (``const()``: dropped^-1 per limb as a ``MulConst``)."""
+    r = to_ntt_residues(r.squeeze(-2), basis, ntt)
     if x.device.type == "cpu" and ckks_cpu.available():
-        r = ckks_cpu.ntt_reduced_cpu(basis.primes, r)
         return ckks_cpu.sub_mul_cpu(basis.primes, x, r, _inverses(dropped, basis.primes))
-    return sub_mul_const(x, ntt.forward(basis.reduce(r)), const(), basis)
+    return sub_mul_const(x, r, const(), basis)
 
 
 @functools.lru_cache(maxsize=64)
@@ -79,29 +79,7 @@ def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     """ModUp: ``[..., level+1, N]`` (data limbs, NTT) -> digits ``[..., level+1, level+2, N]``
     (digit ``j`` = the centred ``[c]_{q_j}`` over ``[p, q_0..q_level]``, NTT form)."""
     basis, ntt = ctx.data(level)
-    ext_basis, ext_ntt = ctx.ext(level)
-    digits = basis.center(ntt.inverse(c))
-    if c.device.type == "cpu" and ckks_cpu.available():  # each digit reduced as its NTTs load it
-        return ckks_cpu.ntt_reduced_cpu(ext_basis.primes, digits.unsqueeze(-2))
-    # |d_j| < q_j/2 is already a valid (signed) residue for every prime above q_j/2, which the
-    # NTT takes as it is; only the digits of larger primes (q_0) need reducing for the others
-    lifted = digits.unsqueeze(-2).expand(*digits.shape[:-1], len(ext_basis), ctx.n).clone()
-    for j, (start, stop) in enumerate(_needs_reduction(basis.primes, ext_basis.primes)):
-        if start < stop:
-            part = ext_basis.limbs(slice(start, stop))
-            lifted[..., j, start:stop, :] = part.reduce(digits[..., j, None, :])
-    return ext_ntt.forward(lifted)
-
-
-def _needs_reduction(digit_primes: tuple[int, ...], primes: tuple[int, ...]) -> list[tuple[int, int]]:
-    """For each digit prime, the run of ``primes`` at or below half of it (``(0, 0)``: none)."""
-    out = []
-    for qj in digit_primes:
-        idx = [i for i, qi in enumerate(primes) if qi <= qj // 2]
-        if idx and idx != list(range(idx[0], idx[-1] + 1)):
-            raise ValueError("the primes a digit must be reduced for are not one run of limbs")
-        out.append((idx[0], idx[-1] + 1) if idx else (0, 0))
-    return out
+    return to_ntt_residues(basis.center(ntt.inverse(c)), *ctx.ext(level))
 
 
 def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
