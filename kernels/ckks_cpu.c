@@ -348,27 +348,77 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
 #define MAC_BLOCK 256
 #define MAC_OUTS 2
 
-/* out[r, o, e] = sum_k a_k[r, e] * w[k * outs + o][e] mod q(limb of e), for rows r in [0, rows),
- * outputs o in [0, outs <= MAC_OUTS), and flat positions e of the [L, N] plane. a_k[r] starts at
+/* out[o, r, e] = sum_k a_k[r, e] * w[k * outs + o][e] mod q(limb of e), for rows r in [0, rows),
+ * outputs o in [0, outs), and flat positions e of the [L, N] plane. a_k[r] starts at
  * a[k] + r * a_row_stride. w[.]: [L, N], shared by every row (w_row_stride 0), or one per
  * w_row_div consecutive rows (a batch's per-session plaintexts: row r reads
- * w[.] + (r / w_row_div) * w_row_stride); out: [rows, outs, L, N].
+ * w[.] + (r / w_row_div) * w_row_stride). out: [outs / group, rows, group, L, N] -- with
+ * group = outs the plain [rows, outs, L, N]; a hoisted set of S keys is outs = 2S, group = 2,
+ * so each key's two halves land as [S, rows, 2, L, N], the layout the rotations take next.
  * The terms a may be lazy, in (-q, q); the weights w are canonical.
- * dot_plain is outs = 1; the key inner product outs = 2 (the key's halves), one pass over the
- * digits for both. A block of positions is done for every row before the next block, so a batch
- * reads each weight block from memory once. Terms are summed in 128 bits, reduced every `per`
- * terms so the sum cannot wrap (per = the most products of canonical operands that fit). */
-/* Term k of row r over the block [pos, pos + len) of its limb, lifted to [0, q). */
-static inline void load_term(uint64_t *x, const int64_t *const *a, int64_t k, int64_t r, int64_t a_row_stride,
-                             int64_t limb, int64_t n, int64_t pos, int64_t len, uint64_t q) {
-    const int64_t *src = a[k] + r * a_row_stride + limb * n + pos;
-    for (int64_t j = 0; j < len; j++) x[j] = lift(src[j], q);
+ * dot_plain is outs = 1; a key inner product outs = 2 (the key's halves); a hoisted set's keys
+ * outs = 2S: every key meets the same digits, which a block reads from memory once for all of
+ * them (from L1 after the first pair of outputs), where a call per key streams them S times.
+ * A block of positions is done for every row before the next block, so a batch reads each
+ * weight block from memory once. Terms are summed in 128 bits, reduced every `per` terms so the
+ * sum cannot wrap (per = the most products of canonical operands that fit). */
+typedef struct {
+    int64_t *out;
+    const int64_t *const *a, *const *w;
+    int64_t a_row_stride, w_row_stride, w_row_div, terms, outs, group, rows, n, plane;
+} MacJob;
+
+/* One block's work: positions [pos, pos + len) of limb `limb`, outputs [o0, o0 + on), on <= MAC_OUTS. */
+typedef struct {
+    int64_t limb, pos, len, e, o0, on;
+    uint64_t q;
+} MacBlock;
+
+/* Term k of row r over the block, lifted to [0, q). */
+static inline void load_term(uint64_t *x, const MacJob *m, const MacBlock *b, int64_t k, int64_t r) {
+    const int64_t *src = m->a[k] + r * m->a_row_stride + b->e;
+    for (int64_t j = 0; j < b->len; j++) x[j] = lift(src[j], b->q);
 }
 
-/* The weights of term k, output o, for row r at flat position e. */
-static inline const uint64_t *weight_at(const int64_t *const *w, int64_t k, int64_t outs, int64_t o, int64_t r,
-                                        int64_t w_row_div, int64_t w_row_stride, int64_t e) {
-    return (const uint64_t *)(w[k * outs + o] + (r / w_row_div) * w_row_stride + e);
+/* The weights of term k, output o (of the whole job), for row r at flat position e. */
+static inline const uint64_t *weight_at(const MacJob *m, int64_t k, int64_t o, int64_t r, int64_t e) {
+    return (const uint64_t *)(m->w[k * m->outs + o] + (r / m->w_row_div) * m->w_row_stride + e);
+}
+
+/* Where output o of row r writes position e. */
+static inline int64_t *out_at(const MacJob *m, int64_t o, int64_t r, int64_t e) {
+    return m->out + ((o / m->group) * m->rows * m->group + r * m->group + o % m->group) * m->plane + e;
+}
+
+static void mac_block_scalar(const MacJob *m, const MacBlock *b) {
+    u128 acc[MAC_OUTS][MAC_BLOCK];
+    uint64_t x[MAC_BLOCK];
+    const uint64_t q = b->q, r64 = (uint64_t)(((u128)1 << 64) % q);
+    const uint64_t r64p = shoup(r64, q), one_p = shoup(1, q);
+    const u128 prod_max = (u128)(q - 1) * (q - 1);
+    const int64_t per = (int64_t)((~(u128)0 - q) / (prod_max ? prod_max : 1)), len = b->len;
+    for (int64_t r = 0; r < m->rows; r++) {
+        for (int64_t o = 0; o < b->on; o++)
+            for (int64_t j = 0; j < len; j++) acc[o][j] = 0;
+        int64_t held = 0;
+        for (int64_t k = 0; k < m->terms; k++) {
+            if (held == per) {
+                for (int64_t o = 0; o < b->on; o++)
+                    for (int64_t j = 0; j < len; j++) acc[o][j] = reduce128(acc[o][j], q, r64, r64p, one_p);
+                held = 0;
+            }
+            load_term(x, m, b, k, r);
+            for (int64_t o = 0; o < b->on; o++) {
+                const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e);
+                for (int64_t j = 0; j < len; j++) acc[o][j] += (u128)x[j] * y[j];
+            }
+            held++;
+        }
+        for (int64_t o = 0; o < b->on; o++) {
+            int64_t *dst = out_at(m, b->o0 + o, r, b->e);
+            for (int64_t j = 0; j < len; j++) dst[j] = (int64_t)reduce128(acc[o][j], q, r64, r64p, one_p);
+        }
+    }
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -386,38 +436,39 @@ IFMA static inline __m512i reduce_halves(__m512i H, __m512i L, __m512i Q, __m512
     return sub_if_ge(sub_if_ge(s, _mm512_add_epi64(Q, Q)), Q); /* < 4q -> [0, q) */
 }
 
-/* veil_mac's block (limb, [pos, pos + len)) for every row, len a multiple of 16, q < 2^50. Two
- * vectors of 8 positions at a time, every output's two halves in registers across all terms
- * (up to 8 independent accumulator chains keep the multiplier busy), each operand read once. */
-IFMA static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
-                                const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
-                                int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
-                                int64_t plane, uint64_t q) {
-    const int64_t e = limb * n + pos;
-    const uint64_t c52 = (uint64_t)(((u128)1 << 52) % q);
+/* Sixteen lazy terms at src, lifted to [0, q). */
+IFMA static inline void load16(__m512i *x, const int64_t *src, __m512i Q) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int v = 0; v < 2; v++) {
+        const __m512i t = _mm512_loadu_si512(src + 8 * v);
+        x[v] = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
+    }
+}
+
+/* A block for primes q < 2^50, len a multiple of 16. Two vectors of 8 positions at a time,
+ * every output's two halves in registers across all terms (up to 8 independent accumulator
+ * chains keep the multiplier busy), each operand read once. */
+IFMA static void mac_block_ifma(const MacJob *m, const MacBlock *b) {
+    const uint64_t q = b->q, c52 = (uint64_t)(((u128)1 << 52) % q);
     const __m512i Q = _mm512_set1_epi64((int64_t)q), C52 = _mm512_set1_epi64((int64_t)c52);
     const __m512i C52P = _mm512_set1_epi64((int64_t)shoup52(c52, q)), ONEP = _mm512_set1_epi64((int64_t)shoup52(1, q));
     const __m512i zero = _mm512_setzero_si512();
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < len; j += 16) {
+    for (int64_t r = 0; r < m->rows; r++)
+        for (int64_t j = 0; j < b->len; j += 16) {
             __m512i lo[MAC_OUTS][2], hi[MAC_OUTS][2];
             for (int64_t o = 0; o < MAC_OUTS; o++)
                 lo[o][0] = lo[o][1] = hi[o][0] = hi[o][1] = zero;
-            for (int64_t k = 0; k < terms; k++) {
+            for (int64_t k = 0; k < m->terms; k++) {
                 if (k && k % MAC_IFMA_FLUSH == 0)
-                    for (int64_t o = 0; o < outs; o++)
+                    for (int64_t o = 0; o < b->on; o++)
                         for (int v = 0; v < 2; v++) {
                             lo[o][v] = reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP);
                             hi[o][v] = zero;
                         }
-                const int64_t *src = a[k] + r * a_row_stride + e + j;
                 __m512i x[2];
-                for (int v = 0; v < 2; v++) { /* lazy terms in (-q, q) -> [0, q) */
-                    const __m512i t = _mm512_loadu_si512(src + 8 * v);
-                    x[v] = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
-                }
-                for (int64_t o = 0; o < outs; o++) {
-                    const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e + j);
+                load16(x, m->a[k] + r * m->a_row_stride + b->e + j, Q);
+                for (int64_t o = 0; o < b->on; o++) {
+                    const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e + j);
                     for (int v = 0; v < 2; v++) {
                         const __m512i Y = _mm512_loadu_si512(y + 8 * v);
                         lo[o][v] = _mm512_madd52lo_epu64(lo[o][v], x[v], Y);
@@ -425,8 +476,8 @@ IFMA static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a
                     }
                 }
             }
-            for (int64_t o = 0; o < outs; o++) {
-                int64_t *dst = out + (r * outs + o) * plane + e + j;
+            for (int64_t o = 0; o < b->on; o++) {
+                int64_t *dst = out_at(m, b->o0 + o, r, b->e + j);
                 for (int v = 0; v < 2; v++)
                     _mm512_storeu_si512(dst + 8 * v, reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP));
             }
@@ -449,34 +500,28 @@ IFMA static inline void carry52(__m512i *c) {
     c[1] = _mm512_and_si512(c[1], mask);
 }
 
-IFMA static void mac_block_wide(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
-                                const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
-                                int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
-                                int64_t plane, uint64_t q) {
-    const int64_t e = limb * n + pos;
-    const uint64_t r52 = (uint64_t)(((u128)1 << 52) % q), r104 = (uint64_t)(((u128)r52 << 52) % q);
+IFMA static void mac_block_wide(const MacJob *m, const MacBlock *b) {
+    const uint64_t q = b->q, r52 = (uint64_t)(((u128)1 << 52) % q), r104 = (uint64_t)(((u128)r52 << 52) % q);
     const __m512i Q = _mm512_set1_epi64((int64_t)q), mask = _mm512_set1_epi64((1LL << 52) - 1);
     const __m512i R52 = _mm512_set1_epi64((int64_t)r52), R52P = _mm512_set1_epi64((int64_t)shoup(r52, q));
     const __m512i R104 = _mm512_set1_epi64((int64_t)r104), R104P = _mm512_set1_epi64((int64_t)shoup(r104, q));
     const __m512i zero = _mm512_setzero_si512();
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < len; j += 16) {
+    for (int64_t r = 0; r < m->rows; r++)
+        for (int64_t j = 0; j < b->len; j += 16) {
             __m512i c[MAC_OUTS][2][3];
             for (int64_t o = 0; o < MAC_OUTS; o++)
                 for (int v = 0; v < 2; v++) c[o][v][0] = c[o][v][1] = c[o][v][2] = zero;
-            for (int64_t k = 0; k < terms; k++) {
+            for (int64_t k = 0; k < m->terms; k++) {
                 if (k && k % MAC_WIDE_FLUSH == 0)
-                    for (int64_t o = 0; o < outs; o++) carry52(c[o][0]), carry52(c[o][1]);
-                const int64_t *src = a[k] + r * a_row_stride + e + j;
-                __m512i xl[2], xh[2];
-                for (int v = 0; v < 2; v++) { /* lazy terms in (-q, q) -> [0, q) */
-                    const __m512i t = _mm512_loadu_si512(src + 8 * v);
-                    const __m512i x = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
-                    xl[v] = _mm512_and_si512(x, mask);
-                    xh[v] = _mm512_srli_epi64(x, 52);
+                    for (int64_t o = 0; o < b->on; o++) carry52(c[o][0]), carry52(c[o][1]);
+                __m512i x[2], xl[2], xh[2];
+                load16(x, m->a[k] + r * m->a_row_stride + b->e + j, Q);
+                for (int v = 0; v < 2; v++) {
+                    xl[v] = _mm512_and_si512(x[v], mask);
+                    xh[v] = _mm512_srli_epi64(x[v], 52);
                 }
-                for (int64_t o = 0; o < outs; o++) {
-                    const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e + j);
+                for (int64_t o = 0; o < b->on; o++) {
+                    const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e + j);
                     for (int v = 0; v < 2; v++) {
                         const __m512i Y = _mm512_loadu_si512(y + 8 * v);
                         const __m512i yl = _mm512_and_si512(Y, mask), yh = _mm512_srli_epi64(Y, 52);
@@ -491,8 +536,8 @@ IFMA static void mac_block_wide(int64_t *out, const int64_t *const *a, int64_t a
                     }
                 }
             }
-            for (int64_t o = 0; o < outs; o++) {
-                int64_t *dst = out + (r * outs + o) * plane + e + j;
+            for (int64_t o = 0; o < b->on; o++) {
+                int64_t *dst = out_at(m, b->o0 + o, r, b->e + j);
                 for (int v = 0; v < 2; v++) {
                     __m512i *col = c[o][v];
                     carry52(col); /* c0, c1 < 2^52: the sum < 2^52 + 4q < 8q */
@@ -505,14 +550,8 @@ IFMA static void mac_block_wide(int64_t *out, const int64_t *const *a, int64_t a
         }
 }
 #else
-static void mac_block_ifma(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
-                           const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
-                           int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
-                           int64_t plane, uint64_t q) {}
-static void mac_block_wide(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
-                           const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms,
-                           int64_t outs, int64_t rows, int64_t limb, int64_t n, int64_t pos, int64_t len,
-                           int64_t plane, uint64_t q) {}
+static void mac_block_ifma(const MacJob *m, const MacBlock *b) { (void)m, (void)b; }
+static void mac_block_wide(const MacJob *m, const MacBlock *b) { (void)m, (void)b; }
 #endif
 
 /* The three-column lanes take primes below 2^60 (their sum's bound, 8q < 2^64, with room). */
@@ -520,46 +559,23 @@ static int use_ifma_wide(uint64_t q, int64_t n) { return use_vector_ntt(n) && q 
 
 void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
               const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms, int64_t outs,
-              int64_t rows, int64_t limbs, int64_t n, const uint64_t *qs) {
-    const int64_t plane = limbs * n, per_limb = (n + MAC_BLOCK - 1) / MAC_BLOCK;
+              int64_t group, int64_t rows, int64_t limbs, int64_t n, const uint64_t *qs) {
+    const MacJob m = {out, a, w, a_row_stride, w_row_stride, w_row_div, terms, outs, group, rows, n, limbs * n};
+    const int64_t per_limb = (n + MAC_BLOCK - 1) / MAC_BLOCK;
     use_ifma(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(dynamic, 4)
-    for (int64_t b = 0; b < limbs * per_limb; b++) {
-        u128 acc[MAC_OUTS][MAC_BLOCK];
-        uint64_t x[MAC_BLOCK];
-        const int64_t limb = b / per_limb, pos = (b % per_limb) * MAC_BLOCK, e = limb * n + pos;
-        const int64_t len = n - pos < MAC_BLOCK ? n - pos : MAC_BLOCK;
-        if (len % 16 == 0 && (use_ifma(qs[limb], n) || use_ifma_wide(qs[limb], n))) {
-            (use_ifma(qs[limb], n) ? mac_block_ifma : mac_block_wide)(out, a, a_row_stride, w, w_row_stride,
-                                                                      w_row_div, terms, outs, rows, limb, n, pos,
-                                                                      len, plane, qs[limb]);
-            continue;
-        }
-        const uint64_t q = qs[limb], r64 = (uint64_t)(((u128)1 << 64) % q);
-        const uint64_t r64p = shoup(r64, q), one_p = shoup(1, q);
-        const u128 prod_max = (u128)(q - 1) * (q - 1);
-        const int64_t per = (int64_t)((~(u128)0 - q) / (prod_max ? prod_max : 1));
-        for (int64_t r = 0; r < rows; r++) {
-            for (int64_t o = 0; o < outs; o++)
-                for (int64_t j = 0; j < len; j++) acc[o][j] = 0;
-            int64_t held = 0;
-            for (int64_t k = 0; k < terms; k++) {
-                if (held == per) {
-                    for (int64_t o = 0; o < outs; o++)
-                        for (int64_t j = 0; j < len; j++) acc[o][j] = reduce128(acc[o][j], q, r64, r64p, one_p);
-                    held = 0;
-                }
-                load_term(x, a, k, r, a_row_stride, limb, n, pos, len, q);
-                for (int64_t o = 0; o < outs; o++) {
-                    const uint64_t *y = weight_at(w, k, outs, o, r, w_row_div, w_row_stride, e);
-                    for (int64_t j = 0; j < len; j++) acc[o][j] += (u128)x[j] * y[j];
-                }
-                held++;
-            }
-            for (int64_t o = 0; o < outs; o++) {
-                int64_t *dst = out + (r * outs + o) * plane + e;
-                for (int64_t j = 0; j < len; j++) dst[j] = (int64_t)reduce128(acc[o][j], q, r64, r64p, one_p);
-            }
+    for (int64_t i = 0; i < limbs * per_limb; i++) {
+        const int64_t limb = i / per_limb, pos = (i % per_limb) * MAC_BLOCK;
+        const uint64_t q = qs[limb];
+        MacBlock b = {limb, pos, n - pos < MAC_BLOCK ? n - pos : MAC_BLOCK, limb * n + pos, 0, 0, q};
+        void (*block)(const MacJob *, const MacBlock *) = mac_block_scalar;
+        if (b.len % 16 == 0 && use_ifma(q, n))
+            block = mac_block_ifma;
+        else if (b.len % 16 == 0 && use_ifma_wide(q, n))
+            block = mac_block_wide;
+        for (b.o0 = 0; b.o0 < outs; b.o0 += MAC_OUTS) { /* the block's terms stay in L1 across pairs */
+            b.on = outs - b.o0 < MAC_OUTS ? outs - b.o0 : MAC_OUTS;
+            block(&m, &b);
         }
     }
 }

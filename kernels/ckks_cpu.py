@@ -52,7 +52,7 @@ def _library() -> ctypes.CDLL | None:
     lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int]
     lib.veil_sub_mul.argtypes = [p, p, i64, p, i64, i64, i64, p, p]
     lib.veil_sub_mul.restype = None
-    lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, p]
+    lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
     lib.veil_ntt_ifma.argtypes, lib.veil_ntt_ifma.restype = [], ctypes.c_int
     lib.veil_gather.argtypes, lib.veil_gather.restype = [p, p, p, i64, i64, i64], None
@@ -178,15 +178,17 @@ def _check(primes: tuple[int, ...], tensors, n: int) -> None:
 
 
 def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int,
-         w: list[torch.Tensor], outs: int, w_rows: tuple[int, int] = (0, 1)) -> torch.Tensor:
-    """``veil_mac`` into ``out`` ``[rows, outs, L, N]`` (contiguous); ``w_rows``: the weights'
-    (row stride, rows per weight row), ``(0, 1)`` for weights every row shares."""
+         w: list[torch.Tensor], outs: int, w_rows: tuple[int, int] = (0, 1), group: int | None = None) -> torch.Tensor:
+    """``veil_mac`` into ``out`` (contiguous): ``[rows, outs, L, N]``, or with ``group``
+    ``[outs / group, rows, group, L, N]`` (a hoisted set's keys: ``[S, rows, 2, L, N]``);
+    ``w_rows``: the weights' (row stride, rows per weight row), ``(0, 1)`` for weights every
+    row shares."""
     limbs, n = len(primes), out.shape[-1]
     a_arr = (ctypes.c_void_p * len(a_ptrs))(*a_ptrs)
     w_arr = (ctypes.c_void_p * len(w))(*[t.data_ptr() for t in w])
     rows = out.numel() // (outs * limbs * n)
-    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, w_arr, *w_rows, len(a_ptrs), outs, rows, limbs,
-                        n, _primes(primes))
+    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, w_arr, *w_rows, len(a_ptrs), outs, group or outs,
+                        rows, limbs, n, _primes(primes))
     return out
 
 
@@ -226,15 +228,21 @@ def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
     return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, w, 1, w_rows)
 
 
-def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """``sum_j d_j * key_j`` (``rns.key_inner``'s contract, one key): digits ``d`` ``[..., K, L, N]``
-    and a key ``[2, K, L, N]``, canonical -> ``[..., 2, L, N]``."""
+def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, keys) -> torch.Tensor:
+    """``sum_j d_j * key_j`` (``rns.key_inner``'s contract): digits ``d`` ``[..., K, L, N]``
+    against one key ``[2, K, L, N]`` -> ``[..., 2, L, N]``, or against a list of S keys (a hoisted
+    set, one pass over the digits for all of them) -> ``[S, ..., 2, L, N]``; canonical."""
+    many = isinstance(keys, (list, tuple))
+    keys = list(keys) if many else [keys]
     n, k = d.shape[-1], d.shape[-3]
-    if key.dim() != 4 or key.shape[:2] != (2, k):
-        raise ValueError(f"a key [2, {k}, L, N] for {k} digits, got {tuple(key.shape)}")
+    for key in keys:
+        if key.dim() != 4 or key.shape[:2] != (2, k):
+            raise ValueError(f"a key [2, {k}, L, N] for {k} digits, got {tuple(key.shape)}")
     d = d.contiguous()
-    _check(primes, [d, key], n)
-    w = [key[o, j].contiguous() for j in range(k) for o in range(2)]  # views: a level's run of limbs
+    _check(primes, [d, *keys], n)
+    # term j's weights for output 2s + o: key s's half o of digit j (views: a level's run of limbs)
+    w = [key[o, j].contiguous() for j in range(k) for key in keys for o in range(2)]
     plane = len(primes) * n
-    out = torch.empty((*d.shape[:-3], 2, len(primes), n), dtype=torch.int64)
-    return _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, w, 2)
+    out = torch.empty((len(keys), *d.shape[:-3], 2, len(primes), n), dtype=torch.int64)
+    _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, w, 2 * len(keys), group=2)
+    return out if many else out[0]

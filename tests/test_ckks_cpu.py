@@ -152,6 +152,23 @@ def test_key_inner_equals_twin(lead):
         assert torch.equal(rns.key_inner(d, key, Basis.of(primes)), want)  # dispatched
 
 
+@pytest.mark.parametrize("lead", [(), (3,)], ids=["one", "rows"])
+def test_key_inner_of_a_hoisted_set_equals_twin_key_by_key(lead):
+    """A hoisted set's keys in one call (each block of digits read once for every key): key s's
+    result lands at ``[s, *rows, 2, L, N]``, equal to the twin's product with that key alone;
+    three keys, so the last pair of outputs is the kernel's third, and level views of the keys."""
+    for n, digits in ((1024, 3), (16384, 9)):
+        run = slice(0, 5)
+        primes = MASTER[run]
+        keys = [torch.stack([_canonical(MASTER, (digits,), n, seed=40 + 2 * s + o) for o in range(2)])[:, :, run]
+                for s in range(3)]
+        d = _canonical(primes, (*lead, digits), n, seed=8)
+        want = torch.stack([rns._key_inner(d, key, Basis.of(primes)) for key in keys])
+        assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, keys), want)
+        assert torch.equal(rns.key_inner_many(d, keys, Basis.of(primes)), want)  # dispatched
+        assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, keys[1]), want[1])  # one key, its own shape
+
+
 @pytest.mark.parametrize(("lead", "w_lead"), [((3, 2), (3, 1)), ((2,), (2,)), ((2, 2), (1, 1))],
                          ids=["batch-ct", "rows", "ones"])
 def test_mac_per_row_weights_equal_twin(lead, w_lead):

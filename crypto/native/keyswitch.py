@@ -11,7 +11,8 @@ permuted by ``sigma_g^-1`` (``keys.rotation_key``), which turns that into
 gather of its 2(l+1) output limbs applies the automorphism.
 
 Hoisting (``rotate_many``): the digits of ``c1`` are decomposed and lifted once, and every step
-multiplies the same digits by its own key; ModDown and the gathers are batched over the steps.
+multiplies the same digits by its own key (one session's keys in one pass over the digits:
+``rns.key_inner_many``); ModDown and the gathers are batched over the steps.
 Hoisted rotations are bit-identical to single ones (a test checks it), and both to the textbook
 order that gathers ``c1`` first: ModDown commutes with ``sigma_g`` (a signed permutation of
 coefficients; centring is odd-symmetric for odd primes).
@@ -73,6 +74,10 @@ def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[Swit
     decomposition: ``[len(elements), *rows, 2, l+1, N]``."""
     basis, _ = ctx.data(level)
     digits = rns.decompose(c[..., 1, :, :], ctx, level)  # [*rows, l+1, l+2, N]
-    out = rns.mod_down(torch.stack([_inner(digits, key, ctx, level) for key in keys]), ctx, level)
+    if all(isinstance(key, SwitchKey) for key in keys):  # one session's keys: one pass over the digits
+        inner = rns.key_inner_many(digits, [key.at(level) for key in keys], ctx.ext(level)[0], ctx.compile)
+    else:
+        inner = torch.stack([_inner(digits, key, ctx, level) for key in keys])
+    out = rns.mod_down(inner, ctx, level)
     out[..., 0, :, :] = basis.add(out[..., 0, :, :], c[..., 0, :, :])  # c0 is the same for every step
     return ntt.automorphisms(out, ctx.galois_indices(tuple(elements)))

@@ -31,7 +31,7 @@ from veil.crypto.native.ntt import compiled
 from veil.kernels import ckks_cpu, ckks_ops
 from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const, use_triton
 
-__all__ = ["to_residues", "to_ntt_residues", "rescale", "decompose", "key_inner", "mul_plain", "mac", "mod_down",
+__all__ = ["to_residues", "to_ntt_residues", "rescale", "decompose", "key_inner", "key_inner_many", "mul_plain", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
 
 
@@ -103,6 +103,16 @@ def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = 
     if d.device.type == "cpu" and key.dim() == 4 and ckks_cpu.available():
         return ckks_cpu.key_inner_cpu(basis.primes, d, key)
     return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
+
+
+def key_inner_many(d: torch.Tensor, keys: list[torch.Tensor], basis: Basis, compile: bool = False) -> torch.Tensor:
+    """``key_inner`` of the same digits against each of a hoisted set's keys ``[2, K, L, N]``:
+    ``[S, ..., 2, L, N]``. On the CPU one C call reads each block of digits once for every key
+    (a call per key streamed the digits, as large as a key, once per key); elsewhere a product
+    per key."""
+    if d.device.type == "cpu" and not use_triton(d) and ckks_cpu.available():
+        return ckks_cpu.key_inner_cpu(basis.primes, d, keys)
+    return torch.stack([key_inner(d, key, basis, compile) for key in keys])
 
 
 def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
