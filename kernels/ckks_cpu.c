@@ -32,6 +32,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef unsigned __int128 u128;
 
@@ -313,15 +314,23 @@ static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
  * prime and table are qs[limb], tabs[limb]. out may equal x (not with bcast).
  * bcast: x holds one row per polynomial, any |x| < 2^62 (a centred integer from another
  * basis), and row r transforms x's row r / limbs reduced mod its limb's prime: ModDown's and
- * the rescale's "the dropped limb in every other basis", without a [.., L, N] reduced copy. */
+ * the rescale's "the dropped limb in every other basis", without a [.., L, N] reduced copy.
+ * same (bcast, or NULL): ModUp's digits, x's rows being the centred [c]_{q_j} of a polynomial c
+ * whose NTT-form limbs are same's rows (canonical), the limbs being [p, q_0 .. q_{limbs-2}]:
+ * digit j in its own prime q_j is c's limb j itself, so that row is copied, not transformed
+ * (one NTT in limbs per digit saved). */
 void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, int64_t n,
-                   const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast) {
+                   const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast, const int64_t *same) {
     use_ifma(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t limb = r % limbs;
         uint64_t *a = (uint64_t *)(out + r * n);
         const int64_t *src = x + r * n;
+        if (same && limb == (r / limbs) % (limbs - 1) + 1) {
+            memcpy(a, same + (r / limbs) * n, (size_t)n * sizeof(int64_t));
+            continue;
+        }
         if (bcast) { /* reduced into the output row, then transformed in place */
             const int64_t *row = x + (r / limbs) * n;
             const double qinv = 1.0 / (double)qs[limb];

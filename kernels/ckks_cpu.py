@@ -49,7 +49,7 @@ def _library() -> ctypes.CDLL | None:
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
     lib.veil_ntt_table.argtypes = [p, p, p, i64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
-    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int]
+    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int, p]
     lib.veil_sub_mul.argtypes = [p, p, i64, p, i64, i64, i64, p, p]
     lib.veil_sub_mul.restype = None
     lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, i64, p]
@@ -111,21 +111,29 @@ def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool) -> torch.Te
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), x.numel() // n, len(primes), n, _primes(primes),
-                             _tables(primes, n).ptrs, int(inverse), 0)
+                             _tables(primes, n).ptrs, int(inverse), 0, None)
     return out
 
 
-def ntt_reduced_cpu(primes: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
+def ntt_reduced_cpu(primes: tuple[int, ...], x: torch.Tensor, same: torch.Tensor | None = None) -> torch.Tensor:
     """The forward NTT of one integer polynomial ``x [..., 1, N]`` (any ``|x| < 2^62``: a limb
     centred in another basis) in every limb of ``primes``: ``[..., len(primes), N]``, canonical.
-    What ``ntt.forward(basis.reduce(x))`` gives, in one pass per limb (rescale, ModDown)."""
+    What ``ntt.forward(basis.reduce(x))`` gives, in one pass per limb (rescale, ModDown).
+    ``same`` (ModUp): ``x [..., D, 1, N]`` are the centred limbs of the NTT-form ``same``
+    ``[..., D, N]`` (canonical) and ``primes`` is ``[p, q_0 .. q_{D-1}]``: digit j's own limb is
+    copied from ``same``, not transformed."""
     n = x.shape[-1]
     _check((primes[0],), [x], n)  # one limb: the integers, |x| < 2^62 whatever the prime
     _check(primes, [], n)
     x = x.contiguous()
+    if same is not None:
+        if same.shape != (*x.shape[:-2], n) or len(primes) != x.shape[-3] + 1:
+            raise ValueError(f"same: [..., D, N] for digits [..., D, 1, N] and D + 1 primes, got {tuple(same.shape)}")
+        same = same.contiguous()
+        _check(primes[1:], [same], n)
     out = torch.empty((*x.shape[:-2], len(primes), n), dtype=torch.int64)
     _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), out.numel() // n, len(primes), n, _primes(primes),
-                             _tables(primes, n).ptrs, 0, 1)
+                             _tables(primes, n).ptrs, 0, 1, None if same is None else same.data_ptr())
     return out
 
 

@@ -268,6 +268,24 @@ def test_dropping_a_limb_equals_the_twin(level):
         ckks_cpu.ntt_reduced_cpu(basis.primes, x)
 
 
+@pytest.mark.parametrize("lead", [(), (2,)], ids=["one", "rows"])
+def test_modup_copies_each_digits_own_limb_and_equals_the_twin(lead):
+    """ModUp (``rns.decompose``): digit j in its own prime q_j is the input's limb j, copied by
+    ``ntt_reduced_cpu(..., same=c)`` instead of reduced and transformed; the digits equal the
+    twin's (torch reduction and NTT of every limb) bit for bit, at levels 7 and 2."""
+    ctx = RnsContext(PROTECTED_PARAMS)
+    for level in (7, 2):
+        basis, tables = ctx.data(level)
+        ext_basis, ext_tables = ctx.ext(level)
+        c = _canonical(basis.primes, lead, ctx.n, seed=30 + level)
+        centred = basis.center(tables.twin(c, inverse=True))
+        want = ext_tables.twin(ext_basis.reduce(centred.unsqueeze(-2)), inverse=False)
+        assert torch.equal(ckks_cpu.ntt_reduced_cpu(ext_basis.primes, centred.unsqueeze(-2), same=c), want)
+        assert torch.equal(rns.decompose(c, ctx, level), want)  # dispatched
+    with pytest.raises(ValueError, match="same"):
+        ckks_cpu.ntt_reduced_cpu(ext_basis.primes, centred.unsqueeze(-2), same=c[..., :1, :])
+
+
 def test_gather_equals_twin_and_stays_inside_its_row():
     """``gather_cpu`` (a hoisted set's automorphisms, one index per group) equals ``torch.gather``;
     an index past N reads inside its row (masked), never past it."""

@@ -79,7 +79,10 @@ def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     """ModUp: ``[..., level+1, N]`` (data limbs, NTT) -> digits ``[..., level+1, level+2, N]``
     (digit ``j`` = the centred ``[c]_{q_j}`` over ``[p, q_0..q_level]``, NTT form)."""
     basis, ntt = ctx.data(level)
-    return to_ntt_residues(basis.center(ntt.inverse(c)), *ctx.ext(level))
+    centred, (ext_basis, ext_ntt) = basis.center(ntt.inverse(c)), ctx.ext(level)
+    if c.device.type == "cpu" and ckks_cpu.available():  # digit j's own limb is c's limb j: copied
+        return ckks_cpu.ntt_reduced_cpu(ext_basis.primes, centred.unsqueeze(-2), same=c)
+    return to_ntt_residues(centred, ext_basis, ext_ntt)
 
 
 def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
