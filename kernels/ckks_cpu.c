@@ -8,7 +8,8 @@
  *
  * veil_mac: sum_k a_k * w_k mod q, the products summed exactly in 128 bits and reduced once per
  * output: dot_plain's ct x pt sums (twin ckks_ops.mac_torch) and the key inner product of a key
- * switch (twin rns._key_inner), in AVX-512 registers where the CPU has IFMA (below).
+ * switch or of a hoisted set's keys (twin rns._key_inner, key by key), in AVX-512 registers
+ * where the CPU has IFMA (below).
  *
  * Products: Shoup's, with wp = floor(w * 2^64 / q): for any 64-bit a,
  * a*w - mulhi(a, wp)*q lies in [0, 2q). Lazy bounds (Harvey): forward values stay in [0, 4q),
