@@ -5,7 +5,7 @@
 # alternating pairs of he_ops and of the four products, then the k=2 protected path once each.
 set -euo pipefail
 commits="db54628 6b1c403"
-source commits.sh
+source ../2026-11-27-rotations/commits.sh  # the worktrees and `run`
 for i in 1 2; do
   for c in $commits; do
     run $c -m veil.benchmarks.he_ops --backends native --params ckks-n16384-l7-v2 --repeat 9 \
