@@ -28,8 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="split point (default: 2 for plaintext alone, else L - --protected-layers)")
     p.add_argument("--protected-layers", type=int, default=2,
                    help="server layers when --k is not given and the protected path runs")
-    p.add_argument("--he-backend", default="seal", choices=backend_names(),
-                   help="HE backend of the protected path (server and client)")
+    p.add_argument("--he-backend", default="auto", choices=["auto", *backend_names()],
+                   help="HE backend of the protected path (server and client; auto: as `veil serve`)")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,
                    help="wrap the prompt in the chat template (~30 more prompt tokens to prefill)")
     p.set_defaults(func=cmd_demo)
@@ -69,6 +69,7 @@ def cmd_demo(args) -> int:
         tenants = TenantStore(Path(tmp) / "tenants.json")
         key = tenants.add("demo", modes)
         cfg = ServerConfig(tenants_file=tenants.path, k=k, he_backend=args.he_backend)
+        args.he_backend = cfg.he_backend  # "auto" resolved: the client makes keys for the same backend
         server = start_background(create_app(cfg, server_half_from(ckpt, k, full=True), tenants))
         say(f"server on {server.url}, tenant 'demo' ({', '.join(modes)}); prompt of {len(ids)} tokens, "
             f"{args.max_new_tokens} new tokens, greedy")

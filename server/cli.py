@@ -22,7 +22,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=C.session_ttl_s, help="idle session TTL in seconds")
     p.add_argument("--device", default=C.device, choices=["cpu", "cuda"],
-                   help="the device of the engine (fast path and split sessions) and, with --he-backend native, "
+                   help="the device of the engine (fast path and split sessions) and, with the native HE backend, "
                         "of the protected path")
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="weights dtype (default: bfloat16 on CUDA, float32 on CPU; the KV cache follows the "
@@ -35,8 +35,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens-per-step", type=int, default=C.max_tokens_per_step,
                    help="token budget of one engine iteration")
     p.add_argument("--max-context", type=int, default=C.max_context, help="tokens per session or request (413 above)")
-    p.add_argument("--he-backend", default=C.he_backend, choices=backend_names(),
-                   help="HE backend of the protected path")
+    p.add_argument("--he-backend", default=C.he_backend, choices=["auto", *backend_names()],
+                   help="HE backend of the protected path (auto: native on CUDA and where its C kernels build, "
+                        "else seal)")
     p.add_argument("--max-protected-sessions", type=int, default=C.max_protected_sessions,
                    help="concurrent protected (CKKS) sessions")
     p.add_argument("--protected-device-gb", type=float, default=None,

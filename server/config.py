@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from veil.crypto.backend import resolve_backend
 from veil.engine.engine import EngineConfig
 from veil.protected.server import Limits
 
@@ -24,7 +25,7 @@ class ServerConfig:
     max_context: int = 8192  # tokens per session or request (prompt + output)
     max_step_tokens: int = 4096  # tokens in one split step
     # protected path (CKKS)
-    he_backend: str = "seal"  # the server's HE backend (veil.crypto.backend.make_backend)
+    he_backend: str = "auto"  # the server's HE backend; "auto": native where its kernels run, else seal (resolve_backend)
     max_key_bytes: int = 1 << 30  # largest evaluation-key upload (the Galois keys are ~410 MB)
     max_key_bytes_per_tenant: int = 2 << 30
     max_key_bytes_total: int = 8 << 30
@@ -44,6 +45,9 @@ class ServerConfig:
     device: str = EngineConfig.device  # the engine's device ("cpu" | "cuda"): fast path and split sessions
     threads: int = EngineConfig.threads  # the engine loop's torch threads (0: torch's setting)
     dtype: str | None = None  # weights; None → bfloat16 on CUDA, float32 on CPU (KV: Engine, ops.bf16_is_fast)
+
+    def __post_init__(self) -> None:
+        self.he_backend = resolve_backend(self.he_backend, self.device)  # /health and the client see the real one
 
     @property
     def model_dtype(self) -> str:

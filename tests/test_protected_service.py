@@ -170,3 +170,18 @@ def test_protected_warmup_encodes_the_weights_at_start(ckpt, live_server_cls, tm
     finally:
         cold.stop()
         warm.stop()
+
+
+def test_auto_backend_is_native_where_its_kernels_run(monkeypatch):
+    """``veil serve``'s default ``--he-backend auto`` resolves once, in ``ServerConfig``: native
+    on CUDA and where the C kernels built, SEAL where they did not (native's torch twins are
+    slower than SEAL); a named backend stays as named. /health then names the resolved one."""
+    from veil.kernels import ckks_cpu
+
+    monkeypatch.setattr(ckks_cpu, "available", lambda: True)
+    assert ServerConfig().he_backend == "native"
+    assert ServerConfig(he_backend="seal").he_backend == "seal"
+    monkeypatch.setattr(ckks_cpu, "available", lambda: False)
+    assert ServerConfig().he_backend == "seal"
+    assert ServerConfig(device="cuda").he_backend == "native"
+    assert ServerConfig(he_backend="native").he_backend == "native"
