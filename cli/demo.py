@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from veil.crypto.backend import backend_names
+    from veil.crypto.backend import server_backend_choices
 
     p = sub.add_parser("demo", help="run a server in-process and chat with it on both paths")
     p.add_argument("--prompt", default="The capital of France is",
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="split point (default: 2 for plaintext alone, else L - --protected-layers)")
     p.add_argument("--protected-layers", type=int, default=2,
                    help="server layers when --k is not given and the protected path runs")
-    p.add_argument("--he-backend", default="auto", choices=["auto", *backend_names()],
+    p.add_argument("--he-backend", default="auto", choices=server_backend_choices(),
                    help="HE backend of the protected path (server and client; auto: as `veil serve`)")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,
                    help="wrap the prompt in the chat template (~30 more prompt tokens to prefill)")

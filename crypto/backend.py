@@ -385,6 +385,11 @@ def backend_names(*, include_test: bool = False) -> list[str]:
     return sorted(n for n, (_, _, prod) in _BACKENDS.items() if prod or include_test)
 
 
+def server_backend_choices() -> list[str]:
+    """What ``--he-backend`` offers a server: ``auto`` (``resolve_backend``) and the production backends."""
+    return ["auto", *backend_names()]
+
+
 def resolve_backend(name: str, device: str = "cpu") -> str:
     """A server's ``--he-backend``: ``auto`` is ``native`` where it runs its kernels (a CUDA
     device, or a CPU where the C kernels built: ``veil.kernels.ckks_cpu``), else ``seal``, whose

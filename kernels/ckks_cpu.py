@@ -236,12 +236,10 @@ def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
     return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, w, 1, w_rows)
 
 
-def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, keys) -> torch.Tensor:
-    """``sum_j d_j * key_j`` (``rns.key_inner``'s contract): digits ``d`` ``[..., K, L, N]``
-    against one key ``[2, K, L, N]`` -> ``[..., 2, L, N]``, or against a list of S keys (a hoisted
-    set, one pass over the digits for all of them) -> ``[S, ..., 2, L, N]``; canonical."""
-    many = isinstance(keys, (list, tuple))
-    keys = list(keys) if many else [keys]
+def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
+    """``sum_j d_j * key_j`` (``rns.key_inner``'s contract) of digits ``d`` ``[..., K, L, N]``
+    against each of S keys ``[2, K, L, N]`` (one, or a hoisted set's, in one pass over the
+    digits) -> ``[S, ..., 2, L, N]``, canonical."""
     n, k = d.shape[-1], d.shape[-3]
     for key in keys:
         if key.dim() != 4 or key.shape[:2] != (2, k):
@@ -252,5 +250,4 @@ def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, keys) -> torch.Tenso
     w = [key[o, j].contiguous() for j in range(k) for key in keys for o in range(2)]
     plane = len(primes) * n
     out = torch.empty((len(keys), *d.shape[:-3], 2, len(primes), n), dtype=torch.int64)
-    _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, w, 2 * len(keys), group=2)
-    return out if many else out[0]
+    return _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, w, 2 * len(keys), group=2)

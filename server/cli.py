@@ -9,7 +9,7 @@ from pathlib import Path
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from veil.cluster.launch import ClusterConfig
-    from veil.crypto.backend import backend_names
+    from veil.crypto.backend import server_backend_choices
     from veil.server.config import ServerConfig as C  # the defaults below are its field defaults
 
     gb = 1 << 30
@@ -35,7 +35,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens-per-step", type=int, default=C.max_tokens_per_step,
                    help="token budget of one engine iteration")
     p.add_argument("--max-context", type=int, default=C.max_context, help="tokens per session or request (413 above)")
-    p.add_argument("--he-backend", default=C.he_backend, choices=["auto", *backend_names()],
+    p.add_argument("--he-backend", default=C.he_backend, choices=server_backend_choices(),
                    help="HE backend of the protected path (auto: native on CUDA and where its C kernels build, "
                         "else seal)")
     p.add_argument("--max-protected-sessions", type=int, default=C.max_protected_sessions,

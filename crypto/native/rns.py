@@ -104,7 +104,7 @@ def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = 
     if use_triton(d):
         return key_inner_triton(d, key, basis)
     if d.device.type == "cpu" and key.dim() == 4 and ckks_cpu.available():
-        return ckks_cpu.key_inner_cpu(basis.primes, d, key)
+        return ckks_cpu.key_inner_cpu(basis.primes, d, [key])[0]
     return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
 
 
@@ -113,7 +113,7 @@ def key_inner_many(d: torch.Tensor, keys: list[torch.Tensor], basis: Basis, comp
     ``[S, ..., 2, L, N]``. On the CPU one C call writes every key's result in place (no stack of
     S results: 38 MB for 16 keys at level 7) and reads each block of digits once for all keys;
     elsewhere a product per key."""
-    if d.device.type == "cpu" and not use_triton(d) and ckks_cpu.available():
+    if d.device.type == "cpu" and ckks_cpu.available():
         return ckks_cpu.key_inner_cpu(basis.primes, d, keys)
     return torch.stack([key_inner(d, key, basis, compile) for key in keys])
 
