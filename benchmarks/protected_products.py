@@ -1,6 +1,7 @@
 """The four products of a protected layer for several baby-step counts, several backends in
 one run: ``python -m veil.benchmarks.protected_products --n1 16,8 --backends seal,native
-[--keys full,compact,minimal] [--positions 8] [--device cpu|cuda] [--repeat N] [--out FILE]``.
+[--keys full,compact,minimal] [--positions 8] [--pack 1,2,4] [--device cpu|cuda] [--repeat N]
+[--out FILE]``.
 
 Why: the baby-step count ``n1`` of a product sets both its server time (``n1 - 1`` hoistable
 rotations of the input, ``n2 - 1`` giant-step rotations one level lower) and the client's
@@ -20,6 +21,13 @@ keys (``Circuit.matvecs``, which batches where ``HEBackend.batch_pays``): figure
 ``products.<backend>.<matrix>.n1_<n1>.positions_<P>.{loop,batch}_s_per_position`` and
 ``.batch_speedup``, the batched outputs checked bit for bit against the one-by-one ones.
 
+``--pack 2`` (powers of two) also times each product with that many positions packed in one
+input ciphertext, each in its own frame of S/pack slots (``linear.encode_matrices(pack=)``:
+the plan made for the frame, its plaintexts repeated per frame): figures
+``products.<backend>.<matrix>.n1_<n1>.pack_<P>.*``, with ``s_per_position`` the product's time
+over P and ``rel_err`` over every position. A product taller or wider than a frame is left out
+(W_gate|up and W_down need more than the 2048 slots of a frame at P = 4).
+
 ``--keys compact`` times the products under the client's compact key set
 (``rotation_key_levels(key_set="compact")``): the baby steps chain from step 1
 (``linear.baby_steps``), so the server holds one baby-step key instead of ``n1 - 1``;
@@ -38,7 +46,15 @@ import time
 import numpy as np
 
 from veil.crypto.backend import make_backend
-from veil.crypto.linear import MatvecPlan, encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.linear import (
+    MatvecPlan,
+    encode_matrix,
+    matvec,
+    pack_inputs,
+    plan_matvec,
+    replicate_input,
+    unpack_outputs,
+)
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.engine.loader import load_checkpoint
 from veil.protected.circuits import KEY_SETS
@@ -47,16 +63,25 @@ from veil.protected.protocol import LEVELS
 from veil.protected.weights import MATRIX_LAYOUTS, input_spans, matrix_shapes
 
 
-def _plans(dims: LayoutDims, n1s: list[int]) -> dict[tuple[str, int], MatvecPlan]:
-    spans = input_spans(dims)
-    return {(name, n1): plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], n1)
-            for name, (rows, cols) in matrix_shapes(dims).items() for n1 in n1s}
+def _plans(dims: LayoutDims, n1s: list[int], packs: list[int] = (1,)) -> dict[tuple[str, int, int], MatvecPlan]:
+    """Each product's plan for every ``n1`` and positions per ciphertext (``pack``: frames of
+    S/pack slots, ``encode_matrices``); a product too tall or wide for a frame is left out."""
+    spans, out = input_spans(dims), {}
+    for name, (rows, cols) in matrix_shapes(dims).items():
+        for n1 in n1s:
+            for pack in packs:
+                try:
+                    out[name, n1, pack] = plan_matvec(rows, cols, min(spans[name], dims.slots // pack),
+                                                      MATRIX_LAYOUTS[name], n1)
+                except ValueError:
+                    print(f"# {name} ({rows}x{cols}) does not fit frames of {dims.slots // pack} slots", flush=True)
+    return out
 
 
 def _key_levels(plans, key_set: str) -> dict[int, int]:
     """Every step the plans rotate by under ``key_set``, at the highest level it runs at."""
     need: dict[int, int] = {}
-    for (name, _), plan in plans.items():
+    for (name, _, _), plan in plans.items():
         for st, level in plan.key_levels(LEVELS.matrices[name], chained=key_set != "full",
                                          composed_folds=key_set == "minimal").items():
             need[st] = max(need.get(st, 0), level)
@@ -85,10 +110,10 @@ def _span(server, client, m, name: str, level: int, cols: int, positions: int, r
 
 
 def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int, fig, keys: str = "full",
-        positions: list[int] = ()) -> dict:
+        positions: list[int] = (), packs: list[int] = (1,)) -> dict:
     opts = {"device": device} if backend == "native" else {}
     client = make_backend(PROTECTED_PARAMS, backend, **opts)
-    plans = _plans(dims, n1s)
+    plans = _plans(dims, n1s, packs)
     client.generate_keys(_key_levels(plans, keys))
     server = make_backend(PROTECTED_PARAMS, backend, **opts)
     server.import_public_material(client.export_public_material())
@@ -111,13 +136,14 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
     server.rotate, server.rotate_many = counted, counted_many
     rng = np.random.default_rng(0)
     out = {}
-    for (name, n1), plan in plans.items():
+    for (name, n1, pack), plan in plans.items():
         rows, cols = matrix_shapes(dims)[name]
         level = LEVELS.matrices[name]
         w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
-        x = rng.standard_normal(cols)
-        ct = server.mod_switch_to(client.encrypt(replicate_input(x, PROTECTED_PARAMS.slot_count)), level)
-        m = encode_matrix(server, w, level, n1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
+        xs = rng.standard_normal((pack, cols))
+        ct = server.mod_switch_to(client.encrypt(pack_inputs(xs, PROTECTED_PARAMS.slot_count, pack)), level)
+        m = encode_matrix(server, w, level, n1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name],
+                          pack=pack)
         switches[0] = 0
         matvec(server, m, ct)  # warm-up
         rotations = switches[0]
@@ -126,12 +152,14 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
             t = time.perf_counter()
             y = matvec(server, m, ct)
             times.append(time.perf_counter() - t)
-        ref = w @ x
-        err = float(np.abs(client.decrypt(y, rows) - ref).max() / np.abs(ref).max())
-        tag = f"{backend}.{name}.n1_{n1}" + ("" if keys == "full" else f".{keys}_keys")
+        ref = xs @ w.T
+        err = float(np.abs(unpack_outputs(client.decrypt(y), rows, pack) - ref).max() / np.abs(ref).max())
+        tag = (f"{backend}.{name}.n1_{n1}" + ("" if keys == "full" else f".{keys}_keys")
+               + ("" if pack == 1 else f".pack_{pack}"))
         res = {"level": level, "n1": plan.n1, "n2": plan.n2, "rotations": rotations,
-               "plaintexts": len(m.plaintexts), "matvec_s": statistics.median(times), "rel_err": err}
-        for p in positions if server.supports_batch else ():
+               "plaintexts": len(m.plaintexts), "matvec_s": statistics.median(times),
+               "s_per_position": statistics.median(times) / pack, "rel_err": err}
+        for p in positions if server.supports_batch and pack == 1 else ():
             if p > 1:
                 res[f"positions_{p}"] = _span(server, client, m, name, level, cols, p, repeat, rng)
         for k, v in res.items():
@@ -149,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu", help="where the native backend computes")
     ap.add_argument("--positions", default="", help="comma-separated span lengths: each product also "
                     "for that many positions, one by one and batched (backends that batch)")
+    ap.add_argument("--pack", default="1", help="comma-separated positions per ciphertext (powers of two): "
+                    "each product also for that many positions packed in one input")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", default="")
@@ -162,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             if keys not in KEY_SETS:
                 ap.error(f"unknown key set {keys!r}")
             results.update(run(dims, backend, args.device, n1s, args.repeat, fig, keys,
-                               [int(x) for x in args.positions.split(",") if x]))
+                               [int(x) for x in args.positions.split(",") if x],
+                               [int(x) for x in args.pack.split(",")]))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -39,6 +39,8 @@ __all__ = [
     "EncodedMatrix",
     "encode_matrix",
     "encode_matrices",
+    "pack_inputs",
+    "unpack_outputs",
     "matvec",
     "replicate",
     "replicate_input",
@@ -305,6 +307,7 @@ class EncodedMatrix:
     level: int
     plan: MatvecPlan
     plaintexts: dict[int, Plaintext] = field(repr=False)
+    pack: int = 1  # positions per ciphertext: the plan is for slot_count / pack slots (``pack_inputs``)
 
     @property
     def rows(self) -> int:
@@ -356,33 +359,45 @@ def _diagonal_index(plan: MatvecPlan, slots: int) -> tuple[tuple[int, ...], np.n
 
 
 def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
-                  max_input_span: int | None = None) -> EncodedMatrix:
+                  max_input_span: int | None = None, pack: int = 1) -> EncodedMatrix:
     """Encode the diagonals of ``weight`` for inputs at ``level``, giant-step rotations
     pre-applied. ``max_input_span``: the input is periodic on fewer slots than all of them
-    (the plan must read no further)."""
+    (the plan must read no further). ``pack``: see ``encode_matrices``."""
     w = np.asarray(weight, dtype=np.float64)
     if w.ndim != 2:
         raise HEError("weight must be a 2-D matrix")
-    return encode_matrices(be, w[None], level, n1, layout, max_input_span)[0]
+    return encode_matrices(be, w[None], level, n1, layout, max_input_span, pack)[0]
 
 
 def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, layout: str = "bsgs",
-                    max_input_span: int | None = None) -> list[EncodedMatrix]:
+                    max_input_span: int | None = None, pack: int = 1) -> list[EncodedMatrix]:
     """``encode_matrix`` for B matrices of one shape ``[B, rows, cols]`` (numpy, or a torch
     tensor where the backend encodes tensors: ``HEBackend.encodable``) in one ``encode_many``:
     the slots are gathered from each matrix by one index, and every result holds the same
-    diagonals (those non-zero in any of the matrices)."""
+    diagonals (those non-zero in any of the matrices).
+
+    ``pack = P`` (a power of two): for ciphertexts holding P positions, position p's input on
+    slots ``[p*S/P, (p+1)*S/P)`` (``pack_inputs``). The plan is made for S/P slots and each
+    plaintext is its S/P-slot diagonal vector repeated P times. Every output slot of frame p
+    reads input slots of frame p only (the plan never reads past its input span, at most S/P),
+    so ``matvec`` runs unchanged and one product serves P positions with the rotations of one. The plaintexts are P-periodic, i.e. polynomials in X^P (a backend may
+    store them in N/P coefficients)."""
     if weights.ndim != 3:
         raise HEError("weights must be a stack of 2-D matrices")
     batch, rows, cols = weights.shape
-    span = be.params.slot_count if max_input_span is None else min(max_input_span, be.params.slot_count)
+    slots = be.params.slot_count
+    if pack < 1 or pack & (pack - 1) or pack > slots:
+        raise HEError(f"pack must be a power of two up to {slots}, got {pack}")
+    frame = slots // pack
+    span = frame if max_input_span is None else min(max_input_span, frame)
     try:
         plan = plan_matvec(rows, cols, span, layout, n1)
     except ValueError as e:
         raise HEError(str(e)) from e
     if level == 0:
         raise HEError("a matrix product needs a level to rescale into")
-    keys, index = _diagonal_index(plan, be.params.slot_count)
+    keys, index = _diagonal_index(plan, frame)
+    index = np.tile(index, (1, pack))
     flat = weights.reshape(batch, rows * cols)
     if isinstance(flat, np.ndarray):
         vals = np.where(index >= 0, flat[:, np.maximum(index, 0)].astype(np.float64, copy=False), 0.0)
@@ -398,8 +413,27 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     keep = np.flatnonzero(nonzero)
     vals = vals[:, keep].reshape(batch * keep.size, -1)
     pts = be.encode_many(vals, level, float(be.prime(level)))
-    return [EncodedMatrix(be.params.id, level, plan, {keys[k]: pts[b * keep.size + j] for j, k in enumerate(keep)})
-            for b in range(batch)]
+    return [EncodedMatrix(be.params.id, level, plan, {keys[k]: pts[b * keep.size + j] for j, k in enumerate(keep)},
+                          pack) for b in range(batch)]
+
+
+def pack_inputs(xs: Sequence[np.ndarray], slot_count: int, pack: int, span: int | None = None) -> np.ndarray:
+    """Up to ``pack`` matrix inputs in one slot vector: input p replicated (``replicate_input``)
+    on its frame ``[p*S/P, (p+1)*S/P)``, or on its first ``span`` slots; missing positions are
+    zero. A product encoded with the same ``pack`` leaves output p at ``p*S/P + [0, rows)``."""
+    if pack < 1 or pack & (pack - 1) or not 0 < len(xs) <= pack:
+        raise ValueError(f"{len(xs)} inputs for a pack of {pack}")
+    frame = slot_count // pack
+    out = np.zeros(slot_count)
+    for p, x in enumerate(xs):
+        out[p * frame : p * frame + (span or frame)] = replicate_input(x, frame)[: span or frame]
+    return out
+
+
+def unpack_outputs(y: np.ndarray, rows: int, pack: int) -> np.ndarray:
+    """``[pack, rows]``: each position's output from a decrypted packed product."""
+    frame = y.size // pack
+    return np.stack([y[p * frame : p * frame + rows] for p in range(pack)])
 
 
 def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:

@@ -15,10 +15,12 @@ from veil.crypto.linear import (
     composed_rotation,
     encode_matrix,
     matvec,
+    pack_inputs,
     plan_matvec,
     replicate,
     replicate_input,
     replicate_rotation_steps,
+    unpack_outputs,
 )
 from veil.crypto.params import TEST_PARAMS_ID, get_params
 from veil.kernels import ckks_cpu
@@ -32,6 +34,7 @@ N1 = 24  # one baby-step size for every bsgs matrix: few Galois keys
 FOLDED_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (40, 7), (500, 288)]
 WIDE_SHAPES = [(576, 1536), (100, 512), (3, 16)]
 BSGS_SHAPES = [(576, 576, 2), (192, 576, 2), (1536, 576, 1), (40, 7, 1), (576, 1536, 1)]
+PACKED = [("folded", 192, 576, 2), ("folded", 500, 288, 4), ("wide", 100, 512, 2), ("bsgs", 40, 7, 4)]
 
 
 def _steps() -> list[int]:
@@ -41,6 +44,8 @@ def _steps() -> list[int]:
     for layout, shapes in (("folded", FOLDED_SHAPES), ("wide", WIDE_SHAPES)):
         for r, c in shapes:
             steps |= set(plan_matvec(r, c, SLOTS, layout).rotation_steps)
+    for layout, r, c, pack in PACKED:
+        steps |= set(plan_matvec(r, c, SLOTS // pack, layout).rotation_steps)
     steps |= set(replicate_rotation_steps(100, 11)) | set(replicate_rotation_steps(192, 8))
     steps |= {1, 2, 4, 8, 16, 32, 64, -1, -2, -4}  # window sums and lane broadcasts
     return sorted(s for s in steps if s % SLOTS)
@@ -98,6 +103,27 @@ def test_bsgs_matvec_vs_numpy(pair, rng, rows, cols, level):
     # ~2^-40 * sqrt(cols) * |w||x| per term, plus key-switching noise of the rotations
     assert np.abs(out[:rows] - w @ x).max() < 1e-5
     assert np.abs(out[rows:]).max() < 1e-5  # the bsgs output is zero outside [0, rows)
+
+
+@pytest.mark.parametrize("layout,rows,cols,pack", PACKED)
+def test_packed_positions_share_one_product(pair, rng, layout, rows, cols, pack):
+    """``pack`` positions in one ciphertext, each in its own frame of S/pack slots: one product
+    (the plan's rotations, once) gives every position its own W x; a frame left empty gives
+    zero. The plaintexts repeat with period S/pack."""
+    client, server = pair
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    xs = [rng.standard_normal(cols) for _ in range(pack - 1)]  # the last frame stays empty
+    ct = client.encrypt(pack_inputs(xs, SLOTS, pack), level=2)
+    m = encode_matrix(server, w, 2, layout=layout, pack=pack)
+    assert m.pack == pack and m.plan == plan_matvec(rows, cols, SLOTS // pack, layout)
+    assert m.plan.input_span <= SLOTS // pack
+    y = client.decrypt(matvec(server, m, ct))
+    out = unpack_outputs(y, rows, pack)
+    for p, x in enumerate(xs):
+        assert np.abs(out[p] - w @ x).max() < 1e-5
+    assert np.abs(out[-1]).max() < 1e-5
+    with pytest.raises(HEError, match="power of two"):
+        encode_matrix(server, w, 2, layout=layout, pack=3)
 
 
 @pytest.mark.parametrize("layout,rows,cols", [("folded", r, c) for r, c in FOLDED_SHAPES]
