@@ -266,12 +266,15 @@ IFMA static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint
     }
 }
 
-IFMA static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c) {
+IFMA static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c,
+                              const uint64_t *y) {
     const __m512i Q = _mm512_set1_epi64((int64_t)q), C = _mm512_set1_epi64((int64_t)c);
     const __m512i CP = _mm512_set1_epi64((int64_t)shoup52(c, q));
     for (int64_t j = 0; j < n; j += 8) {
         const __m512i d = _mm512_add_epi64(_mm512_sub_epi64(_mm512_loadu_si512(x + j), _mm512_loadu_si512(r + j)), Q);
-        _mm512_storeu_si512(dst + j, sub_if_ge(mul_shoup52(d, C, CP, Q), Q));
+        __m512i v = sub_if_ge(mul_shoup52(d, C, CP, Q), Q);
+        if (y) v = sub_if_ge(_mm512_add_epi64(v, _mm512_loadu_si512(y + j)), Q);
+        _mm512_storeu_si512(dst + j, v);
     }
 }
 
@@ -294,7 +297,8 @@ static int use_ifma(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
 static int use_vector_ntt(int64_t n) { (void)n; return 0; }
 static void forward_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 static void inverse_row_ifma(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
-static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c) {}
+static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, int64_t n, uint64_t q, uint64_t c,
+                         const uint64_t *y) {}
 #endif
 
 /* Whether the AVX-512 lanes run (decided on the first call: the CPU and VEIL_CPU_IFMA). */
@@ -319,9 +323,13 @@ static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
  * same (bcast, or NULL): ModUp's digits, x's rows being the centred [c]_{q_j} of a polynomial c
  * whose NTT-form limbs are same's rows (canonical), the limbs being [p, q_0 .. q_{limbs-2}]:
  * digit j in its own prime q_j is c's limb j itself, so that row is copied, not transformed
- * (one NTT in limbs per digit saved). */
+ * (one NTT in limbs per digit saved).
+ * centre (inverse only): the coefficients leave centred, (-q/2, q/2], as the key switch's
+ * digits and the dropped limb of ModDown and the rescale want them (a pass over the row while it
+ * is in cache, instead of a torch pass over the whole tensor). */
 void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, int64_t n,
-                   const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast, const int64_t *same) {
+                   const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast, const int64_t *same,
+                   int centre) {
     use_ifma(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; r++) {
@@ -339,9 +347,13 @@ void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, 
             src = out + r * n;
         }
         const int vec = use_vector_ntt(n);
-        if (inverse)
+        if (inverse) {
             (vec ? inverse_row_ifma : inverse_row)(a, src, n, qs[limb], tabs[limb]);
-        else
+            if (centre) {
+                const uint64_t q = qs[limb], half = q >> 1;
+                for (int64_t j = 0; j < n; j++) a[j] -= (a[j] > half) ? q : 0; /* as int64: a[j] - q */
+            }
+        } else
             (vec ? forward_row_ifma : forward_row)(a, src, n, qs[limb], tabs[limb]);
     }
 }
@@ -593,24 +605,35 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
 /* out = (x - r) * c mod q in [0, q) for canonical x, r [rows, L, N] (row = limb-major plane; x's
  * rows x_row_stride apart: a run of limbs of a wider tensor, ModDown's data limbs), c
  * one constant per limb: the rescale's and ModDown's tail in one pass (the torch twin
- * ckks_ops.sub_mul_const_torch makes a dozen). */
+ * ckks_ops.sub_mul_const_torch makes a dozen).
+ * y (or NULL): canonical [y_rows, L, N] added to every y_every-th row, row i meeting y's row
+ * (i / y_every) % y_rows: a key switch's c0 (y_every 2: the first of each output pair, a
+ * rotation) or c0 and c1 (y_every 1, relinearization), broadcast over a hoisted set's outputs. */
 void veil_sub_mul(int64_t *out, const int64_t *x, int64_t x_row_stride, const int64_t *r, int64_t rows,
-                  int64_t limbs, int64_t n, const uint64_t *qs, const uint64_t *cs) {
+                  int64_t limbs, int64_t n, const uint64_t *qs, const uint64_t *cs,
+                  const int64_t *y, int64_t y_every, int64_t y_rows) {
     use_ifma(3, 16);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < rows * limbs; b++) {
-        const int64_t limb = b % limbs;
+        const int64_t limb = b % limbs, row = b / limbs;
         const uint64_t q = qs[limb], c = cs[limb], cp = shoup(c, q);
-        const uint64_t *xs = (const uint64_t *)x + (b / limbs) * x_row_stride + limb * n;
+        const uint64_t *xs = (const uint64_t *)x + row * x_row_stride + limb * n;
         const uint64_t *rs = (const uint64_t *)r + b * n;
+        const uint64_t *ys = y && row % y_every == 0 ? (const uint64_t *)y + ((row / y_every) % y_rows * limbs + limb) * n
+                                                     : NULL;
         uint64_t *dst = (uint64_t *)out + b * n;
         if (n % 8 == 0 && use_ifma(q, n)) {
-            sub_mul_ifma(dst, xs, rs, n, q, c);
+            sub_mul_ifma(dst, xs, rs, n, q, c, ys);
             continue;
         }
         for (int64_t j = 0; j < n; j++) {
-            const uint64_t v = mul_shoup(xs[j] - rs[j] + q, c, cp, q); /* [0, 2q) */
-            dst[j] = v - ((v >= q) ? q : 0);
+            uint64_t v = mul_shoup(xs[j] - rs[j] + q, c, cp, q); /* [0, 2q) */
+            v -= (v >= q) ? q : 0;
+            if (ys) {
+                v += ys[j]; /* < 2q */
+                v -= (v >= q) ? q : 0;
+            }
+            dst[j] = v;
         }
     }
 }

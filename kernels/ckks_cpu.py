@@ -49,8 +49,8 @@ def _library() -> ctypes.CDLL | None:
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
     lib.veil_ntt_table.argtypes = [p, p, p, i64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
-    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int, p]
-    lib.veil_sub_mul.argtypes = [p, p, i64, p, i64, i64, i64, p, p]
+    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int, p, ctypes.c_int]
+    lib.veil_sub_mul.argtypes = [p, p, i64, p, i64, i64, i64, p, p, p, i64, i64]
     lib.veil_sub_mul.restype = None
     lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
@@ -103,15 +103,18 @@ def _tables(primes: tuple[int, ...], n: int) -> _Tables:
     return _Tables(primes, n)
 
 
-def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool) -> torch.Tensor:
+def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool, centre: bool = False) -> torch.Tensor:
     """Forward (coefficients -> NTT form) or inverse NTT of ``x [..., len(primes), N]``, int64 on
-    the CPU with ``|x| < q`` per limb; a new tensor, canonical ``[0, q)``."""
+    the CPU with ``|x| < q`` per limb; a new tensor, canonical ``[0, q)``, or with ``centre``
+    (inverse only) centred, ``(-q/2, q/2]``."""
     n = x.shape[-1]
     _check(primes, [x], n)
+    if centre and not inverse:
+        raise ValueError("centre is for the inverse transform")
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), x.numel() // n, len(primes), n, _primes(primes),
-                             _tables(primes, n).ptrs, int(inverse), 0, None)
+                             _tables(primes, n).ptrs, int(inverse), 0, None, int(centre))
     return out
 
 
@@ -133,19 +136,34 @@ def ntt_reduced_cpu(primes: tuple[int, ...], x: torch.Tensor, same: torch.Tensor
         _check(primes[1:], [same], n)
     out = torch.empty((*x.shape[:-2], len(primes), n), dtype=torch.int64)
     _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), out.numel() // n, len(primes), n, _primes(primes),
-                             _tables(primes, n).ptrs, 0, 1, None if same is None else same.data_ptr())
+                             _tables(primes, n).ptrs, 0, 1, None if same is None else same.data_ptr(), 0)
     return out
 
 
-def sub_mul_cpu(primes: tuple[int, ...], x: torch.Tensor, r: torch.Tensor, consts: tuple[int, ...]) -> torch.Tensor:
+def sub_mul_cpu(primes: tuple[int, ...], x: torch.Tensor, r: torch.Tensor, consts: tuple[int, ...],
+                plus: torch.Tensor | None = None) -> torch.Tensor:
     """``(x - r) * c mod q`` in ``[0, q)`` for canonical ``x``, ``r`` ``[..., L, N]`` (one shape)
     and one constant ``c < q`` per limb (``ckks_ops.sub_mul_const_torch``'s contract). ``x`` may
-    be a run of limbs of a wider tensor (``y[..., 1:, :]``): read in place, not copied."""
+    be a run of limbs of a wider tensor (``y[..., 1:, :]``): read in place, not copied.
+
+    ``plus`` (canonical ``[*rows, C, L, N]``, C = 1 or 2, for ``x [..., *rows, 2, L, N]``): added
+    to the first C of each pair of outputs, broadcast over the leading dims (a key switch's
+    output pairs meeting the ciphertext's c0, or c0 and c1: ``rns.mod_down``'s ``plus``)."""
     n, limbs = x.shape[-1], len(primes)
-    _check(primes, [x, r], n)
+    _check(primes, [x, r] + ([] if plus is None else [plus]), n)
     if x.shape != r.shape or len(consts) != limbs or \
             any(not 0 <= c < q for c, q in zip(consts, primes, strict=True)):
         raise ValueError("x and r of one shape, one constant below its prime per limb")
+    y_every, y_rows = 1, 1
+    if plus is not None:
+        lead = plus.shape[:-3]
+        if plus.dim() < 3 or plus.shape[-3] not in (1, 2) or x.dim() < plus.dim() or x.shape[-3] != 2 or \
+                x.shape[x.dim() - plus.dim():-3] != lead:
+            raise ValueError(f"plus [*rows, 1 or 2, L, N] for x [..., *rows, 2, L, N], got {tuple(plus.shape)} "
+                             f"for {tuple(x.shape)}")
+        y_every = 3 - plus.shape[-3]  # C = 1: every second row (the pair's first); C = 2: every row
+        plus = plus.contiguous()
+        y_rows = plus.numel() // (limbs * n)
     try:  # rows of L contiguous limbs at one stride: a view, no copy
         rows = x.view(-1, limbs, n)
     except RuntimeError:  # the leading dims do not merge into one stride
@@ -155,7 +173,8 @@ def sub_mul_cpu(primes: tuple[int, ...], x: torch.Tensor, r: torch.Tensor, const
     r = r.contiguous()
     out = torch.empty(x.shape, dtype=torch.int64)
     _library().veil_sub_mul(out.data_ptr(), rows.data_ptr(), rows.stride(0), r.data_ptr(), rows.shape[0], limbs,
-                            n, _primes(primes), _primes(tuple(consts)))
+                            n, _primes(primes), _primes(tuple(consts)), None if plus is None else plus.data_ptr(),
+                            y_every, y_rows)
     return out
 
 

@@ -55,6 +55,14 @@ def test_ntt_kernel_equals_twin(primes, n):
     assert torch.equal(back, torch.where(x < 0, x + tables.basis.q, x))  # the round trip
     signed_ntt = torch.where(fw % 3 == 0, fw - tables.basis.q, fw)  # inverse of a lazy input
     assert torch.equal(ckks_cpu.ntt_cpu(primes, signed_ntt, inverse=True), back)
+    # centred on the way out (ModUp's digits, ModDown's and the rescale's dropped limb)
+    centred = ckks_cpu.ntt_cpu(primes, fw, inverse=True, centre=True)
+    assert torch.equal(centred, tables.basis.center(back))
+    assert torch.equal(tables.inverse_centred(fw), centred)  # dispatched
+    half = (tables.basis.q >> 1).view(-1, 1)
+    assert bool(((centred > -half - 1) & (centred <= half)).all()) and bool((centred < 0).any())
+    with pytest.raises(ValueError, match="inverse"):
+        ckks_cpu.ntt_cpu(primes, x, inverse=False, centre=True)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -266,6 +274,41 @@ def test_dropping_a_limb_equals_the_twin(level):
         ckks_cpu.sub_mul_cpu(basis.primes, x, got[:1], consts)
     with pytest.raises(ValueError, match="\\[..., 1,"):
         ckks_cpu.ntt_reduced_cpu(basis.primes, x)
+
+
+@pytest.mark.parametrize("level", [7, 1])
+def test_mod_down_adds_c0_in_its_last_pass(level, monkeypatch):
+    """``sub_mul_cpu(plus=)``: a key switch's output pairs meet the ciphertext's c0 (C = 1, the
+    pairs' first: a rotation, broadcast over a hoisted set) or c0 and c1 (C = 2: a
+    relinearization) in ModDown's last pass, bit for bit what the twin's separate addition gives;
+    ``rns.mod_down(plus=)`` dispatches to it, the twin path adds after. Shapes that do not pair
+    up are refused."""
+    ctx = RnsContext(PROTECTED_PARAMS)
+    basis, _ = ctx.data(level)
+    p = ctx.special_prime
+    consts = tuple(pow(p, -1, q) for q in basis.primes)
+    x = _canonical(basis.primes, (3, 2, 2), ctx.n, seed=40 + level)  # [S=3, rows=2, pair, L, N]
+    r = _canonical(basis.primes, (3, 2, 2), ctx.n, seed=50 + level)
+    base = ckks_cpu.sub_mul_cpu(basis.primes, x, r, consts)
+    for c in (1, 2):
+        plus = _canonical(basis.primes, (2, c), ctx.n, seed=60 + c)
+        want = base.clone()
+        want[..., :c, :, :] = basis.add(base[..., :c, :, :], plus)
+        assert torch.equal(ckks_cpu.sub_mul_cpu(basis.primes, x, r, consts, plus), want)
+        assert torch.equal(ckks_cpu.sub_mul_cpu(basis.primes, x, r, consts, plus.transpose(0, 1).transpose(0, 1)),
+                           want)
+    with pytest.raises(ValueError, match="plus"):
+        ckks_cpu.sub_mul_cpu(basis.primes, x, r, consts, _canonical(basis.primes, (3, 1), ctx.n, seed=1))
+    with pytest.raises(ValueError, match="plus"):
+        ckks_cpu.sub_mul_cpu(basis.primes, x, r, consts, _canonical(basis.primes, (2, 3), ctx.n, seed=1))
+    ext_basis, _ = ctx.ext(level)
+    wide = _canonical(ext_basis.primes, (3, 2, 2), ctx.n, seed=70 + level)  # a key switch's [.., 2, p+Q, N]
+    c0 = _canonical(basis.primes, (2, 1), ctx.n, seed=80)
+    want = rns.mod_down(wide, ctx, level)
+    want[..., :1, :, :] = basis.add(want[..., :1, :, :], c0)
+    assert torch.equal(rns.mod_down(wide, ctx, level, plus=c0), want)
+    monkeypatch.setattr(ckks_cpu, "available", lambda: False)  # the twin path: ModDown, then the addition
+    assert torch.equal(rns.mod_down(wide, ctx, level, plus=c0), want)
 
 
 @pytest.mark.parametrize("lead", [(), (2,)], ids=["one", "rows"])

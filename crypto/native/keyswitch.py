@@ -47,24 +47,22 @@ def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, leve
     return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile)
 
 
-def switch(d: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int) -> torch.Tensor:
-    """``[..., level+1, N]`` -> ``[..., 2, level+1, N]``: the key switch of ``d``."""
-    return rns.mod_down(_inner(rns.decompose(d, ctx, level), key, ctx, level), ctx, level)
+def switch(d: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int,
+           plus: torch.Tensor | None = None) -> torch.Tensor:
+    """``[..., level+1, N]`` -> ``[..., 2, level+1, N]``: the key switch of ``d`` (plus ``plus``,
+    ``rns.mod_down``'s, added in ModDown's last pass)."""
+    return rns.mod_down(_inner(rns.decompose(d, ctx, level), key, ctx, level), ctx, level, plus)
 
 
 def relinearize(c: torch.Tensor, key: SwitchKey, ctx: RnsContext, level: int) -> torch.Tensor:
     """``[..., 3, l+1, N]`` -> ``[..., 2, l+1, N]``."""
-    basis, _ = ctx.data(level)
-    ks = switch(c[..., 2, :, :], key, ctx, level)
-    return basis.add(c[..., :2, :, :], ks)
+    return switch(c[..., 2, :, :], key, ctx, level, plus=c[..., :2, :, :])
 
 
 def rotate(c: torch.Tensor, g: int, key: SwitchKey, ctx: RnsContext, level: int) -> torch.Tensor:
     """Apply ``X -> X^g`` to ``[..., 2, l+1, N]`` and switch back to ``s``; ``key`` is held as
     ``keys.rotation_key`` makes it, so the automorphism is one gather of the result."""
-    basis, _ = ctx.data(level)
-    ks = switch(c[..., 1, :, :], key, ctx, level)
-    ks[..., 0, :, :] = basis.add(ks[..., 0, :, :], c[..., 0, :, :])
+    ks = switch(c[..., 1, :, :], key, ctx, level, plus=c[..., :1, :, :])
     return ntt.automorphisms(ks[None], ctx.galois_indices((g,)))[0]
 
 
@@ -72,12 +70,10 @@ def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[Swit
                    ctx: RnsContext, level: int) -> torch.Tensor:
     """Rotations of a ciphertext ``[*rows, 2, l+1, N]`` by several Galois elements sharing one
     decomposition: ``[len(elements), *rows, 2, l+1, N]``."""
-    basis, _ = ctx.data(level)
     digits = rns.decompose(c[..., 1, :, :], ctx, level)  # [*rows, l+1, l+2, N]
     if all(isinstance(key, SwitchKey) for key in keys):  # one session's keys: one pass over the digits
         inner = rns.key_inner_many(digits, [key.at(level) for key in keys], ctx.ext(level)[0], ctx.compile)
     else:
         inner = torch.stack([_inner(digits, key, ctx, level) for key in keys])
-    out = rns.mod_down(inner, ctx, level)
-    out[..., 0, :, :] = basis.add(out[..., 0, :, :], c[..., 0, :, :])  # c0 is the same for every step
+    out = rns.mod_down(inner, ctx, level, plus=c[..., :1, :, :])  # c0 is the same for every step
     return ntt.automorphisms(out, ctx.galois_indices(tuple(elements)))

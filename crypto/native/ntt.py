@@ -236,6 +236,14 @@ class NttTables:
         """NTT form (``|x| < q``) -> coefficients ``[0, q)``."""
         return self._each(x, inverse=True)
 
+    def inverse_centred(self, x: torch.Tensor) -> torch.Tensor:
+        """NTT form -> centred coefficients ``(-q/2, q/2]``: ``basis.center(inverse(x))``, which the
+        C kernel does while each row is in cache (key-switch digits, ModDown, rescale)."""
+        if x.device.type == "cpu" and ckks_cpu.available() and not use_triton(x):
+            self._check(x)
+            return ckks_cpu.ntt_cpu(self.basis.primes, x, inverse=True, centre=True)
+        return self.basis.center(self.inverse(x))
+
 
 @functools.lru_cache(maxsize=512)
 def _automorphism_index_list(g: int, n: int) -> tuple[int, ...]:

@@ -53,21 +53,26 @@ def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     """``[..., level+1, N]`` -> ``[..., level, N]``: divide by ``q_level`` and round."""
     basis, ntt = ctx.data(level)
     last = ntt.limbs(slice(level, level + 1))
-    r = basis.limbs(slice(level, level + 1)).center(last.inverse(x[..., level:, :]))
+    r = last.inverse_centred(x[..., level:, :])
     low_basis, low_ntt = ctx.data(level - 1)
     return _drop_limb(x[..., :level, :], r, low_basis, low_ntt, ctx.data_primes[level],
                       lambda: ctx.rescale_const(level))
 
 
-def _drop_limb(x: torch.Tensor, r: torch.Tensor, basis: Basis, ntt, dropped: int, const) -> torch.Tensor:
+def _drop_limb(x: torch.Tensor, r: torch.Tensor, basis: Basis, ntt, dropped: int, const,
+               plus: torch.Tensor | None = None) -> torch.Tensor:
     """``(x - r) / dropped`` in ``basis`` (NTT form) for the centred coefficients ``r`` ``[..., 1, N]``
-    of the limb being dropped: the tail of a rescale and of ModDown. On the CPU two C passes per
-    limb (``to_ntt_residues``, ``sub_mul_cpu``); elsewhere ``sub_mul_const`` after the NTT
-    (``const()``: dropped^-1 per limb as a ``MulConst``)."""
+    of the limb being dropped: the tail of a rescale and of ModDown (``plus``: ``mod_down``'s). On
+    the CPU two C passes per limb (``to_ntt_residues``, ``sub_mul_cpu``); elsewhere
+    ``sub_mul_const`` after the NTT (``const()``: dropped^-1 per limb as a ``MulConst``)."""
     r = to_ntt_residues(r.squeeze(-2), basis, ntt)
     if x.device.type == "cpu" and ckks_cpu.available():
-        return ckks_cpu.sub_mul_cpu(basis.primes, x, r, _inverses(dropped, basis.primes))
-    return sub_mul_const(x, r, const(), basis)
+        return ckks_cpu.sub_mul_cpu(basis.primes, x, r, _inverses(dropped, basis.primes), plus)
+    out = sub_mul_const(x, r, const(), basis)
+    if plus is not None:
+        c = plus.shape[-3]
+        out[..., :c, :, :] = basis.add(out[..., :c, :, :], plus)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -79,7 +84,7 @@ def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     """ModUp: ``[..., level+1, N]`` (data limbs, NTT) -> digits ``[..., level+1, level+2, N]``
     (digit ``j`` = the centred ``[c]_{q_j}`` over ``[p, q_0..q_level]``, NTT form)."""
     basis, ntt = ctx.data(level)
-    centred, (ext_basis, ext_ntt) = basis.center(ntt.inverse(c)), ctx.ext(level)
+    centred, (ext_basis, ext_ntt) = ntt.inverse_centred(c), ctx.ext(level)
     if c.device.type == "cpu" and ckks_cpu.available():  # digit j's own limb is c's limb j: copied
         return ckks_cpu.ntt_reduced_cpu(ext_basis.primes, centred.unsqueeze(-2), same=c)
     return to_ntt_residues(centred, ext_basis, ext_ntt)
@@ -137,12 +142,15 @@ def mac(a, w, basis: Basis, compile: bool = False) -> torch.Tensor:
     return ckks_ops.mac(a, w, basis)
 
 
-def mod_down(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
-    """``[..., level+2, N]`` over ``[p, q_0..q_level]`` -> ``[..., level+1, N]``: ``round(x/p)``."""
-    sp_basis, sp_ntt = ctx.special
-    r = sp_basis.center(sp_ntt.inverse(x[..., :1, :]))
+def mod_down(x: torch.Tensor, ctx: RnsContext, level: int, plus: torch.Tensor | None = None) -> torch.Tensor:
+    """``[..., level+2, N]`` over ``[p, q_0..q_level]`` -> ``[..., level+1, N]``: ``round(x/p)``.
+    ``plus`` (``[*rows, C, level+1, N]`` for key-switch outputs ``x [..., *rows, 2, level+2, N]``)
+    is added to the first C of each output pair in the same pass: a rotation's c0 (C = 1) or a
+    relinearization's c0 and c1 (C = 2), broadcast over a hoisted set's rotations."""
+    _, sp_ntt = ctx.special
+    r = sp_ntt.inverse_centred(x[..., :1, :])
     basis, ntt = ctx.data(level)
-    return _drop_limb(x[..., 1:, :], r, basis, ntt, ctx.special_prime, lambda: ctx.p_inv(level))
+    return _drop_limb(x[..., 1:, :], r, basis, ntt, ctx.special_prime, lambda: ctx.p_inv(level), plus)
 
 
 def balanced_digits(coeffs: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
