@@ -46,8 +46,8 @@ _TWO_SPLIT = float(1 << SPLIT)
 
 
 def _fix(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``(-q, q) -> [0, q)``."""
-    return r + ((r >> 63) & q)
+    """``(-q, q) -> [0, q)``, in place: every caller passes a temporary of its own."""
+    return r.add_((r >> 63) & q)
 
 
 def _col(x: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -188,7 +188,7 @@ class Basis:
 
     # ---- additive (one formula for every prime size) -------------------------------------------
     def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return _fix(a + b - self.q, self.q)
+        return _fix(torch.add(a, b).sub_(self.q), self.q)
 
     def sub(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return _fix(a - b, self.q)
