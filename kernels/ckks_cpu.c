@@ -458,61 +458,52 @@ IFMA static inline __m512i reduce_halves(__m512i H, __m512i L, __m512i Q, __m512
     return sub_if_ge(sub_if_ge(s, _mm512_add_epi64(Q, Q)), Q); /* < 4q -> [0, q) */
 }
 
-/* Term k's runs of the block (its row r and its weights for the block's outputs) requested into
- * L1 ahead of use: one request per 64-byte line. */
-IFMA static inline void prefetch_term(const MacJob *m, const MacBlock *b, int64_t k, int64_t r) {
-    if (k >= m->terms) return;
-    const int64_t *src = m->a[k] + r * m->a_row_stride + b->e;
-    for (int64_t j = 0; j < b->len; j += 8) _mm_prefetch((const char *)(src + j), _MM_HINT_T0);
-    for (int64_t o = 0; o < b->on; o++) {
-        const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e);
-        for (int64_t j = 0; j < b->len; j += 8) _mm_prefetch((const char *)(y + j), _MM_HINT_T0);
+/* Sixteen lazy terms at src, lifted to [0, q). */
+IFMA static inline void load16(__m512i *x, const int64_t *src, __m512i Q) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int v = 0; v < 2; v++) {
+        const __m512i t = _mm512_loadu_si512(src + 8 * v);
+        x[v] = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
     }
 }
 
-/* A block for primes q < 2^50, len a multiple of 16. The accumulators of the whole block (two
- * 52-bit halves per output and position, 8 KB for two outputs) live in L1 and the terms are the
- * outer loop: each term's operands are read as one run of len positions. Why: with the terms
- * inside a 16-position step, a product of 16 ciphertexts by 16 plaintexts visits 48 arrays 128
- * bytes at a time, which the prefetchers do not follow (measured on the 2-core Zen 4 VM: 237 us
- * per term at level 7 against 44 us with every term the same array). */
+/* A block for primes q < 2^50, len a multiple of 16. Two vectors of 8 positions at a time,
+ * every output's two halves in registers across all terms (up to 8 independent accumulator
+ * chains keep the multiplier busy), each operand read once. */
 IFMA static void mac_block_ifma(const MacJob *m, const MacBlock *b) {
     const uint64_t q = b->q, c52 = (uint64_t)(((u128)1 << 52) % q);
     const __m512i Q = _mm512_set1_epi64((int64_t)q), C52 = _mm512_set1_epi64((int64_t)c52);
     const __m512i C52P = _mm512_set1_epi64((int64_t)shoup52(c52, q)), ONEP = _mm512_set1_epi64((int64_t)shoup52(1, q));
     const __m512i zero = _mm512_setzero_si512();
-    const int64_t nv = b->len / 8;
-    __m512i lo[MAC_OUTS][MAC_BLOCK / 8], hi[MAC_OUTS][MAC_BLOCK / 8];
-    for (int64_t r = 0; r < m->rows; r++) {
-        for (int64_t o = 0; o < b->on; o++)
-            for (int64_t v = 0; v < nv; v++) lo[o][v] = hi[o][v] = zero;
-        prefetch_term(m, b, 0, r);
-        for (int64_t k = 0; k < m->terms; k++) {
-            if (k && k % MAC_IFMA_FLUSH == 0)
-                for (int64_t o = 0; o < b->on; o++)
-                    for (int64_t v = 0; v < nv; v++) {
-                        lo[o][v] = reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP);
-                        hi[o][v] = zero;
+    for (int64_t r = 0; r < m->rows; r++)
+        for (int64_t j = 0; j < b->len; j += 16) {
+            __m512i lo[MAC_OUTS][2], hi[MAC_OUTS][2];
+            for (int64_t o = 0; o < MAC_OUTS; o++)
+                lo[o][0] = lo[o][1] = hi[o][0] = hi[o][1] = zero;
+            for (int64_t k = 0; k < m->terms; k++) {
+                if (k && k % MAC_IFMA_FLUSH == 0)
+                    for (int64_t o = 0; o < b->on; o++)
+                        for (int v = 0; v < 2; v++) {
+                            lo[o][v] = reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP);
+                            hi[o][v] = zero;
+                        }
+                __m512i x[2];
+                load16(x, m->a[k] + r * m->a_row_stride + b->e + j, Q);
+                for (int64_t o = 0; o < b->on; o++) {
+                    const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e + j);
+                    for (int v = 0; v < 2; v++) {
+                        const __m512i Y = _mm512_loadu_si512(y + 8 * v);
+                        lo[o][v] = _mm512_madd52lo_epu64(lo[o][v], x[v], Y);
+                        hi[o][v] = _mm512_madd52hi_epu64(hi[o][v], x[v], Y);
                     }
-            const int64_t *src = m->a[k] + r * m->a_row_stride + b->e;
-            prefetch_term(m, b, k + 1, r);
-            for (int64_t o = 0; o < b->on; o++) {
-                const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e);
-                for (int64_t v = 0; v < nv; v++) {
-                    const __m512i t = _mm512_loadu_si512(src + 8 * v);
-                    const __m512i x = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
-                    const __m512i Y = _mm512_loadu_si512(y + 8 * v);
-                    lo[o][v] = _mm512_madd52lo_epu64(lo[o][v], x, Y);
-                    hi[o][v] = _mm512_madd52hi_epu64(hi[o][v], x, Y);
                 }
             }
+            for (int64_t o = 0; o < b->on; o++) {
+                int64_t *dst = out_at(m, b->o0 + o, r, b->e + j);
+                for (int v = 0; v < 2; v++)
+                    _mm512_storeu_si512(dst + 8 * v, reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP));
+            }
         }
-        for (int64_t o = 0; o < b->on; o++) {
-            int64_t *dst = out_at(m, b->o0 + o, r, b->e);
-            for (int64_t v = 0; v < nv; v++)
-                _mm512_storeu_si512(dst + 8 * v, reduce_halves(hi[o][v], lo[o][v], Q, C52, C52P, ONEP));
-        }
-    }
 }
 
 /* Primes of 2^50 up to 2^60 (q0, q1 and p): each operand split at bit 52 (x = xh*2^52 + xl,
@@ -537,49 +528,48 @@ IFMA static void mac_block_wide(const MacJob *m, const MacBlock *b) {
     const __m512i R52 = _mm512_set1_epi64((int64_t)r52), R52P = _mm512_set1_epi64((int64_t)shoup(r52, q));
     const __m512i R104 = _mm512_set1_epi64((int64_t)r104), R104P = _mm512_set1_epi64((int64_t)shoup(r104, q));
     const __m512i zero = _mm512_setzero_si512();
-    const int64_t nv = b->len / 8;
-    __m512i c[MAC_OUTS][MAC_BLOCK / 8][3]; /* L1, terms outer: as mac_block_ifma */
-    for (int64_t r = 0; r < m->rows; r++) {
-        for (int64_t o = 0; o < b->on; o++)
-            for (int64_t v = 0; v < nv; v++) c[o][v][0] = c[o][v][1] = c[o][v][2] = zero;
-        prefetch_term(m, b, 0, r);
-        for (int64_t k = 0; k < m->terms; k++) {
-            if (k && k % MAC_WIDE_FLUSH == 0)
-                for (int64_t o = 0; o < b->on; o++)
-                    for (int64_t v = 0; v < nv; v++) carry52(c[o][v]);
-            const int64_t *src = m->a[k] + r * m->a_row_stride + b->e;
-            prefetch_term(m, b, k + 1, r);
+    for (int64_t r = 0; r < m->rows; r++)
+        for (int64_t j = 0; j < b->len; j += 16) {
+            __m512i c[MAC_OUTS][2][3];
+            for (int64_t o = 0; o < MAC_OUTS; o++)
+                for (int v = 0; v < 2; v++) c[o][v][0] = c[o][v][1] = c[o][v][2] = zero;
+            for (int64_t k = 0; k < m->terms; k++) {
+                if (k && k % MAC_WIDE_FLUSH == 0)
+                    for (int64_t o = 0; o < b->on; o++) carry52(c[o][0]), carry52(c[o][1]);
+                __m512i x[2], xl[2], xh[2];
+                load16(x, m->a[k] + r * m->a_row_stride + b->e + j, Q);
+                for (int v = 0; v < 2; v++) {
+                    xl[v] = _mm512_and_si512(x[v], mask);
+                    xh[v] = _mm512_srli_epi64(x[v], 52);
+                }
+                for (int64_t o = 0; o < b->on; o++) {
+                    const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e + j);
+                    for (int v = 0; v < 2; v++) {
+                        const __m512i Y = _mm512_loadu_si512(y + 8 * v);
+                        const __m512i yl = _mm512_and_si512(Y, mask), yh = _mm512_srli_epi64(Y, 52);
+                        __m512i *col = c[o][v];
+                        col[0] = _mm512_madd52lo_epu64(col[0], xl[v], yl);
+                        col[1] = _mm512_madd52hi_epu64(col[1], xl[v], yl);
+                        col[1] = _mm512_madd52lo_epu64(col[1], xl[v], yh);
+                        col[1] = _mm512_madd52lo_epu64(col[1], xh[v], yl);
+                        col[2] = _mm512_madd52hi_epu64(col[2], xl[v], yh);
+                        col[2] = _mm512_madd52hi_epu64(col[2], xh[v], yl);
+                        col[2] = _mm512_madd52lo_epu64(col[2], xh[v], yh);
+                    }
+                }
+            }
             for (int64_t o = 0; o < b->on; o++) {
-                const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e);
-                for (int64_t v = 0; v < nv; v++) {
-                    const __m512i t = _mm512_loadu_si512(src + 8 * v);
-                    const __m512i x = _mm512_mask_add_epi64(t, _mm512_cmplt_epi64_mask(t, zero), t, Q);
-                    const __m512i xl = _mm512_and_si512(x, mask), xh = _mm512_srli_epi64(x, 52);
-                    const __m512i Y = _mm512_loadu_si512(y + 8 * v);
-                    const __m512i yl = _mm512_and_si512(Y, mask), yh = _mm512_srli_epi64(Y, 52);
+                int64_t *dst = out_at(m, b->o0 + o, r, b->e + j);
+                for (int v = 0; v < 2; v++) {
                     __m512i *col = c[o][v];
-                    col[0] = _mm512_madd52lo_epu64(col[0], xl, yl);
-                    col[1] = _mm512_madd52hi_epu64(col[1], xl, yl);
-                    col[1] = _mm512_madd52lo_epu64(col[1], xl, yh);
-                    col[1] = _mm512_madd52lo_epu64(col[1], xh, yl);
-                    col[2] = _mm512_madd52hi_epu64(col[2], xl, yh);
-                    col[2] = _mm512_madd52hi_epu64(col[2], xh, yl);
-                    col[2] = _mm512_madd52lo_epu64(col[2], xh, yh);
+                    carry52(col); /* c0, c1 < 2^52: the sum < 2^52 + 4q < 8q */
+                    __m512i s = _mm512_add_epi64(col[0], _mm512_add_epi64(mul_shoup64(col[1], R52, R52P, Q),
+                                                                          mul_shoup64(col[2], R104, R104P, Q)));
+                    s = sub_if_ge(sub_if_ge(sub_if_ge(s, _mm512_slli_epi64(Q, 2)), _mm512_add_epi64(Q, Q)), Q);
+                    _mm512_storeu_si512(dst + 8 * v, s);
                 }
             }
         }
-        for (int64_t o = 0; o < b->on; o++) {
-            int64_t *dst = out_at(m, b->o0 + o, r, b->e);
-            for (int64_t v = 0; v < nv; v++) {
-                __m512i *col = c[o][v];
-                carry52(col); /* c0, c1 < 2^52: the sum < 2^52 + 4q < 8q */
-                __m512i s = _mm512_add_epi64(col[0], _mm512_add_epi64(mul_shoup64(col[1], R52, R52P, Q),
-                                                                      mul_shoup64(col[2], R104, R104P, Q)));
-                s = sub_if_ge(sub_if_ge(sub_if_ge(s, _mm512_slli_epi64(Q, 2)), _mm512_add_epi64(Q, Q)), Q);
-                _mm512_storeu_si512(dst + 8 * v, s);
-            }
-        }
-    }
 }
 #else
 static void mac_block_ifma(const MacJob *m, const MacBlock *b) { (void)m, (void)b; }
