@@ -316,6 +316,21 @@ class HEBackend(abc.ABC):
             raise HEError("an empty sum of products")
         return acc
 
+    def dot_plain_many(self, cts: Sequence[Ciphertext],
+                       rows: Sequence[Sequence[Plaintext | None]]) -> list[Ciphertext]:
+        """``[dot_plain(cts, row) for row in rows]`` over the same ciphertexts, a row's None
+        terms left out: every giant step's inner sum of a diagonal product at once. A backend
+        that reads each ciphertext once for all rows overrides this."""
+        out = []
+        for row in rows:
+            if len(row) != len(cts):
+                raise HEError(f"a row of {len(row)} plaintexts for {len(cts)} ciphertexts")
+            terms = [(ct, pt) for ct, pt in zip(cts, row, strict=True) if pt is not None]
+            if not terms:
+                raise HEError("an empty sum of products")
+            out.append(self.dot_plain([ct for ct, _ in terms], [pt for _, pt in terms]))
+        return out
+
     @abc.abstractmethod
     def multiply(self, a: Ciphertext, b: Ciphertext, rescale: bool = True, relinearize: bool = True) -> Ciphertext:
         """ct x ct. ``relinearize=False`` keeps the three-polynomial product, so that a sum of

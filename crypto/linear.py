@@ -1,6 +1,6 @@
 """Linear algebra on CKKS slot vectors, written once over the ``HEBackend`` interface.
 
-Everything here is backend-neutral: it calls ``encode``, ``dot_plain``, ``multiply_plain``,
+Everything here is backend-neutral: it calls ``encode``, ``dot_plain_many``, ``multiply_plain``,
 ``add``, ``rescale``, ``rotate``, ``rotate_many`` and ``can_rotate`` and nothing else, so SEAL,
 the native backend and the slot-vector test double all run the same products (as Lattigo keeps
 its linear transformations generic over its evaluator).
@@ -444,6 +444,11 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
         raise HEError(f"input at level {be.level(x)}, matrix encoded for {matrix.level}")
     plan = matrix.plan
     baby = baby_steps(be, x, plan.n1)
+    # every giant step's inner sum over the baby steps in one call (a backend may read each
+    # baby step once for all of them); a giant step without any diagonal has none
+    rows = {g: [matrix.plaintexts.get(g * plan.n1 + b) for b in range(plan.n1)] for g in range(plan.n2)}
+    rows = {g: row for g, row in rows.items() if any(pt is not None for pt in row)}
+    inners = dict(zip(rows, be.dot_plain_many(baby, list(rows.values())), strict=True))
     # Giant steps by Horner's rule, highest first: acc <- rot(acc, n1) + inner_g. The same
     # n2 - 1 rotations as rotating each inner_g by g * n1, but all by the one step n1, so the
     # client makes one Galois key per product for them instead of n2 - 1.
@@ -451,14 +456,11 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
     for g in range(plan.n2 - 1, -1, -1):
         if acc is not None:
             acc = be.rotate(acc, plan.n1)
-        terms = [(baby[b], matrix.plaintexts[g * plan.n1 + b]) for b in range(plan.n1)
-                 if g * plan.n1 + b in matrix.plaintexts]
-        if not terms:
+        if g not in inners:
             continue
-        inner = be.dot_plain([ct for ct, _ in terms], [pt for _, pt in terms])
         # rescale before the giant-step rotation: a key switch at level l costs ~(l+1)(l+2)
         # NTTs, so rotating one level lower is cheaper than the extra rescales
-        inner = be.rescale(inner)
+        inner = be.rescale(inners.pop(g))
         acc = inner if acc is None else be.add(acc, inner)
     half = plan.fold_blocks // 2
     while half >= 1:  # fold the blocks onto block 0 (composed from smaller folds where a key set lacks one)

@@ -8,7 +8,8 @@
   below 2^50, 64-bit ones from 32-bit products for the others; ``ntt_vectorized``;
   ``VEIL_CPU_IFMA=0`` keeps the scalar loops).
 * ``mac_cpu``: ``dot_plain``'s sum of ct × pt products, and a single ct × pt as one term
-  (twin: ``ckks_ops.mac_torch``), and
+  (twin: ``ckks_ops.mac_torch``); ``mac_many_cpu``: several such sums over the same terms
+  (``dot_plain_many``: a product's giant steps), and
   ``key_inner_cpu``: a key switch's digits × key (twin: ``rns._key_inner``). Eager torch
   spends a dozen passes over memory per term; the kernel sums exact 128-bit products in one
   pass, both key halves per read of the digits, and reads each shared weight block once for
@@ -32,7 +33,7 @@ import torch
 
 from veil.kernels import cbuild
 
-__all__ = ["available", "gather_cpu", "key_inner_cpu", "mac_cpu", "ntt_cpu", "ntt_reduced_cpu", "ntt_vectorized", "row_weights",
+__all__ = ["available", "gather_cpu", "key_inner_cpu", "mac_cpu", "mac_many_cpu", "ntt_cpu", "ntt_reduced_cpu", "ntt_vectorized", "row_weights",
            "sub_mul_cpu"]
 
 _SOURCE = Path(__file__).with_name("ckks_cpu.c")
@@ -253,6 +254,23 @@ def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
         raise ValueError("the terms must share one shape, and the weights one shape: [L, N] or per row")
     out = torch.empty(a[0].shape, dtype=torch.int64)
     return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, w, 1, w_rows)
+
+
+def mac_many_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
+    """``mac_cpu`` of the same terms ``a`` against each row of weights ``w[o]`` (``len(a)`` each,
+    one shape for all): ``[len(w), ..., L, N]``. A block of the terms is read from memory once
+    for all rows (a diagonal product's giant steps share their baby steps)."""
+    a = [t.contiguous() for t in a]
+    if not a or not w or any(len(row) != len(a) for row in w):
+        raise ValueError(f"rows of {len(a)} weights for {len(a)} terms")
+    flat = [w[o][k].contiguous() for k in range(len(a)) for o in range(len(w))]
+    n = a[0].shape[-1]
+    _check(primes, a + flat, n)
+    w_rows = row_weights(a[0].shape, flat[0].shape)
+    if any(t.shape != a[0].shape for t in a) or any(t.shape != flat[0].shape for t in flat) or w_rows is None:
+        raise ValueError("the terms must share one shape, and the weights one shape: [L, N] or per row")
+    out = torch.empty((len(w), *a[0].shape), dtype=torch.int64)
+    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, flat, len(w), w_rows, group=1)
 
 
 def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:

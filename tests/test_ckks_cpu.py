@@ -114,6 +114,34 @@ def test_mac_equals_twin(primes, terms, lead):
     assert torch.equal(ckks_ops.mac(a, w, Basis.of(primes)), want)  # the dispatch takes the kernel
 
 
+@pytest.mark.parametrize("lead,w_lead", [((2,), ()), ((3, 2), (3, 1))], ids=["shared", "per-row"])
+def test_mac_of_many_rows_equals_a_mac_per_row(lead, w_lead, monkeypatch):
+    """``mac_many_cpu`` (a product's giant steps: the same 16 baby steps against 5 rows of
+    plaintexts) equals ``mac_torch`` row by row, bit for bit, at N=16384 and on the lazy
+    ``(-q, q)`` terms; ``rns.mac_many`` leaves a row's None terms out (zeros in the kernel, a
+    shorter sum in the twin). Rows of the wrong length are refused."""
+    ctx = RnsContext(PROTECTED_PARAMS)
+    basis, _ = ctx.data(4)
+    primes, n = basis.primes, ctx.n
+    a = [_signed(primes, lead, n, seed=k) for k in range(16)]
+    w = [[_canonical(primes, w_lead, n, seed=100 * o + k) for k in range(16)] for o in range(5)]
+    got = ckks_cpu.mac_many_cpu(primes, a, w)
+    assert got.shape == (5, *lead, len(primes), n)
+    canon = [torch.where(t < 0, t + basis.q, t) for t in a]
+    for o in range(5):
+        assert torch.equal(got[o], ckks_ops.mac_torch(canon, w[o], basis))
+    holes = [[None if (o + k) % 4 == 0 else w[o][k] for k in range(16)] for o in range(5)]
+    want = [ckks_ops.mac_torch([t for t, x in zip(canon, row, strict=True) if x is not None],
+                               [x for x in row if x is not None], basis) for row in holes]
+    for got_o, want_o in zip(rns.mac_many(a, holes, basis), want, strict=True):
+        assert torch.equal(got_o, want_o)
+    monkeypatch.setattr(ckks_cpu, "available", lambda: False)  # the twin: a mac per row
+    for got_o, want_o in zip(rns.mac_many(canon, holes, basis), want, strict=True):
+        assert torch.equal(got_o, want_o)
+    with pytest.raises(ValueError, match="rows of 16"):
+        ckks_cpu.mac_many_cpu(primes, a, [w[0][:15]])
+
+
 def test_ct_times_pt_is_the_one_term_kernel():
     """``rns.mul_plain`` (ct x pt) takes the kernel with one term and equals ``Basis.mul``, also on
     lazy ``(-q, q)`` ciphertext residues and with a batch's per-row plaintexts."""

@@ -105,6 +105,27 @@ def test_bsgs_matvec_vs_numpy(pair, rng, rows, cols, level):
     assert np.abs(out[rows:]).max() < 1e-5  # the bsgs output is zero outside [0, rows)
 
 
+def test_dot_plain_many_is_a_dot_plain_per_row(pair, rng):
+    """The giant steps' inner sums in one call: each row equals ``dot_plain`` over its present
+    terms (bit for bit where the backend is deterministic), a row without any term and a row of
+    the wrong length are refused."""
+    client, server = pair
+    cts = [client.encrypt(rng.standard_normal(SLOTS), level=2) for _ in range(5)]
+    pts = [[server.encode(rng.standard_normal(SLOTS), 2) if (o + k) % 3 else None for k in range(5)] for o in range(4)]
+    got = server.dot_plain_many(cts, pts)
+    for row, y in zip(pts, got, strict=True):
+        terms = [(c, p) for c, p in zip(cts, row, strict=True) if p is not None]
+        want = server.dot_plain([c for c, _ in terms], [p for _, p in terms])
+        assert server.level(y) == 2 and server.scale(y) == pytest.approx(server.scale(want), rel=1e-12)
+        if server.name in ("native", "seal"):
+            assert server.serialize(y) == server.serialize(want)
+        assert np.abs(client.decrypt(y) - client.decrypt(want)).max() < 1e-6
+    with pytest.raises(HEError, match="empty"):
+        server.dot_plain_many(cts, [[None] * 5])
+    with pytest.raises(HEError):
+        server.dot_plain_many(cts, [pts[0][:4]])
+
+
 @pytest.mark.parametrize("layout,rows,cols,pack", PACKED)
 def test_packed_positions_share_one_product(pair, rng, layout, rows, cols, pack):
     """``pack`` positions in one ciphertext, each in its own frame of S/pack slots: one product

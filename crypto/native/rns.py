@@ -142,6 +142,21 @@ def mac(a, w, basis: Basis, compile: bool = False) -> torch.Tensor:
     return ckks_ops.mac(a, w, basis)
 
 
+def mac_many(a, rows, basis: Basis, compile: bool = False) -> list[torch.Tensor]:
+    """``mac`` of the same terms ``a`` against each row of weights (one per term; None leaves
+    the term out of that row). On the CPU one C call (``ckks_cpu.mac_many_cpu``) reads each
+    block of the terms once for all rows, an absent weight meeting zeros; elsewhere a ``mac``
+    per row."""
+    ws = [w for row in rows for w in row if w is not None]
+    if a[0].device.type == "cpu" and ckks_cpu.available() and len({w.shape for w in ws}) == 1 and \
+            ckks_cpu.row_weights(a[0].shape, ws[0].shape) is not None:
+        zero = torch.zeros_like(ws[0])
+        full = [[zero if w is None else w for w in row] for row in rows]
+        return list(ckks_cpu.mac_many_cpu(basis.primes, list(a), full).unbind(0))
+    return [mac([t for t, w in zip(a, row, strict=True) if w is not None], [w for w in row if w is not None],
+                basis, compile) for row in rows]
+
+
 def mod_down(x: torch.Tensor, ctx: RnsContext, level: int, plus: torch.Tensor | None = None) -> torch.Tensor:
     """``[..., level+2, N]`` over ``[p, q_0..q_level]`` -> ``[..., level+1, N]``: ``round(x/p)``.
     ``plus`` (``[*rows, C, level+1, N]`` for key-switch outputs ``x [..., *rows, 2, level+2, N]``)
