@@ -51,7 +51,7 @@ from veil.crypto.linear import (
     encode_matrix,
     matvec,
     pack_inputs,
-    plan_matvec,
+    plan_packed,
     replicate_input,
     unpack_outputs,
 )
@@ -71,8 +71,7 @@ def _plans(dims: LayoutDims, n1s: list[int], packs: list[int] = (1,)) -> dict[tu
         for n1 in n1s:
             for pack in packs:
                 try:
-                    out[name, n1, pack] = plan_matvec(rows, cols, min(spans[name], dims.slots // pack),
-                                                      MATRIX_LAYOUTS[name], n1)
+                    out[name, n1, pack] = plan_packed(rows, cols, dims.slots, MATRIX_LAYOUTS[name], n1, spans[name], pack)
                 except ValueError:
                     print(f"# {name} ({rows}x{cols}) does not fit frames of {dims.slots // pack} slots", flush=True)
     return out

@@ -39,6 +39,7 @@ __all__ = [
     "EncodedMatrix",
     "encode_matrix",
     "encode_matrices",
+    "plan_packed",
     "pack_inputs",
     "unpack_outputs",
     "matvec",
@@ -385,18 +386,13 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     if weights.ndim != 3:
         raise HEError("weights must be a stack of 2-D matrices")
     batch, rows, cols = weights.shape
-    slots = be.params.slot_count
-    if pack < 1 or pack & (pack - 1) or pack > slots:
-        raise HEError(f"pack must be a power of two up to {slots}, got {pack}")
-    frame = slots // pack
-    span = frame if max_input_span is None else min(max_input_span, frame)
     try:
-        plan = plan_matvec(rows, cols, span, layout, n1)
+        plan = plan_packed(rows, cols, be.params.slot_count, layout, n1, max_input_span, pack)
     except ValueError as e:
         raise HEError(str(e)) from e
     if level == 0:
         raise HEError("a matrix product needs a level to rescale into")
-    keys, index = _diagonal_index(plan, frame)
+    keys, index = _diagonal_index(plan, be.params.slot_count // pack)
     index = np.tile(index, (1, pack))
     flat = weights.reshape(batch, rows * cols)
     if isinstance(flat, np.ndarray):
@@ -417,16 +413,28 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
                           pack) for b in range(batch)]
 
 
-def pack_inputs(xs: Sequence[np.ndarray], slot_count: int, pack: int, span: int | None = None) -> np.ndarray:
+def plan_packed(rows: int, cols: int, slot_count: int, layout: str = "bsgs", n1: int | None = None,
+                max_input_span: int | None = None, pack: int = 1) -> MatvecPlan:
+    """The plan of a product whose ciphertexts hold ``pack`` positions (a power of two), each on
+    a frame of ``slot_count / pack`` slots, for an input periodic on at most ``max_input_span``
+    of them (``encode_matrices``); ValueError where the product does not fit a frame."""
+    if pack < 1 or pack & (pack - 1) or pack > slot_count:
+        raise ValueError(f"pack must be a power of two up to {slot_count}, got {pack}")
+    frame = slot_count // pack
+    span = frame if max_input_span is None else min(max_input_span, frame)
+    return plan_matvec(rows, cols, span, layout, n1)
+
+
+def pack_inputs(xs: Sequence[np.ndarray], slot_count: int, pack: int) -> np.ndarray:
     """Up to ``pack`` matrix inputs in one slot vector: input p replicated (``replicate_input``)
-    on its frame ``[p*S/P, (p+1)*S/P)``, or on its first ``span`` slots; missing positions are
-    zero. A product encoded with the same ``pack`` leaves output p at ``p*S/P + [0, rows)``."""
+    on its frame ``[p*S/P, (p+1)*S/P)``; missing positions are zero. A product encoded with the
+    same ``pack`` leaves output p at ``p*S/P + [0, rows)``."""
     if pack < 1 or pack & (pack - 1) or not 0 < len(xs) <= pack:
         raise ValueError(f"{len(xs)} inputs for a pack of {pack}")
     frame = slot_count // pack
     out = np.zeros(slot_count)
     for p, x in enumerate(xs):
-        out[p * frame : p * frame + (span or frame)] = replicate_input(x, frame)[: span or frame]
+        out[p * frame : (p + 1) * frame] = replicate_input(x, frame)
     return out
 
 

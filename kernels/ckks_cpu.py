@@ -242,18 +242,10 @@ def mac_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
     """``sum_k a[k] * w[k] mod q`` in ``[0, q)``: ``a[k]`` ``[..., L, N]`` (one shape for all k) in
     ``(-q, q)``, ``w[k]`` canonical, one ``[L, N]`` plaintext or a batch's per-row plaintexts
     (``row_weights``; one shape for all k), all int64 CPU residues (``ckks_ops.mac_torch``'s
-    contract, which asks for canonical terms)."""
-    a = [t.contiguous() for t in a]
-    w = [t.contiguous() for t in w]
+    contract, which asks for canonical terms). ``mac_many_cpu`` with one row of weights."""
     if not a or len(a) != len(w):
         raise ValueError(f"{len(a)} terms against {len(w)} weights")
-    n = a[0].shape[-1]
-    _check(primes, a + w, n)
-    w_rows = row_weights(a[0].shape, w[0].shape)
-    if any(t.shape != a[0].shape for t in a) or any(t.shape != w[0].shape for t in w) or w_rows is None:
-        raise ValueError("the terms must share one shape, and the weights one shape: [L, N] or per row")
-    out = torch.empty(a[0].shape, dtype=torch.int64)
-    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, w, 1, w_rows)
+    return mac_many_cpu(primes, a, [w])[0]
 
 
 def mac_many_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:

@@ -78,19 +78,7 @@ class Evaluator:
         loop), the loop compiled elsewhere when the backend compiles (``rns.mac``)."""
         if len(cts) != len(pts) or not cts:
             raise HEError(f"dot_plain of {len(cts)} ciphertexts and {len(pts)} plaintexts")
-        first = self._unwrap(cts[0])
-        level, scale, size = first.level, first.scale * pts[0].scale, first.data.shape[-3]
-        datas, ms = [], []
-        for ct, pt in zip(cts, pts, strict=True):
-            c = self._unwrap(ct)
-            ms.append(self._plain_operand(pt, c))
-            if c.level != level or c.data.shape[-3] != size:
-                raise HEError(f"level or size mismatch in dot_plain: {c.level} vs {level}")
-            if not math.isclose(c.scale * pt.scale, scale, rel_tol=1e-9):
-                raise HEError(f"scale mismatch in dot_plain: {c.scale * pt.scale} vs {scale}")
-            datas.append(c.data)
-        basis, _ = self._ctx.data(level)
-        return self._wrap(rns.mac(datas, ms, basis, self._ctx.compile), level, self._product_scale(scale, level))
+        return self.dot_plain_many(cts, [pts])[0]
 
     def dot_plain_many(self, cts: Sequence[Ciphertext],
                        rows: Sequence[Sequence[Plaintext | None]]) -> list[Ciphertext]:
@@ -102,7 +90,7 @@ class Evaluator:
         cs = [self._unwrap(ct) for ct in cts]
         level, size = cs[0].level, cs[0].data.shape
         if any(c.level != level or c.data.shape != size for c in cs):
-            raise HEError("level or shape mismatch in dot_plain_many")
+            raise HEError(f"level or shape mismatch in dot_plain: {[c.level for c in cs]}")
         ms, scales = [], []
         for row in rows:
             terms = [(c, pt) for c, pt in zip(cs, row, strict=True) if pt is not None]
@@ -110,7 +98,7 @@ class Evaluator:
                 raise HEError("an empty sum of products")
             scale = terms[0][0].scale * terms[0][1].scale
             if any(not math.isclose(c.scale * pt.scale, scale, rel_tol=1e-9) for c, pt in terms):
-                raise HEError("scale mismatch in dot_plain_many")
+                raise HEError(f"scale mismatch in dot_plain: {[c.scale * pt.scale for c, pt in terms]}")
             ms.append([None if pt is None else self._plain_operand(pt, c) for c, pt in zip(cs, row, strict=True)])
             scales.append(self._product_scale(scale, level))
         basis, _ = self._ctx.data(level)

@@ -206,13 +206,15 @@ class NttTables:
         if x.shape[-1] != self.n or x.shape[-2] != len(self.basis):
             raise ValueError(f"expected [..., {len(self.basis)}, {self.n}], got {tuple(x.shape)}")
 
-    def _each(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
+    def _each(self, x: torch.Tensor, inverse: bool, centre: bool = False) -> torch.Tensor:
         self._check(x)
         if use_triton(x):  # the same transform, two stages per Triton launch
-            return ntt_triton(self, x, inverse)
-        if x.device.type == "cpu" and ckks_cpu.available():  # the same transform, in C
-            return ckks_cpu.ntt_cpu(self.basis.primes, x, inverse)
-        return self.twin(x, inverse)
+            out = ntt_triton(self, x, inverse)
+        elif x.device.type == "cpu" and ckks_cpu.available():  # the same transform, in C (centred there)
+            return ckks_cpu.ntt_cpu(self.basis.primes, x, inverse, centre)
+        else:
+            out = self.twin(x, inverse)
+        return self.basis.center(out) if centre else out
 
     def twin(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
         """The transform in torch, one batched operation per stage: the kernels' reference."""
@@ -239,10 +241,7 @@ class NttTables:
     def inverse_centred(self, x: torch.Tensor) -> torch.Tensor:
         """NTT form -> centred coefficients ``(-q/2, q/2]``: ``basis.center(inverse(x))``, which the
         C kernel does while each row is in cache (key-switch digits, ModDown, rescale)."""
-        if x.device.type == "cpu" and ckks_cpu.available() and not use_triton(x):
-            self._check(x)
-            return ckks_cpu.ntt_cpu(self.basis.primes, x, inverse=True, centre=True)
-        return self.basis.center(self.inverse(x))
+        return self._each(x, inverse=True, centre=True)
 
 
 @functools.lru_cache(maxsize=512)

@@ -148,9 +148,8 @@ def mac_many(a, rows, basis: Basis, compile: bool = False) -> list[torch.Tensor]
     block of the terms once for all rows, an absent weight meeting zeros; elsewhere a ``mac``
     per row."""
     ws = [w for row in rows for w in row if w is not None]
-    if a[0].device.type == "cpu" and ckks_cpu.available() and len({w.shape for w in ws}) == 1 and \
-            ckks_cpu.row_weights(a[0].shape, ws[0].shape) is not None:
-        zero = torch.zeros_like(ws[0])
+    if a[0].device.type == "cpu" and ckks_ops.kernel_takes_mac(a, ws):
+        zero = torch.zeros_like(ws[0]) if len(ws) < len(a) * len(rows) else None
         full = [[zero if w is None else w for w in row] for row in rows]
         return list(ckks_cpu.mac_many_cpu(basis.primes, list(a), full).unbind(0))
     return [mac([t for t, w in zip(a, row, strict=True) if w is not None], [w for w in row if w is not None],
