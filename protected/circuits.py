@@ -225,7 +225,7 @@ class Circuit:
         # RoPE one level lower: q̂ and k̂ then land at the keys' level, where the scores use them,
         # its two rotations are cheaper, and their keys are the lane sums' (at 5 anyway)
         y_r = be.mod_switch_to(y, self.levels.keys + 1)
-        y_up, y_dn = be.rotate(y_r, hd // 2), be.rotate(y_r, -(hd // 2))
+        y_up, y_dn = be.rotate_many(y_r, (hd // 2, -(hd // 2)))  # one decomposition where it hoists
         plains = self.rope(t, be.level(y_r), be.prime(be.level(y_r)))
 
         def rope(off: int) -> Ciphertext:
@@ -280,7 +280,10 @@ class Circuit:
         ts = t if isinstance(t, tuple) else (t,)
         n_chunks = max(ts) // dims.per_chunk + 1
         valid = [rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts) for c in range(n_chunks)]
-        return self.lane_sums([be.multiply(q_rep, keys[c]) for c in range(n_chunks)], valid)  # 3 -> 0
+        # relinearized after the rescale, on one limb fewer (as the weighted values are)
+        prods = [be.relinearize(be.rescale(be.multiply(q_rep, keys[c], rescale=False, relinearize=False)))
+                 for c in range(n_chunks)]
+        return self.lane_sums(prods, valid)  # 3 -> 0
 
     def lane_sums(self, prods: list[Ciphertext], valid: list[int]) -> Ciphertext:
         """Scores download from the chunk products ``q ⊙ K_c`` (3): ``Σ_lanes / (sqrt(hd) *
@@ -351,7 +354,8 @@ class Circuit:
         would spill into the other slots, 7-8 bits under the flooding noise (measured,
         benchmarks/results/2026-11-27-scores-level0); the client subtracts it where it needs the
         slots clean."""
-        sq = self.sum_all(self.be.multiply(x, x))  # 1
+        be = self.be
+        sq = self.sum_all(be.relinearize(be.rescale(be.multiply(x, x, rescale=False, relinearize=False))))  # 1
         return self.select(sq, "norm", lambda: np.full(self.dims.slots, 1.0 / (self.dims.d * self.dims.copies * SIGMA_DIV)))
 
     # ---- WEIGHTS -> MLP ------------------------------------------------------------------------
@@ -450,10 +454,10 @@ KEY_SETS = ("full", "compact", "minimal")
 
 
 def relin_key_level(lv: Levels = LEVELS) -> int:
-    """The highest level a ct x ct product is relinearized at: the scores (q̂ ⊙ K_c at the keys'
-    level, 4), the weighted values (relinearized after their rescale, 4) and h² for σ (2). The
+    """The highest level a ct x ct product is relinearized at: the weighted values (relinearized
+    after their rescale, 4), the scores (q̂ ⊙ K_c, likewise, 3) and h² for σ (1). The
     client makes its relinearization key for it: 30 of the 72 residue runs of a whole key."""
-    return max(lv.keys, lv.kv - 1, lv.scores_download + 2)
+    return max(lv.keys - 1, lv.kv - 1, lv.scores_download + 1)
 
 
 def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "full") -> dict[int, int]:
