@@ -1,6 +1,6 @@
 """Speculative decoding on the protected path, with and without, on two kinds of prompt:
 
-    python -m veil.benchmarks.speculation [--k 28] [--speculate 4] [--max-new-tokens 16]
+    python -m veil.benchmarks.speculation [--k 28] [--speculate 4] [--max-new-tokens 16] [--he-backend seal]
 
 A `veil serve --k K` subprocess on loopback; this process is the client SDK. Two prompts: a
 *repetitive* one (the model is asked to repeat a given passage, so prompt lookup drafts well) and
@@ -10,9 +10,10 @@ setting: ``tpot_s`` (mean time per output token after the first), ``accepted_tok
 (tokens a speculative step yields: accepted drafts + 1), ``bytes_per_token``,
 ``round_trips_per_token`` (after the prefill), ``verify_steps``; ``tokens_equal``. A verify step
 carries each of its positions in its own ciphertexts (several positions per ciphertext is not
-built), so on a CPU the server's HE work per step grows with the drafts: speculation trades HE
-work for round trips, which pays where round trips cost more than the work (a slow link, or a
-server that batches positions).
+built), so the server's HE work per step grows with the drafts, less than in proportion where the
+backend batches a span's positions as rows of one product (``HEBackend.batch_pays``: native):
+speculation trades HE work for round trips, which pays where round trips cost more than the
+work (a slow link, or a server that batches positions).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=28)
     ap.add_argument("--speculate", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--he-backend", default="seal", help="the protected path's HE backend, on both ends")
     ap.add_argument("--out", type=Path, default=Path("bench_out/speculation.json"))
     args = ap.parse_args(argv)
 
@@ -56,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt = load_checkpoint()
     half = client_half_from(ckpt, args.k)
-    results: dict = {"schema": "veil.speculation/1", "k": args.k, "speculate": args.speculate,
+    results: dict = {"schema": "veil.speculation/1", "k": args.k, "speculate": args.speculate, "he_backend": args.he_backend,
                      "max_new_tokens": args.max_new_tokens, "prompts": {}}
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url, key = start_split_server(Path(tmp), args.k)
+        proc, url, key = start_split_server(Path(tmp), args.k, ["--he-backend", args.he_backend])
         try:
-            client = VeilClient(url, key, mode="protected", half=half, speculate=args.speculate)
+            client = VeilClient(url, key, mode="protected", half=half, speculate=args.speculate,
+                                he_backend=args.he_backend)
             client.generate_keys(progress=False)  # one key set for both settings
             results["server_protected_warmup_s"] = warm_up_protected(client)  # not in a TTFT
             for name, text in PROMPTS.items():

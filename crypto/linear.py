@@ -524,6 +524,8 @@ def baby_steps(be: HEBackend, x: Ciphertext, n1: int) -> list[Ciphertext]:
     set (``rotation_key_levels(key_set="compact")``), as a chain of rotations by 1: the same n1 - 1
     key switches from one Galois key instead of n1 - 1, none of them hoisted."""
     level = be.level(x)
+    if n1 < 2:
+        return [x]
     if all(be.can_rotate(b, level) for b in range(1, n1)):
         return [x, *be.rotate_many(x, range(1, n1))]
     out = [x]
@@ -551,13 +553,15 @@ def replicate(be: HEBackend, ct: Ciphertext, length: int, copies: int) -> Cipher
     return cur
 
 
-def broadcast_lane(be: HEBackend, e: Ciphertext, lane: int, period: int) -> Ciphertext:
+def broadcast_lane(be: HEBackend, e: Ciphertext, lane: int, period: int, start: int = 1) -> Ciphertext:
     """``e`` zero outside the lanes ``≡ lane (mod period)`` (``lane < period``, a power of two)
     -> every slot holds the value of that lane of its period: log2(period) doublings with
     signed steps, ``+2^i`` where bit i of ``lane`` is set, else ``-2^i``. The offsets the sums
     reach are then exactly ``[lane - period + 1, lane]``: every slot of a period reads its lane
-    and nothing crosses into the next period, with no rotation to lane 0 first."""
-    st = 1
+    and nothing crosses into the next period, with no rotation to lane 0 first. ``start`` (a
+    power of two): ``e`` already holds the lane's value on the aligned ``start`` lanes around it
+    (the doublings below ``start`` done), and only the rest run."""
+    st = start
     while st < period:
         e = be.add(e, be.rotate(e, st if lane & st else -st))
         st *= 2

@@ -29,6 +29,7 @@ import numpy as np
 from veil.crypto.backend import Ciphertext, Plaintext
 from veil.crypto.linear import (
     EncodedMatrix,
+    baby_steps,
     broadcast_lane,
     matvec,
     plan_matvec,
@@ -38,7 +39,14 @@ from veil.crypto.linear import (
     rotation_steps_of,
 )
 from veil.protected.batch import rows_of, stack_matrices
-from veil.protected.layouts import BLOCK, SCORES_DIV, SIGMA_DIV, LayoutDims, weights_period
+from veil.protected.layouts import (
+    BLOCK,
+    SCORES_DIV,
+    SIGMA_DIV,
+    LayoutDims,
+    weights_period,
+    weights_shift,
+)
 from veil.protected.protocol import LEVELS, MAX_SPAN, Levels
 from veil.protected.timing import TimedBackend
 from veil.protected.weights import (
@@ -359,9 +367,21 @@ class Circuit:
         return self.select(sq, "norm", lambda: np.full(self.dims.slots, 1.0 / (self.dims.d * self.dims.copies * SIGMA_DIV)))
 
     # ---- WEIGHTS -> MLP ------------------------------------------------------------------------
-    def attention(self, values: list[Ciphertext], w: Ciphertext, t: int) -> Ciphertext:
-        """The weighted values â of position ``t`` from its softmax weights ``w`` (6): period q on
-        ``[0, value_span)`` at 4, W_o's input."""
+    def expand_weights(self, w: Ciphertext, t) -> list[Ciphertext]:
+        """Chunk ``c``'s softmax weights over all lanes of its value blocks (5): slot
+        ``value_base(b) + hd*head_slot(h) + l`` holds ``w^h_{8c+b}``, zero in blocks past
+        position ``t``, from the compact upload ``w`` (6; ``layouts.pack_weights``).
+
+        The window of ``W`` lanes around lane ``c`` (``layouts.WEIGHTS_WINDOW``) reads the
+        upload at offsets ``c mod W - W + 1 .. c mod W``; every chunk's offsets lie in ``-s..s``
+        (``s = W - 1``), and the upload sits ``s`` slots late, so they are the left rotations
+        of ``w`` by ``0..2s``: made once for all chunks (one hoisted decomposition where the
+        backend hoists and holds the keys, the W_qkv baby steps'; a chain of steps by 1
+        elsewhere), each chunk a sum of ``W`` of them times the 0/1 mask of one lane residue
+        (one ``dot_plain_many`` for all chunks). Then ``log2(P/W)`` doublings per chunk fill the
+        rest of its period. Against a mask and ``log2 P`` rotations per chunk this takes, at 8
+        chunks, 14 rotations of ``w`` instead of 24 (measured in
+        benchmarks/results/2026-11-28-weights-window)."""
         be, dims = self.be, self.dims
         hd = dims.head_dim
         ts = t if isinstance(t, tuple) else (t,)
@@ -370,22 +390,37 @@ class Circuit:
         period = weights_period(n_chunks)
         if any(weights_period(x // dims.per_chunk + 1) != period for x in ts):
             raise ValueError("rows of different weights periods in one batch")
-        lanes = np.arange(hd)
-        acc = None
+        s = weights_shift(period)
+        window = s + 1
+        rots = baby_steps(be, w, 2 * s + 1)  # rots[v] = rot(w, v): the offset v - s
+        level, lanes = be.level(w), np.arange(hd)
+
+        def residue_mask(valid, r):  # lanes ≡ r (mod period) of the blocks before ``valid``
+            def make():
+                mask = np.zeros(dims.slots)
+                for b in range(valid):
+                    for head in range(dims.heads):
+                        mask[dims.value_base(b) + hd * head + lanes[lanes % period == r]] = 1.0
+                return mask
+            return ("expand", period, valid, r), make
+
+        rows = []
         for c in range(n_chunks):
-
-            def expand_mask(valid, r=c):  # c < period: chunk c sits at lanes ≡ c
-                def make():
-                    mask = np.zeros(dims.slots)
-                    for b in range(valid):
-                        for head in range(dims.heads):
-                            mask[dims.value_base(b) + hd * head + lanes[lanes % period == r]] = 1.0
-                    return mask
-                return ("expand", period, valid, r), make
-
             valid = rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts)
-            pt = self.plain_rows(valid, expand_mask, be.level(w), be.prime(be.level(w)))
-            e = broadcast_lane(be, be.multiply_plain(w, pt), c, period)  # 5
+            row: list[Plaintext | None] = [None] * len(rots)
+            for u in range(c % window - window + 1, c % window + 1):  # the lanes ≡ c - u read lane c
+                row[u + s] = self.plain_rows(valid, lambda v, r=(c - u) % period: residue_mask(v, r),
+                                             level, be.prime(level))
+            rows.append(row)
+        return [broadcast_lane(be, be.rescale(e), c, period, start=window)  # 5
+                for c, e in enumerate(be.dot_plain_many(rots, rows))]
+
+    def attention(self, values: list[Ciphertext], w: Ciphertext, t: int) -> Ciphertext:
+        """The weighted values â of position ``t`` from its softmax weights ``w`` (6): period q on
+        ``[0, value_span)`` at 4, W_o's input."""
+        be, dims = self.be, self.dims
+        acc = None
+        for c, e in enumerate(self.expand_weights(w, t)):
             # unrelinearized: the sum needs one key switch instead of one per chunk
             prod = be.multiply(e, values[c], rescale=False, relinearize=False)
             acc = prod if acc is None else be.add(acc, prod)
@@ -496,6 +531,8 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
     use({dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}, lv.kv)  # KV lanes -> head slots (k̂ at 4, v̂ at 5)
     use({-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}, lv.kv)  # value blocks, â shifts
     use({-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}, lv.keys)  # key blocks, q̂ copies
+    window = weights_shift(weights_period(hd)) + 1  # the widest weights window (64 chunks)
+    use(range(1, 2 * window - 1) if not chained else {1}, lv.w)  # the weights upload's rotations (6)
     use({1 << i for i in range(hd.bit_length() - 1)}, lv.kv)  # lane sums (3), weight broadcast (5)
     use({-(1 << i) for i in range(hd.bit_length() - 1)}, lv.kv)  # weight broadcast (5), score lanes (0)
     use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)

@@ -33,10 +33,14 @@ Layouts (slot indices of one ciphertext):
   ``BLOCK*(j%8) + hd*head_slot(h) + j//8`` (lane = chunk index, so up to ``8*hd = 512``
   positions fit one ciphertext); the server masks every other slot's partial sums away.
 * **softmax weights upload** (compact, one ciphertext for up to 512 positions): with ``C``
-  chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*head_slot(h) + l`` holds
-  ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one). The server expands
-  chunk ``c`` with one 0/1 mask (lanes ``c mod P``) and ``log2 P`` rotations (signed by the
-  bits of ``c``, so lane ``c`` reaches its whole period without first moving to lane 0).
+  chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*head_slot(h) + l + s``
+  holds ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one), ``s =
+  weights_shift(P)`` slots later than the value block it weighs. The server fills each chunk's
+  window of ``W = min(P, WEIGHTS_WINDOW)`` lanes from the upload rotated by ``0..2s`` (shared by
+  every chunk: the offsets ``-s..s`` a window's lanes read, all left rotations thanks to the
+  shift) times 0/1 masks of one lane residue each, and the rest of the period with ``log2(P/W)``
+  rotations per chunk (signed by the bits of ``c``, so lane ``c`` reaches its whole period
+  without first moving to lane 0).
 * **MLP download**: ``σ'/(d * SIGMA_DIV)`` in *every* slot (read at slot ``2F``), plus
   ``û_g`` at ``[0, F)`` and ``û_u`` at ``[F, 2F)``. (A 0/1 mask on σ' would leave its encoding
   error times σ' in the û slots; a constant factor does not.)
@@ -64,6 +68,8 @@ __all__ = [
     "hidden_copies",
     "periodic_layout",
     "weights_period",
+    "weights_shift",
+    "WEIGHTS_WINDOW",
     "pack_weights",
     "unpack_scores",
     "unpack_sigma",
@@ -226,6 +232,17 @@ def weights_period(chunks: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, chunks))))
 
 
+#: Lanes of a chunk's period the server fills from shared rotations of the weights upload
+#: (``Circuit.expand_weights``): it rotates the upload by 1..2(W-1), steps whose keys the full key
+#: set holds anyway (W_qkv's baby steps 1..15, at the top level); 16 would need steps up to 30.
+WEIGHTS_WINDOW = 8
+
+
+def weights_shift(period: int) -> int:
+    """Slots the weights upload sits after its value blocks: ``min(period, WEIGHTS_WINDOW) - 1``."""
+    return min(period, WEIGHTS_WINDOW) - 1
+
+
 def score_slot(dims: LayoutDims, position, head):
     """Slot of head ``head``'s score for ``position`` (ints, or numpy arrays that broadcast)."""
     b, c = position % dims.per_chunk, position // dims.per_chunk
@@ -239,6 +256,7 @@ def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
         raise ValueError("weights do not fit the layout")
     chunks = dims.chunks(n)
     period = weights_period(chunks)
+    shift = weights_shift(period)
     out = np.zeros(dims.slots)
     lanes = np.arange(dims.head_dim)
     c = lanes % period
@@ -246,8 +264,8 @@ def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
         j = dims.per_chunk * c + b
         ok = (c < chunks) & (j < n)
         for h in range(heads):
-            base = dims.value_base(b) + dims.head_dim * dims.head_slot(h)
-            out[base + lanes[ok]] = w[h, j[ok]]
+            base = dims.value_base(b) + dims.head_dim * dims.head_slot(h) + shift
+            out[(base + lanes[ok]) % dims.slots] = w[h, j[ok]]
     return out
 
 

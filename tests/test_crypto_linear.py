@@ -289,3 +289,17 @@ def test_broadcast_lane_fills_each_period(pair, rng, lane, period):
     x[lane:: period] = rng.standard_normal(len(range(lane, SLOTS, period)))
     got = client.decrypt(broadcast_lane(server, client.encrypt(x), lane, period))
     np.testing.assert_allclose(got, np.repeat(x[lane::period], period), atol=1e-5)
+
+
+@pytest.mark.parametrize("lane,period,start", [(5, 8, 4), (3, 8, 8), (6, 8, 2), (1, 4, 2)])
+def test_broadcast_lane_from_a_filled_window(pair, rng, lane, period, start):
+    """``start``: each period already holds its lane's value on the aligned ``start`` lanes
+    around the lane; the remaining doublings fill the period, nothing crosses into the next."""
+    client, server = pair
+    values = rng.standard_normal(SLOTS // period)
+    x = np.zeros(SLOTS)
+    first = lane - lane % start
+    for i in range(first, first + start):
+        x[i::period] = values
+    got = client.decrypt(broadcast_lane(server, client.encrypt(x), lane, period, start=start))
+    np.testing.assert_allclose(got, np.repeat(values, period), atol=1e-5)

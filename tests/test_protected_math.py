@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from veil.crypto.backend import make_backend
-from veil.crypto.linear import broadcast_lane
 from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128, PROTECTED_PARAMS
 from veil.protected.circuits import Circuit, Constants, rotation_key_levels, score_lane_groups
 from veil.protected.client import softmax_weights, swiglu_from_u
@@ -14,11 +13,13 @@ from veil.protected.layouts import (
     BLOCK,
     SCORES_DIV,
     SIGMA_DIV,
+    WEIGHTS_WINDOW,
     LayoutDims,
     pack_weights,
     score_slot,
     unpack_scores,
     weights_period,
+    weights_shift,
 )
 from veil.protected.protocol import LEVELS
 from veil.protected.timing import TimedBackend
@@ -30,8 +31,18 @@ DIMS = LayoutDims(d=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, slots=8192)
 def slots():
     """(client, server): plain backends with exactly the protocol's Galois keys; the server is
     timed, so its ``counts["rotate"]`` counts rotations."""
+    return _pair("full")
+
+
+@pytest.fixture(scope="module")
+def compact_slots():
+    """``slots`` with the compact key set (the baby steps chained from step 1)."""
+    return _pair("compact")
+
+
+def _pair(key_set: str):
     client = make_backend(PROTECTED_PARAMS, "plain", allow_test_backends=True)
-    client.generate_keys(rotation_key_levels(DIMS))
+    client.generate_keys(rotation_key_levels(DIMS, key_set=key_set))
     server = make_backend(PROTECTED_PARAMS, "plain", allow_test_backends=True)
     server.import_public_material(client.export_public_material())
     return client, TimedBackend(server)
@@ -82,35 +93,54 @@ def _rot(v, s):
     return np.roll(v, -s)
 
 
-def test_weights_layout_expands_like_the_server(slots):
-    """pack_weights + the server's mask and ``broadcast_lane`` give each chunk's dense weights,
-    with log2(period) rotations per chunk."""
-    client, server = slots
-    rng = np.random.default_rng(2)
-    for n in (1, 8, 9, 20, 64, 100):
-        w = rng.standard_normal((DIMS.heads, n))
+@pytest.mark.parametrize("key_set", ["full", "compact"])
+@pytest.mark.parametrize("positions", [1, 8, 9, 20, 33, 64, 100, 512])
+def test_weights_layout_expands_like_the_server(request, key_set, positions):
+    """pack_weights + ``Circuit.expand_weights`` give each chunk's dense weights (zero past the
+    position in the last chunk) at the level the values are multiplied at: the upload rotated
+    once by 1..2s for all chunks (one hoisted call with the full key set, a chain of steps by 1
+    with the compact one), then log2(P/W) rotations per chunk."""
+    client, server = request.getfixturevalue("slots" if key_set == "full" else "compact_slots")
+    rng = np.random.default_rng(positions)
+    w = rng.standard_normal((DIMS.heads, positions))
+    packed = pack_weights(DIMS, w)
+    chunks = DIMS.chunks(positions)
+    period = weights_period(chunks)
+    window = weights_shift(period) + 1
+    circuit = Circuit(server, DIMS, LEVELS, Constants(None, DIMS))
+    server.reset()
+    got = circuit.expand_weights(client.encrypt(packed, level=LEVELS.w), positions - 1)
+    high = chunks * ((period // window).bit_length() - 1)
+    if key_set == "full":
+        assert (server.counts["rotate_many"], server.counts["rotate"]) == (int(window > 1), high)
+    else:
+        assert (server.counts["rotate_many"], server.counts["rotate"]) == (0, 2 * (window - 1) + high)
+    assert len(got) == chunks and all(server.level(e) == LEVELS.kv for e in got)
+    for c, e in enumerate(got):
+        want = np.zeros(DIMS.slots)
+        for b in range(DIMS.per_chunk):
+            j = c * DIMS.per_chunk + b
+            if j < positions:
+                for h in range(DIMS.heads):
+                    base = DIMS.value_base(b) + 64 * DIMS.head_slot(h)
+                    want[base : base + 64] = w[h, j]
+        np.testing.assert_allclose(client.decrypt(e), want, atol=1e-12, err_msg=f"{positions} positions, chunk {c}")
+
+
+def test_weights_upload_sits_its_shift_after_the_value_blocks():
+    """The upload's lanes are the value layout's moved ``weights_shift(P)`` slots on (cyclically)."""
+    rng = np.random.default_rng(7)
+    for positions in (1, 16, 40, 300):
+        w = rng.standard_normal((DIMS.heads, positions))
+        period = weights_period(DIMS.chunks(positions))
+        shift = weights_shift(period)
+        assert shift == min(period, WEIGHTS_WINDOW) - 1
         packed = pack_weights(DIMS, w)
-        chunks = DIMS.chunks(n)
-        period = weights_period(chunks)
-        lanes = np.arange(DIMS.head_dim)
-        for c in range(chunks):
-            mask = np.zeros(DIMS.slots)
-            for b in range(DIMS.per_chunk):
-                if c * DIMS.per_chunk + b < n:
-                    for h in range(DIMS.heads):
-                        mask[DIMS.value_base(b) + 64 * h + lanes[lanes % period == c % period]] = 1
-            server.reset()
-            # at the level the server broadcasts at (the keys serve no higher level)
-            e = client.decrypt(broadcast_lane(server, client.encrypt(packed * mask, level=LEVELS.kv), c, period))
-            assert server.counts["rotate"] == period.bit_length() - 1
-            want = np.zeros(DIMS.slots)
-            for b in range(DIMS.per_chunk):
-                j = c * DIMS.per_chunk + b
-                if j < n:
-                    for h in range(DIMS.heads):
-                        base = DIMS.value_base(b) + 64 * DIMS.head_slot(h)
-                        want[base : base + 64] = w[h, j]
-            np.testing.assert_allclose(e, want, atol=1e-12, err_msg=f"{n} positions, chunk {c}")
+        h, j = 4, positions - 1
+        b, c = j % DIMS.per_chunk, j // DIMS.per_chunk
+        slot = (DIMS.value_base(b) + 64 * DIMS.head_slot(h) + c + shift) % DIMS.slots
+        assert packed[slot] == w[h, j]
+        assert np.count_nonzero(packed) == w.size * (64 // period)
 
 
 def test_head_slots_repeat_the_kv_lanes():

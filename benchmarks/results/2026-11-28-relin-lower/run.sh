@@ -1,0 +1,14 @@
+# Before (4961d2b) and after (28d0fda), alternating, under the quiet lock:
+#   cd benchmarks/results/2026-11-28-relin-lower && flock /tmp/veil-quiet.lock bash run.sh
+commits="4961d2b 28d0fda"
+source ../2026-11-27-rotations/commits.sh
+for pair in 1 2; do
+  for c in $commits; do
+    run $c -m veil.benchmarks.protected_bench --he-backend native --contexts 16,64 \
+      --out $here/pb_native_${c}_$pair.json > $here/pb_native_${c}_$pair.txt 2>&1
+  done
+done
+for c in $commits; do
+  run $c -m veil.benchmarks.protected_bench --he-backend seal --contexts 16 \
+    --out $here/pb_seal_${c}.json > $here/pb_seal_${c}.txt 2>&1
+done
