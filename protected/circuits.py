@@ -58,6 +58,7 @@ from veil.protected.weights import (
 )
 
 __all__ = ["DOWNLOAD_SCALE", "FLOOD_BELOW_SCALE", "SCORE_MASK_SCALE", "Constants", "Circuit", "score_lane_groups",
+           "lane_sum_key_levels",
            "KEY_SETS", "relin_key_level", "rotation_key_levels"]
 
 DOWNLOAD_SCALE = 2.0**56
@@ -484,6 +485,28 @@ def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]
     return best
 
 
+def lane_sum_key_levels(log_hd: int, lv: Levels = LEVELS) -> dict[int, int]:
+    """The steps ``Circuit.lane_sums`` rotates by at any number of chunks, each with its highest
+    level: a group's first halvings on the chunk products (3), the moves into lane offsets and
+    the last halvings (2), the joins of the groups (1)."""
+    need: dict[int, int] = {}
+
+    def use(step: int, level: int) -> None:
+        need[step] = max(need.get(step, level), level)
+
+    prods = lv.scores_download + 3
+    for chunks in range(1, (1 << log_hd) + 1):
+        groups = score_lane_groups(chunks, log_hd)
+        for n, j in groups:
+            for st in range(log_hd):
+                use(1 << st, prods if st < j else prods - 1)
+            if n > 1:
+                use(-1, prods - 1)
+        for n, _ in groups[:-1]:
+            use(-n, prods - 2)
+    return need
+
+
 #: The evaluation-key sets a client can make (``rotation_key_levels``), largest first.
 KEY_SETS = ("full", "compact", "minimal")
 
@@ -506,8 +529,10 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
 
     * ``"full"``: a key for every step: what a backend that hoists rotations (native) wants.
     * ``"compact"``: the products' baby steps come from step 1 alone (``linear.baby_steps``),
-      which drops the keys of steps 2..15 that W_qkv needs at the top level; 2, 4 and 8 stay,
-      for the lane sums at 5. On a backend that does not hoist (SEAL) that is the same work.
+      which drops the keys of steps 2..15 that W_qkv needs at the top level; 2 and 4 stay for
+      the lane sums (at 3 and 2), 8 for the weights' doublings (5); the weights upload's
+      rotations by 1..14 chain from step 1 too. On a backend that does not hoist (SEAL) that is
+      the same work.
     * ``"minimal"``: also each product's folds from its smallest, a fold by 2^i strides as 2^i
       rotations, and the largest key-block step (-4096) from the next (``linear.rotate``):
       fewer bytes, for about 9.5 more key switches per layer and position (4 at level 6, W_qkv's
@@ -533,8 +558,10 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
     use({-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}, lv.keys)  # key blocks, q̂ copies
     window = weights_shift(weights_period(hd)) + 1  # the widest weights window (64 chunks)
     use(range(1, 2 * window - 1) if not chained else {1}, lv.w)  # the weights upload's rotations (6)
-    use({1 << i for i in range(hd.bit_length() - 1)}, lv.kv)  # lane sums (3), weight broadcast (5)
-    use({-(1 << i) for i in range(hd.bit_length() - 1)}, lv.kv)  # weight broadcast (5), score lanes (0)
+    log_w, log_hd = window.bit_length() - 1, hd.bit_length() - 1
+    use({sign << i for sign in (1, -1) for i in range(log_w, log_hd)}, lv.kv)  # weights' doublings (5)
+    for st, level in lane_sum_key_levels(log_hd, lv).items():
+        use({st}, level)
     use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)
     use(replicate_rotation_steps(dims.d, dims.copies), lv.h_prime)  # o and W_down m replicated
     use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
