@@ -160,6 +160,12 @@ class Circuit:
             return self.consts.get(self.be, *mask_of(arg), level, scale)
         return self.be.stack_plain([self.consts.get(self.be, *mask_of(a), level, scale) for a in arg])
 
+    def valid_blocks(self, ts: tuple[int, ...], chunk: int):
+        """Blocks of ``chunk`` at or before each row's position in ``ts`` (``rows_of``: one int
+        where the rows agree): the positions a score or a weight of that row may use."""
+        n = self.dims.per_chunk
+        return rows_of(max(0, min(n, t + 1 - chunk * n)) for t in ts)
+
     def first(self, n: int):
         return lambda: _mask(self.dims.slots, [(0, n)])
 
@@ -288,7 +294,7 @@ class Circuit:
         q_rep = replicate(be, q_hat, BLOCK, dims.per_chunk)  # q̂ at the keys' level (4)
         ts = t if isinstance(t, tuple) else (t,)
         n_chunks = max(ts) // dims.per_chunk + 1
-        valid = [rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts) for c in range(n_chunks)]
+        valid = [self.valid_blocks(ts, c) for c in range(n_chunks)]
         # relinearized after the rescale, on one limb fewer (as the weighted values are)
         prods = [be.relinearize(be.rescale(be.multiply(q_rep, keys[c], rescale=False, relinearize=False)))
                  for c in range(n_chunks)]
@@ -407,7 +413,7 @@ class Circuit:
 
         rows = []
         for c in range(n_chunks):
-            valid = rows_of(max(0, min(dims.per_chunk, x + 1 - c * dims.per_chunk)) for x in ts)
+            valid = self.valid_blocks(ts, c)
             row: list[Plaintext | None] = [None] * len(rots)
             for u in range(c % window - window + 1, c % window + 1):  # the lanes ≡ c - u read lane c
                 row[u + s] = self.plain_rows(valid, lambda v, r=(c - u) % period: residue_mask(v, r),

@@ -130,11 +130,11 @@ def test_weights_layout_expands_like_the_server(request, key_set, positions):
 def test_weights_upload_sits_its_shift_after_the_value_blocks():
     """The upload's lanes are the value layout's moved ``weights_shift(P)`` slots on (cyclically)."""
     rng = np.random.default_rng(7)
-    for positions in (1, 16, 40, 300):
+    for positions, want_shift in ((1, 0), (16, 1), (40, 7), (300, 7)):  # periods 1, 2, 8, 64
         w = rng.standard_normal((DIMS.heads, positions))
         period = weights_period(DIMS.chunks(positions))
         shift = weights_shift(period)
-        assert shift == min(period, WEIGHTS_WINDOW) - 1
+        assert shift == want_shift and WEIGHTS_WINDOW == 8
         packed = pack_weights(DIMS, w)
         h, j = 4, positions - 1
         b, c = j % DIMS.per_chunk, j // DIMS.per_chunk
