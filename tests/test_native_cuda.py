@@ -70,7 +70,8 @@ def _both(servers, fn):
     return client, out
 
 
-@pytest.mark.parametrize("op", ["multiply_plain", "rotate", "rotate_many", "multiply", "dot_plain"])
+@pytest.mark.parametrize("op", ["multiply_plain", "rotate", "rotate_many", "rotate_many_wide", "multiply",
+                                "relinearize_after_rescale", "dot_plain", "dot_plain_many"])
 def test_cuda_server_equals_cpu_server_bit_for_bit(servers, op):
     def fn(s, enc, a, b, x, y):
         if op == "multiply_plain":
@@ -79,8 +80,16 @@ def test_cuda_server_equals_cpu_server_bit_for_bit(servers, op):
             return s.rotate(a, 100)
         if op == "rotate_many":
             return s.add(*s.rotate_many(a, [1, -3]))
+        if op == "rotate_many_wide":  # a hoisted set's key products in one call
+            rots = s.rotate_many(a, PRODUCT.rotation_steps[:8])
+            return s.add(s.add(rots[0], rots[3]), rots[-1])
         if op == "multiply":
             return s.multiply(a, b)
+        if op == "relinearize_after_rescale":  # the scores' and h²'s order: one limb fewer
+            return s.relinearize(s.multiply(a, b, relinearize=False))
+        if op == "dot_plain_many":
+            rows = [[enc(x, s.level(a)), None], [enc(y, s.level(a)), enc(x, s.level(a))]]
+            return s.add(*(s.rescale(c) for c in s.dot_plain_many([a, b], rows)))
         return s.rescale(s.dot_plain([a, b], [enc(x, s.level(a)), enc(y, s.level(a))]))
 
     client, (cpu_bytes, gpu_bytes) = _both(servers, fn)
