@@ -14,8 +14,9 @@ client decrypts grows by at most 3%. Nothing the server sends is more than it se
 Rounding needs the coefficients, so the ciphertext is taken out of NTT form; the rounded value
 is then computed from the residues in fixed-width arithmetic (``_round``: 32-bit limbs, no CRT
 composition into Python ints), and the client gets each residue of ``ĉ`` the same way
-(``unround``) and returns to NTT form. Backends supply the residues and rebuild the ciphertext;
-everything else is here.
+(``unround``) and returns to NTT form. Both maps run as C kernels where they are built
+(``veil.kernels.rounding_cpu``, one pass per coefficient); the numpy code here is their twin and
+the fallback. Backends supply the residues and rebuild the ciphertext; everything else is here.
 
 Form (little endian)::
 
@@ -34,6 +35,7 @@ import torch
 
 from veil.crypto import wide
 from veil.crypto.native.modarith import Basis
+from veil.kernels import rounding_cpu
 
 __all__ = ["MAGIC", "MARGIN_BITS", "RoundedError", "bits_for", "crt", "is_rounded", "round_to_bytes", "parse",
            "unround"]
@@ -142,8 +144,10 @@ def round_to_bytes(coeffs: np.ndarray, primes, level: int, scale: float, bits: i
     polys, limbs, n = coeffs.shape
     if limbs != len(primes) or not 1 <= bits <= math.prod(primes).bit_length():
         raise ValueError("residues do not match the primes, or bits out of range")
-    r = _round(coeffs.transpose(1, 0, 2).reshape(limbs, polys * n), primes, bits)
-    return _HEAD.pack(MAGIC, level, polys, bits, scale) + _pack_bits(r, bits)
+    body = rounding_cpu.round_pack(coeffs, tuple(primes), bits)  # the C kernel where built
+    if body is None:  # no kernel, or a coefficient near a half: the twin decides it exactly
+        body = _pack_bits(_round(coeffs.transpose(1, 0, 2).reshape(limbs, polys * n), primes, bits), bits)
+    return _HEAD.pack(MAGIC, level, polys, bits, scale) + body
 
 
 def parse(data: bytes, n: int, primes_of) -> tuple[int, int, int, float, bytes]:
@@ -168,11 +172,16 @@ def parse(data: bytes, n: int, primes_of) -> tuple[int, int, int, float, bytes]:
 
 
 def unround(body: bytes, polys: int, n: int, primes, bits: int) -> np.ndarray:
-    """The rounded coefficients -> coefficient-form residues ``(polys, L, N)`` (uint64).
+    """The rounded coefficients -> coefficient-form residues ``(polys, L, N)`` (uint64): the C
+    kernel where built (``veil.kernels.rounding_cpu``), else ``_unround``."""
+    out = rounding_cpu.unround(body, polys, n, tuple(primes), bits)
+    return _unround(body, polys, n, primes, bits) if out is None else out
 
-    ``c = floor((r * Q + 2^(bits-1)) / 2^bits)``; with ``low = (r * Q + 2^(bits-1)) mod 2^bits``
-    (wide limbs) and ``r * Q = 0 mod q_i``, each residue is ``(2^(bits-1) - low) * 2^-bits mod
-    q_i``: no Python ints."""
+
+def _unround(body: bytes, polys: int, n: int, primes, bits: int) -> np.ndarray:
+    """``unround`` in numpy: ``c = floor((r * Q + 2^(bits-1)) / 2^bits)``; with
+    ``low = (r * Q + 2^(bits-1)) mod 2^bits`` (wide limbs) and ``r * Q = 0 mod q_i``, each residue
+    is ``(2^(bits-1) - low) * 2^-bits mod q_i``: no Python ints."""
     primes = tuple(primes)
     basis, q, mod = _basis(primes), math.prod(primes), 1 << bits
     low = wide.mul_mod_2k(_unpack_bits(body, polys * n, bits), q, bits)

@@ -7,6 +7,7 @@ import pytest
 
 from veil.crypto import rounding
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS
+from veil.kernels import rounding_cpu
 
 PRIMES = PROTECTED_PARAMS.primes[:3]
 N = 64
@@ -81,9 +82,9 @@ def test_fixed_width_rounding_equals_the_definition(primes, bits):
     got = _limbs_to_ints(rounding._round(_residues(values, primes), primes, bits))
     assert got == _definition(values, bits, primes)
     body = rounding._pack_bits(rounding._round(_residues(values, primes), primes, bits), bits)
-    back = rounding.unround(body, 1, N, primes, bits)[0]
-    want = [((r * q + (1 << (bits - 1))) >> bits) for r in got]
-    assert np.array_equal(back, _residues(want, primes))
+    want = _residues([((r * q + (1 << (bits - 1))) >> bits) for r in got], primes)
+    assert np.array_equal(rounding._unround(body, 1, N, primes, bits)[0], want)  # the numpy twin
+    assert np.array_equal(rounding.unround(body, 1, N, primes, bits)[0], want)  # the C kernel where built
 
 
 def test_roundings_near_a_half_take_the_exact_path(monkeypatch):
@@ -98,3 +99,30 @@ def test_roundings_near_a_half_take_the_exact_path(monkeypatch):
     got = _limbs_to_ints(rounding._round(_residues(values), PRIMES, bits))
     assert got == _definition(values, bits)
     assert calls and sum(calls) >= N
+    # the C kernel hands such a ciphertext back to the twin, and the bytes still follow the definition
+    coeffs = _residues(values)[None]
+    if rounding_cpu.available():
+        assert rounding_cpu.round_pack(coeffs, PRIMES, bits) is None
+    blob = rounding.round_to_bytes(coeffs, PRIMES, 2, 2.0**36, bits)
+    assert blob[rounding._HEAD.size:] == rounding._pack_bits(np.array([[v] for v in _definition(values, bits)],
+                                                                      dtype=np.uint64), bits)
+
+
+@pytest.mark.skipif(not rounding_cpu.available(), reason="the C kernels are not built here")
+@pytest.mark.parametrize("primes,polys,n", [(PROTECTED_PARAMS.primes[:1], 2, 4096), (PRIMES, 2, 61),
+                                            (PRIMES, 1, 4096), (WIDE_PRIMES, 2, 100),
+                                            (PROTECTED_PARAMS.primes[:8], 2, 64)])
+def test_c_kernels_equal_their_numpy_twins(primes, polys, n):
+    """``rounding_cpu.round_pack`` gives the twin's bytes and ``rounding_cpu.unround`` its
+    residues, at bit widths on and off the 32-bit limbs and the bytes, and coefficient counts
+    that do not fill the kernel's last run of 8."""
+    primes = tuple(primes)
+    q_bits = math.prod(primes).bit_length()
+    rng = np.random.default_rng(n + len(primes))
+    coeffs = np.stack([np.stack([rng.integers(0, q, n, dtype=np.uint64) for q in primes]) for _ in range(polys)])
+    for bits in sorted({1, 7, 31, 32, 33, 46, q_bits - 13, q_bits}):
+        twin = rounding._pack_bits(rounding._round(coeffs.transpose(1, 0, 2).reshape(len(primes), -1), primes, bits),
+                                   bits)
+        assert rounding_cpu.round_pack(coeffs, primes, bits) == twin
+        assert np.array_equal(rounding_cpu.unround(twin, polys, n, primes, bits),
+                              rounding._unround(twin, polys, n, primes, bits))

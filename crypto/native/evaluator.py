@@ -269,7 +269,7 @@ class Evaluator:
             raise HEError("only a size-2 ciphertext is sent rounded")
         primes = self._ctx.data_primes[: c.level + 1]
         _, ntt = self._ctx.data(c.level)
-        coeffs = ntt.inverse(c.data).cpu().numpy().astype(np.uint64)
+        coeffs = ntt.inverse(c.data).cpu().numpy().view(np.uint64)  # canonical: the same bits
         return rounding.round_to_bytes(coeffs, primes, c.level, c.scale, rounding.bits_for(primes, noise_log2))
 
     def _load_rounded(self, data: bytes, level: int | None, size: int, scale: float | None) -> Ciphertext:
@@ -282,7 +282,7 @@ class Evaluator:
             raise CiphertextError(str(e)) from e
         coeffs = rounding.unround(body, polys, self._n, self._ctx.data_primes[: got_level + 1], bits)
         _, ntt = self._ctx.data(got_level)
-        data_t = ntt.forward(torch.from_numpy(coeffs.astype(np.int64)).to(self.device))
+        data_t = ntt.forward(torch.from_numpy(coeffs.view(np.int64)).to(self.device))
         return self._wrap(data_t, got_level, got_scale)
 
     def deserialize(self, data: bytes, *, level: int | None = None, size: int = 2,
