@@ -142,6 +142,9 @@ def test_randomized_operations_decrypt_per_row_with_fresh_randomness(rows):
     masks = batch.unstack_mask(mask)
     assert not np.array_equal(masks[0].coeffs, masks[1].coeffs)  # independent draws per row
     rows_out = batch.unstack(out)
+    # the rounded download of every row from one transform: each row's own bytes
+    assert batch.serialize(out, noise_log2=20.0) == [s.serialize(r, noise_log2=20.0)
+                                                     for s, r in zip(servers, rows_out, strict=True)]
     for b, ((client, server), x) in enumerate(zip(rows, xs, strict=True)):
         fresh = client.deserialize(client.refresh_reencrypt_to_bytes(
             client.deserialize(server.serialize(rows_out[b])), level=level))

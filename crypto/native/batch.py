@@ -52,8 +52,13 @@ class NativeBatch(RowBatch, NativeBackend):
         self._gks = {g: K.RowKeys(tuple(r._gks[g] for r in rows)) for g in elements}
 
     def _public_zero(self, level: int) -> torch.Tensor:
-        zero = torch.zeros((level + 1, self._n), dtype=torch.int64, device=self.device)
-        return torch.stack([K.encrypt_public(self._ctx, pk, zero, level) for pk in self._pk])
+        return K.public_zeros(self._ctx, self._pk, level)  # every row's at once
+
+    def serialize(self, ct: Ciphertext, noise_log2: float | None = None) -> list[bytes]:
+        if noise_log2 is None:
+            return super().serialize(ct)
+        c = self._unwrap(ct)
+        return self._rounded(c.data, c.level, c.scale, noise_log2)  # every row's transform at once
 
     def stack(self, cts: Sequence[Ciphertext | None]) -> Ciphertext:
         if len(cts) != self.batch_size or all(ct is None for ct in cts):

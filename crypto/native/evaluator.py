@@ -199,8 +199,7 @@ class Evaluator:
 
     def _public_zero(self, level: int) -> torch.Tensor:
         """A fresh public-key encryption of zero ``[*rows, 2, level+1, N]``."""
-        zero = torch.zeros((level + 1, self._n), dtype=torch.int64, device=self.device)
-        return K.encrypt_public(self._ctx, self._require(self._pk, "public key"), zero, level)
+        return K.public_zeros(self._ctx, [self._require(self._pk, "public key")], level)[0]
 
     def _add_integer(self, data: torch.Tensor, level: int, coeffs: torch.Tensor) -> torch.Tensor:
         """``data + (m, 0)`` for residues ``coeffs`` ``[*rows, level+1, N]`` of integer polynomials."""
@@ -265,12 +264,18 @@ class Evaluator:
             raise HEError("serialize one ciphertext at a time (a batch's rows: NativeBatch.serialize)")
         if noise_log2 is None:
             return serial.ct_to_bytes(self._ctx, c.data, c.level, c.scale)
-        if c.data.shape[0] != 2:
+        return self._rounded(c.data, c.level, c.scale, noise_log2)[0]
+
+    def _rounded(self, data: torch.Tensor, level: int, scale: float, noise_log2: float) -> list[bytes]:
+        """The rounded form of size-2 ciphertexts ``[..., 2, L, N]``, one per leading row: one
+        inverse NTT and one copy to the host for all of them (a batch of sessions on a GPU)."""
+        if data.shape[-3] != 2:
             raise HEError("only a size-2 ciphertext is sent rounded")
-        primes = self._ctx.data_primes[: c.level + 1]
-        _, ntt = self._ctx.data(c.level)
-        coeffs = ntt.inverse(c.data).cpu().numpy().view(np.uint64)  # canonical: the same bits
-        return rounding.round_to_bytes(coeffs, primes, c.level, c.scale, rounding.bits_for(primes, noise_log2))
+        primes = self._ctx.data_primes[: level + 1]
+        _, ntt = self._ctx.data(level)
+        coeffs = ntt.inverse(data).cpu().numpy().view(np.uint64)  # canonical: the same bits
+        bits = rounding.bits_for(primes, noise_log2)
+        return [rounding.round_to_bytes(row, primes, level, scale, bits) for row in coeffs.reshape(-1, *data.shape[-3:])]
 
     def _load_rounded(self, data: bytes, level: int | None, size: int, scale: float | None) -> Ciphertext:
         top = self.params.top_level

@@ -17,6 +17,7 @@ Errors are centred binomial (eta 21, sigma 3.24); all randomness from ``sampling
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import Stream, expand_uniform, new_seed
 
 __all__ = ["SecretKey", "PublicKey", "SwitchKey", "RowKeys", "gen_secret", "gen_public", "gen_switch_key",
-           "rotation_key", "galois_b", "expand_a", "key_a", "encrypt_symmetric", "encrypt_public", "decrypt_ntt",
+           "rotation_key", "galois_b", "expand_a", "key_a", "encrypt_symmetric", "encrypt_public", "public_zeros", "decrypt_ntt",
            "TAG_PK", "TAG_CT"]
 
 #: Stream tags of seed expansions (digit ``j`` of a key-switching key uses tag ``j``).
@@ -147,14 +148,22 @@ def encrypt_symmetric(ctx: RnsContext, sk: SecretKey, m: torch.Tensor, level: in
     return c0, seed
 
 
+def public_zeros(ctx: RnsContext, pks: Sequence[PublicKey], level: int) -> torch.Tensor:
+    """Fresh public-key encryptions of zero ``[len(pks), 2, level+1, N]``, row b under
+    ``pks[b]``: every row's ternary ``v`` and errors come from one CSPRNG stream and are
+    transformed together (one NTT for a batch of sessions on a GPU, not one per row)."""
+    basis, ntt = ctx.data(level)
+    stream, rows = Stream(), len(pks)
+    v = _to_ntt(ctx, stream.ternary(rows * ctx.n).reshape(rows, ctx.n), basis, ntt)  # [B, L+1, N]
+    e = _error(ctx, stream, (rows, 2), basis, ntt)
+    pk = torch.stack([torch.stack((p.b[: level + 1], p.a[: level + 1])) for p in pks])
+    return basis.add(basis.mul(v.unsqueeze(1), pk), e)
+
+
 def encrypt_public(ctx: RnsContext, pk: PublicKey, m: torch.Tensor, level: int) -> torch.Tensor:
     """``m`` (NTT form, data limbs of ``level``) -> ``[2, level+1, N]``."""
-    basis, ntt = ctx.data(level)
-    stream = Stream()
-    v = _to_ntt(ctx, stream.ternary(ctx.n), basis, ntt)
-    e = _error(ctx, stream, (2,), basis, ntt)
-    c = basis.add(basis.mul(v, torch.stack((pk.b[: level + 1], pk.a[: level + 1]))), e)
-    c[0] = basis.add(c[0], m)
+    c = public_zeros(ctx, [pk], level)[0]
+    c[0] = ctx.data(level)[0].add(c[0], m)
     return c
 
 
