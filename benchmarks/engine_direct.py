@@ -21,7 +21,7 @@ from veil.benchmarks.workload import Workload
 
 def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", max_seqs: int = 16,
                kv_cache_gb: float = 4.0, max_tokens_per_step: int = 512, threads: int | None = None,
-               cuda_graphs: bool = True, ckpt=None) -> dict:
+               cuda_graphs: bool = True, ckpt=None, overlap: bool | None = None) -> dict:
     from veil.engine.engine import Engine, EngineConfig
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.sampling import SamplingParams
@@ -34,7 +34,8 @@ def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", 
     model = build_model(ckpt, dtype=getattr(torch, dtype))
     steps: list = []
     cfg = EngineConfig(kv_cache_bytes=int(kv_cache_gb * (1 << 30)), max_tokens_per_step=max_tokens_per_step,
-                       max_seqs_per_step=max_seqs, device=device, cuda_graphs=cuda_graphs, threads=threads)
+                       max_seqs_per_step=max_seqs, device=device, cuda_graphs=cuda_graphs, threads=threads,
+                       overlap=overlap)
     engine = Engine(model, 0, cfg, on_step=steps.append).start()
     done = threading.Semaphore(0)
     try:
@@ -72,7 +73,7 @@ def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", 
     s = summarize(records, duration)
     s.update(engine_stats(steps, duration))
     s.update({"device": device, "dtype": dtype, "max_seqs": max_seqs, "threads": cfg.threads,
-              "cuda_graphs": bool(cuda_graphs and device.startswith("cuda"))})
+              "cuda_graphs": bool(cuda_graphs and device.startswith("cuda")), "overlap": engine.overlap})
     return s
 
 

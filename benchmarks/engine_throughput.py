@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                         "CPU, where fp32 GEMMs at decode batch sizes ran faster than bf16 ones)")
     p.add_argument("--engine-threads", type=int, help="torch threads of the engine path (default: torch's)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="engine path: run every step eagerly")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="engine path: finish each step before scheduling the next (overlap is on for CUDA)")
     p.add_argument("--reference-dtypes", default="float32,bfloat16",
                    help="transformers runs once per dtype; ratios use its fastest (the strongest baseline)")
     p.add_argument("--kv-cache-gb", type=float, default=4.0)
@@ -256,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in (int(x) for x in args.concurrency.split(",")):
             print(f"engine driven directly, at most {c} sequences per step…", file=sys.stderr, flush=True)
             s = run_engine(wl, args.device, args.dtype, c, args.kv_cache_gb, args.max_tokens_per_step,
-                           args.engine_threads or torch_threads, not args.no_cuda_graphs, ckpt)
+                           args.engine_threads or torch_threads, not args.no_cuda_graphs, ckpt,
+                           overlap=False if args.no_overlap else None)
             results["paths"].setdefault("engine", {})[f"c{c}"] = s
             lines += figure_lines("engine", {k: v for k, v in s.items() if isinstance(v, (int, float, dict))
                                              and not isinstance(v, bool)}, f".c{c}")

@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         chunks = e.scheduler.schedule()
         chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
         t0 = time.perf_counter()
-        batch = e.runner.prepare(chunks)
+        st = e._prepare(chunks, None)
         t1 = time.perf_counter()
-        tokens, hidden = e.runner.run(batch)
+        tokens, hidden = e.runner.run(st.batch)
         t2 = time.perf_counter()
-        e._postprocess(chunks, tokens, hidden)
+        e._postprocess(st, tokens, hidden)
         return t1 - t0, t2 - t1, time.perf_counter() - t2  # run() ends in the sampled ids' host copy
 
     step()  # the prefill

@@ -2,6 +2,11 @@
 back. Everything else (HTTP handlers, tests, benchmarks) talks to it through thread-safe calls
 that enqueue work and register callbacks; callbacks run on the engine thread and must be quick
 (the server's just hop onto its event loop).
+
+On CUDA the loop keeps one step in flight (``EngineConfig.overlap``): it prepares and launches
+step n+1, whose decodes read the tokens step n is still sampling on the device, before it waits
+for step n's tokens and runs their callbacks, so the host work of a step overlaps the GPU work
+of the one before.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ import torch
 
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
-from veil.engine.model_runner import ModelRunner
+from veil.engine.model_runner import ModelRunner, PreparedBatch, StepHandle
 from veil.engine.sampling import SamplingParams
 from veil.engine.scheduler import Chunk, Scheduler, SchedulerConfig
-from veil.engine.sequence import SeqKind, Sequence
+from veil.engine.sequence import PENDING, SeqKind, Sequence
 from veil.kernels import ops
 
 log = logging.getLogger("veil.engine")
@@ -44,6 +49,11 @@ class EngineConfig:
     # (benchmarks/results/2026-11-26-cpu-fastpath). So callers stay at torch.set_num_threads(1)
     # from before loading the model and give the engine its threads here.
     threads: int = 0
+    # Overlap each step's host work (scheduling, preparing, postprocessing) with the previous
+    # step's device work: the next decode reads its input token on the device, and a sequence
+    # that stops runs one step more, discarded. None: on CUDA only (the CPU computes as it
+    # launches, so there is nothing to overlap).
+    overlap: bool | None = None
 
 
 @dataclass
@@ -83,6 +93,7 @@ class Engine:
         self.runner = ModelRunner(model, k, self.cache, cfg.device,
                                   cuda_graph_batch=cfg.max_seqs_per_step if cfg.cuda_graphs else 0)
         self.full_model = self.runner.has_ends
+        self.overlap = cfg.overlap if cfg.overlap is not None else torch.device(cfg.device).type == "cuda"
         self.on_step = on_step
         self._cv = threading.Condition()
         self._stop = False
@@ -185,6 +196,8 @@ class Engine:
     # -- the loop --------------------------------------------------------------------------------
     def _finish(self, seq: Sequence, reason) -> None:
         seq.finished = True
+        while seq.token_ids and seq.token_ids[-1] == PENDING:  # drawn by steps in flight: never delivered
+            seq.token_ids.pop()
         self.scheduler.remove(seq)
         self.runner.release(seq.id)
         if seq.kind is SeqKind.TOKENS:
@@ -198,10 +211,11 @@ class Engine:
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # this thread's team; the caller's stays at 1
         last_was_call = False
+        flight: _Step | None = None  # the launched step not finished yet (overlap only)
         try:
             while True:
                 with self._cv:
-                    while not self._stop and not self.scheduler.has_work() and not self._calls:
+                    while not (self._stop or self.scheduler.has_work() or self._calls or flight):
                         self._cv.wait()
                     if self._stop:
                         self._fail_calls(EngineDead("the engine loop has stopped"))
@@ -209,14 +223,26 @@ class Engine:
                     # a queued call runs unless the previous turn ran one and a step waits
                     turn = self._calls and not (last_was_call and self.scheduler.has_work())
                     call = self._calls.popleft() if turn else None
-                    chunks = batch = None
+                    step = None
                     if call is None:
                         chunks = self.scheduler.schedule()
                         # token chunks first (they also run layers [0, k)), within each kind decode
                         # chunks first (their rows form one run for the decode kernel); stable otherwise
                         chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
-                        batch = self.runner.prepare(chunks) if chunks else None
+                        step = self._prepare(chunks, flight) if chunks else None
                 last_was_call = call is not None
+                if step is not None:
+                    t0 = time.perf_counter()
+                    step.handle = self.runner.launch(step.batch, flight.handle if flight else None)
+                    step.seconds = time.perf_counter() - t0
+                if flight is not None:  # its results come back while the step just launched runs
+                    self._complete(flight)
+                    flight = None
+                if step is not None:
+                    if self.overlap:
+                        flight = step
+                    else:
+                        self._complete(step)
                 if call is not None:
                     fn, fut = call
                     try:
@@ -224,18 +250,8 @@ class Engine:
                     except BaseException as e:  # noqa: BLE001 (the caller's exception, raised by the caller)
                         fut.set_exception(e)
                     continue
-                if batch is None:
+                if step is None and flight is None:
                     time.sleep(0.001)
-                    continue
-                t0 = time.perf_counter()
-                tokens, hidden = self.runner.run(batch)
-                seconds = time.perf_counter() - t0
-                with self._cv:
-                    self._postprocess(chunks, tokens, hidden)
-                self.steps += 1
-                if self.on_step:
-                    self.on_step(StepStats(len(chunks), sum(c.length for c in chunks),
-                                           sum(c.length == 1 for c in chunks), seconds, self.cache.utilization))
         except BaseException as e:  # the loop is dead: fail everything that waits on it
             log.exception("engine loop crashed")
             self.error = e
@@ -247,33 +263,70 @@ class Engine:
                     except Exception:
                         log.exception("callback failed while failing sequence %d", seq.id)
 
-    def _postprocess(self, chunks: list[Chunk], tokens: dict[int, int], hidden: dict) -> None:
+    def _prepare(self, chunks: list[Chunk], flight: _Step | None) -> _Step:
+        """With the lock held: the step's batch, and every sequence advanced as if it had run
+        (its positions computed, a token about to be sampled appended as ``PENDING``), so that
+        the next step can be scheduled before this one's results are back."""
+        batch = self.runner.prepare(chunks, flight.handle if flight else None)
         for c in chunks:
             seq = c.seq
-            if seq.finished or seq.num_computed != c.start:
-                continue  # aborted or preempted while the batch ran
+            if seq.kind is SeqKind.TOKENS and c.end == seq.num_inputs:
+                seq.token_ids.append(PENDING)
             seq.num_computed = c.end
+        return _Step(chunks, [c.seq.preemptions for c in chunks], batch)
+
+    def _complete(self, step: _Step) -> None:
+        """Wait for a launched step and hand its results back."""
+        t0 = time.perf_counter()
+        tokens, hidden = self.runner.finish(step.handle)
+        seconds = step.seconds + time.perf_counter() - t0
+        with self._cv:
+            self._postprocess(step, tokens, hidden)
+        self.steps += 1
+        if self.on_step:
+            chunks = step.chunks
+            self.on_step(StepStats(len(chunks), sum(c.length for c in chunks), sum(c.length == 1 for c in chunks),
+                                   seconds, self.cache.utilization))
+
+    def _postprocess(self, step: _Step, tokens: dict[int, int], hidden: dict) -> None:
+        for c, epoch in zip(step.chunks, step.epochs, strict=True):
+            seq = c.seq
+            if seq.finished:
+                continue  # aborted or closed while the batch ran
+            intact = seq.preemptions == epoch  # not preempted since: its blocks hold this step's KV
             if seq.kind is SeqKind.TOKENS:
-                self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, seq.num_computed)
-                if seq.id in tokens:
-                    token = tokens[seq.id]
-                    seq.token_ids.append(token)
+                if intact:
+                    self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, c.end)
+                if seq.id in tokens:  # a sample stays valid even if its sequence was preempted since
+                    token = seq.token_ids[c.end] = tokens[seq.id]
                     if seq.first_token_time is None:
                         seq.first_token_time = time.monotonic()
                     if seq.on_token:
                         seq.on_token(token)
                     if token in seq.stop_ids:
                         self._finish(seq, "stop")
-                    elif seq.num_output_tokens >= seq.max_new_tokens:
+                    elif c.end + 1 - seq.num_prompt_tokens >= seq.max_new_tokens:
                         self._finish(seq, "length")
-            else:
+            elif intact:
                 rows = hidden[seq.id]
                 skip = max(0, seq.step_start - c.start)  # rows recomputed after a preemption
                 if skip < rows.shape[0]:
                     seq.step_out.append(rows[skip:].clone())
-                if seq.num_computed == seq.num_hidden:
+                if c.end == seq.num_hidden:
                     out = torch.cat(seq.step_out) if len(seq.step_out) > 1 else seq.step_out[0]
                     seq.step_out.clear()
                     done, seq.on_step_done = seq.on_step_done, None
                     if done:
                         done(out)
+
+
+@dataclass
+class _Step:
+    """A scheduled step: its chunks, each sequence's preemption count when it was prepared, the
+    batch, and once launched the runner's handle and the launch's seconds."""
+
+    chunks: list[Chunk]
+    epochs: list[int]
+    batch: PreparedBatch
+    handle: StepHandle | None = None
+    seconds: float = 0.0

@@ -27,7 +27,7 @@ from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
 from veil.engine.sampling import SamplingBatch, SamplingParams, sample
 from veil.engine.scheduler import Chunk
-from veil.engine.sequence import SeqKind
+from veil.engine.sequence import PENDING, SeqKind
 from veil.kernels import ops
 from veil.kernels.linear import Linear
 
@@ -65,10 +65,25 @@ class PreparedBatch:
     logit_seqs: list[int]  # their sequence ids
     sampling: tuple[list[SamplingParams], list[int], list[int]]  # params, seeds, counters
     hidden_out: list[tuple[int, int, int]]  # (seq id, first row among hidden rows, rows)
+    # token rows whose id the step in flight is still sampling (an overlapped step's decodes):
+    # (row, index among that step's sampled ids), filled in on the device before the forward pass
+    pending_rows: list[tuple[int, int]]
 
     @property
     def num_token_rows(self) -> int:
         return self.token_ids.shape[0]
+
+
+@dataclass
+class StepHandle:
+    """A launched step (``ModelRunner.launch``) until ``finish``."""
+
+    batch: PreparedBatch
+    sampled_index: dict[int, int]  # sequence id -> its row in ``sampled``
+    sampled: torch.Tensor | None  # [logit rows] int64 on the device
+    host: torch.Tensor | None  # the same ids on the host (pinned, being copied on CUDA)
+    done: torch.cuda.Event | None  # recorded after the copy (CUDA)
+    hidden_rows: torch.Tensor | None = None  # the hidden chunks' output rows on the device
 
 
 @dataclass
@@ -129,11 +144,12 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self, cuda_graph_batch)
 
     # -- host side: the snapshot -------------------------------------------------------------------
-    def prepare(self, chunks: list[Chunk]) -> PreparedBatch:
+    def prepare(self, chunks: list[Chunk], in_flight: StepHandle | None = None) -> PreparedBatch:
         """Snapshot what the forward pass reads from the sequences and bring the device block
         tables up to date. Called under the engine's lock, so an abort on another thread cannot
-        change a block table mid-step. Chunks come ordered: token chunks first."""
-        info, lengths, ids, hid = [], [], [], []
+        change a block table mid-step. Chunks come ordered: token chunks first. A token id not
+        sampled yet (``PENDING``) is the step ``in_flight``'s sample for that sequence."""
+        info, lengths, ids, hid, pending_rows = [], [], [], [], []
         logit_rows, logit_seqs, params, seeds, counters, hidden_out = [], [], [], [], [], []
         width, row, n_tok_seqs, n_hid_rows = 1, 0, 0, 0
         for c in chunks:
@@ -146,6 +162,8 @@ class ModelRunner:
                     raise AssertionError("token chunks must come first")
                 n_tok_seqs += 1
                 ids.extend(seq.token_ids[c.start:c.end])
+                if seq.token_ids[c.end - 1] == PENDING:  # only ever the last input, sampled in flight
+                    pending_rows.append((row + c.length - 1, in_flight.sampled_index[seq.id]))
                 if c.end == seq.num_inputs:
                     logit_rows.append(row + c.length - 1)
                     logit_seqs.append(seq.id)
@@ -161,7 +179,7 @@ class ModelRunner:
             raise RuntimeError("this server holds only the server half: no full-model requests")
         return PreparedBatch(torch.tensor(info, dtype=torch.long), lengths, width, n_tok_seqs,
                              torch.tensor(ids, dtype=torch.long), torch.cat(hid) if hid else None,
-                             logit_rows, logit_seqs, (params, seeds, counters), hidden_out)
+                             logit_rows, logit_seqs, (params, seeds, counters), hidden_out, pending_rows)
 
     def release(self, seq_id: int) -> None:
         """A sequence has ended: give its block-table row back."""
@@ -263,20 +281,26 @@ class ModelRunner:
 
     # -- the step ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: PreparedBatch) -> tuple[dict[int, int], dict[int, torch.Tensor]]:
-        """Returns (the sampled token of each token sequence whose inputs are now all computed,
-        the output hidden rows [T, d] fp32 on the host of each hidden chunk)."""
+    def launch(self, batch: PreparedBatch, in_flight: StepHandle | None = None) -> StepHandle:
+        """Start the step: on CUDA the forward pass and the sampling are queued and the sampled
+        ids start their copy to the host, and this returns while the GPU works (``finish``
+        waits); on the CPU it computes everything. ``in_flight``: the step still running, whose
+        sampled ids this one's ``pending_rows`` read on the device."""
         dev = self.device
         info = batch.seq_info.to(dev, non_blocking=True)
         n_tok = batch.num_token_rows
-        logits = None
+        ids = batch.token_ids.to(dev, non_blocking=True)
+        if batch.pending_rows:
+            rows, src = zip(*batch.pending_rows, strict=True)
+            ids[torch.tensor(rows, device=dev)] = in_flight.sampled[torch.tensor(src, device=dev)]
+        logits, x = None, None
         if self.graphs is not None and batch.hidden is None and n_tok == len(batch.lengths):
-            logits = self.graphs.run(batch.token_ids.to(dev, non_blocking=True), info)
+            logits = self.graphs.run(ids, info)
         if logits is None:
             meta = self._meta(info, batch.lengths, batch.width)
             parts = []
             if batch.num_token_seqs:
-                x = F.embedding(batch.token_ids.to(dev, non_blocking=True), self.embed_w)
+                x = F.embedding(ids, self.embed_w)
                 if self.k:
                     tok_meta = meta if batch.hidden is None else self._meta(
                         info[:batch.num_token_seqs], batch.lengths[:batch.num_token_seqs], batch.width)
@@ -288,15 +312,36 @@ class ModelRunner:
             x = self._run_layers(x, max(self.k, self.first), self.cfg.num_layers, meta)
             if batch.logit_rows:
                 logits = self.logits(x[_rows_index(batch.logit_rows, dev)])
-        tokens: dict[int, int] = {}
+        handle = StepHandle(batch, {sid: i for i, sid in enumerate(batch.logit_seqs)}, None, None, None, None)
         if batch.logit_rows:
             if logits.shape[0] != len(batch.logit_rows):  # graph output: every row has logits
                 logits = logits[torch.tensor(batch.logit_rows, device=dev)]
-            sampling = SamplingBatch.build(*batch.sampling, device=dev)
-            ids = sample(logits, sampling).tolist()  # the step's one device-to-host copy
-            tokens = dict(zip(batch.logit_seqs, ids, strict=True))
-        hidden: dict[int, torch.Tensor] = {}
+            handle.sampled = sample(logits, SamplingBatch.build(*batch.sampling, device=dev))
+            if dev.type == "cuda":  # the step's one device-to-host copy, started now, awaited in finish
+                handle.host = torch.empty(handle.sampled.shape, dtype=torch.long, pin_memory=True)
+                handle.host.copy_(handle.sampled, non_blocking=True)
+                handle.done = torch.cuda.Event()
+                handle.done.record()
+            else:
+                handle.host = handle.sampled
         if batch.hidden_out:
-            out = x[n_tok:].float().cpu()
+            handle.hidden_rows = x[n_tok:]
+        return handle
+
+    @torch.inference_mode()
+    def finish(self, handle: StepHandle) -> tuple[dict[int, int], dict[int, torch.Tensor]]:
+        """Wait for a launched step: (the sampled token of each token sequence whose inputs are
+        now all computed, the output hidden rows [T, d] fp32 on the host of each hidden chunk)."""
+        batch, tokens, hidden = handle.batch, {}, {}
+        if handle.done is not None:
+            handle.done.synchronize()
+        if handle.host is not None:
+            tokens = dict(zip(batch.logit_seqs, handle.host.tolist(), strict=True))
+        if batch.hidden_out:
+            out = handle.hidden_rows.float().cpu()
             hidden = {sid: out[r:r + n] for sid, r, n in batch.hidden_out}
         return tokens, hidden
+
+    def run(self, batch: PreparedBatch) -> tuple[dict[int, int], dict[int, torch.Tensor]]:
+        """``launch`` then ``finish``: one step, start to end."""
+        return self.finish(self.launch(batch))

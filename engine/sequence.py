@@ -25,6 +25,10 @@ from veil.engine.sampling import Sampler, SamplingParams
 
 _ids = itertools.count(1)
 
+#: the id of a token a step in flight is still sampling (the engine overlaps a step's host work
+#: with the previous step's GPU work: the next decode is scheduled before its input is known)
+PENDING = -1
+
 
 class SeqKind(Enum):
     TOKENS = "tokens"
@@ -75,8 +79,11 @@ class Sequence:
 
     @property
     def pending(self) -> int:
-        """Input positions not yet computed."""
-        return 0 if self.finished else self.num_inputs - self.num_computed
+        """Input positions not yet computed (none once every output token is drawn: the last
+        one's position is never computed)."""
+        if self.finished or (self.kind is SeqKind.TOKENS and self.num_output_tokens >= self.max_new_tokens):
+            return 0
+        return self.num_inputs - self.num_computed
 
     @property
     def num_output_tokens(self) -> int:

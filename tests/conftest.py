@@ -97,6 +97,49 @@ def local_greedy(full_model, chat_prompts):
     return [generate_local(full_model, ids, 32) for ids in chat_prompts]
 
 
+@pytest.fixture
+def split_steps_check(full_model, chat_prompts):
+    """A split session's two hidden steps (a 70-token prefill chunked by a 64-token budget, then
+    the rest) through ``engine``: its outputs give the whole model's logits and greedy tokens."""
+    import threading
+
+    import torch
+
+    from veil.engine.model import LlamaModel
+
+    def check(engine):
+        ids = chat_prompts[2]
+        with torch.inference_mode():
+            h0, kv = full_model.forward_layers(full_model.embed(torch.tensor(ids)), torch.arange(len(ids)),
+                                               [None] * 30)
+        # hidden inputs of the server layers: the client's layers [0, 2)
+        head = LlamaModel(full_model.cfg, 0, 2, with_ends=True)
+        head.load_hf_tensors(full_model.hf_state_dict())
+        with torch.inference_mode():
+            x, _ = head.forward_layers(head.embed(torch.tensor(ids)), torch.arange(len(ids)), [None, None])
+        seq = engine.open_hidden("t")
+        result = {}
+        ev = threading.Event()
+        # two steps: a 70-token prefill (chunked by the 64-token budget) and then the rest
+        split_at = 70 if len(ids) > 70 else len(ids) - 3
+        outs = []
+        for rows in (x[:split_at], x[split_at:]):
+            ev.clear()
+            engine.submit_hidden(seq, rows, lambda out: (result.__setitem__("out", out), ev.set()))
+            assert ev.wait(60)
+            outs.append(result["out"])
+        got = torch.cat(outs)
+        with torch.inference_mode():
+            want = full_model.logits(h0)
+            mine = full_model.logits(got)
+        assert torch.allclose(mine, want, atol=1e-3, rtol=1e-4)
+        assert (mine.argmax(-1) == want.argmax(-1)).all()
+        engine.close(seq)
+        assert not seq.table.blocks
+
+    return check
+
+
 class LiveServer:
     """A real uvicorn server on a loopback port with two tenants, in this process."""
 
