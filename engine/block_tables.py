@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from veil.engine.host import to_device
 from veil.engine.kv_cache import BlockTable
 
 
@@ -42,7 +43,6 @@ class DeviceBlockTables:
         if n > self.max_blocks:
             raise ValueError(f"a sequence of {n} blocks exceeds the engine's {self.max_blocks}")
         if table.synced < n:
-            new = torch.tensor(table.blocks[table.synced:], dtype=torch.int32)
-            self.buf[row, table.synced:n].copy_(new, non_blocking=True)
+            self.buf[row, table.synced:n].copy_(to_device(table.blocks[table.synced:], self.device, torch.int32))
             table.synced = n
         return row

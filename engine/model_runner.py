@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from veil.engine.block_tables import DeviceBlockTables
+from veil.engine.host import to_device
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
 from veil.engine.sampling import SamplingBatch, SamplingParams, sample
@@ -104,7 +105,7 @@ def _rows_index(idx: list[int], device: torch.device) -> slice | torch.Tensor:
     """A slice when the indices are a contiguous run (the usual case), else an index tensor."""
     if idx and idx[-1] - idx[0] + 1 == len(idx):
         return slice(idx[0], idx[-1] + 1)
-    return torch.tensor(idx, dtype=torch.long, device=device)
+    return to_device(idx, device, torch.long)
 
 
 class ModelRunner:
@@ -223,7 +224,7 @@ class ModelRunner:
         cu_part = [0]
         for q in q_lens:
             cu_part.append(cu_part[-1] + q)
-        return AttnPart(rows, tables[sel], ctx[sel], torch.tensor(cu_part, dtype=torch.int32, device=dev),
+        return AttnPart(rows, tables[sel], ctx[sel], to_device(cu_part, dev, torch.int32),
                         max(q_lens))
 
     def decode_meta(self, positions, slots, tables, ctx) -> StepMeta:
@@ -287,12 +288,12 @@ class ModelRunner:
         waits); on the CPU it computes everything. ``in_flight``: the step still running, whose
         sampled ids this one's ``pending_rows`` read on the device."""
         dev = self.device
-        info = batch.seq_info.to(dev, non_blocking=True)
+        info = to_device(batch.seq_info, dev)
         n_tok = batch.num_token_rows
-        ids = batch.token_ids.to(dev, non_blocking=True)
+        ids = to_device(batch.token_ids, dev)
         if batch.pending_rows:
             rows, src = zip(*batch.pending_rows, strict=True)
-            ids[torch.tensor(rows, device=dev)] = in_flight.sampled[torch.tensor(src, device=dev)]
+            ids[to_device(list(rows), dev, torch.long)] = in_flight.sampled[to_device(list(src), dev, torch.long)]
         logits, x = None, None
         if self.graphs is not None and batch.hidden is None and n_tok == len(batch.lengths):
             logits = self.graphs.run(ids, info)
@@ -307,7 +308,7 @@ class ModelRunner:
                     x = self._run_layers(x, 0, self.k, tok_meta)
                 parts.append(x)
             if batch.hidden is not None:
-                parts.append(batch.hidden.to(dev, self.dtype, non_blocking=True))
+                parts.append(to_device(batch.hidden, dev).to(self.dtype))
             x = parts[0] if len(parts) == 1 else torch.cat(parts)
             x = self._run_layers(x, max(self.k, self.first), self.cfg.num_layers, meta)
             if batch.logit_rows:
@@ -315,7 +316,7 @@ class ModelRunner:
         handle = StepHandle(batch, {sid: i for i, sid in enumerate(batch.logit_seqs)}, None, None, None, None)
         if batch.logit_rows:
             if logits.shape[0] != len(batch.logit_rows):  # graph output: every row has logits
-                logits = logits[torch.tensor(batch.logit_rows, device=dev)]
+                logits = logits[to_device(batch.logit_rows, dev, torch.long)]
             handle.sampled = sample(logits, SamplingBatch.build(*batch.sampling, device=dev))
             if dev.type == "cuda":  # the step's one device-to-host copy, started now, awaited in finish
                 handle.host = torch.empty(handle.sampled.shape, dtype=torch.long, pin_memory=True)

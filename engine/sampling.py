@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from veil.engine.host import to_device
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -81,7 +83,7 @@ class SamplingBatch:
         f = torch.tensor([[p.temperature, p.top_p] for p in params], dtype=torch.float32)
         i = torch.tensor([[p.top_k, s, c] for p, s, c in zip(params, seeds, counters, strict=True)],
                          dtype=torch.int64)
-        f, i = f.to(device, non_blocking=True), i.to(device, non_blocking=True)
+        f, i = to_device(f, torch.device(device)), to_device(i, torch.device(device))
         cuts = any(not p.greedy and (p.top_k or p.top_p < 1.0) for p in params)
         return cls(f[:, 0], i[:, 0], f[:, 1], i[:, 1], i[:, 2], False, cuts)
 
