@@ -121,8 +121,12 @@ class Evaluator:
         scale = self._product_scale(x.scale * y.scale, x.level)
         basis, _ = self._ctx.data(x.level)
         (a0, a1), (b0, b1) = x.data.unbind(-3), y.data.unbind(-3)
-        cross = basis.reduce(basis.mul_lazy(a0, b1) + basis.mul_lazy(a1, b0))
-        out = torch.stack((basis.mul(a0, b0), cross, basis.mul(a1, b1)), dim=-3)
+        # the tensor product as three multiply-accumulates (one kernel pass each: C on the CPU,
+        # Triton on CUDA), each sum exact and reduced once
+        def mac(*terms):
+            return rns.mac([t for t, _ in terms], [w for _, w in terms], basis, self._ctx.compile)
+
+        out = torch.stack((mac((a0, b0)), mac((a0, b1), (a1, b0)), mac((a1, b1))), dim=-3)
         if relinearize:
             out = keyswitch.relinearize(out, self._rlk, self._ctx, x.level)
         out = self._wrap(out, x.level, scale)
