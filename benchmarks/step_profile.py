@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.perf_counter()
         tokens, hidden = e.runner.run(st.batch)
         t2 = time.perf_counter()
-        e._postprocess(st, tokens, hidden)
+        e.scheduler.postprocess(st.chunks, st.epochs, tokens, hidden, e._finish)
         return t1 - t0, t2 - t1, time.perf_counter() - t2  # run() ends in the sampled ids' host copy
 
     step()  # the prefill

@@ -264,16 +264,10 @@ class Engine:
                         log.exception("callback failed while failing sequence %d", seq.id)
 
     def _prepare(self, chunks: list[Chunk], flight: _Step | None) -> _Step:
-        """With the lock held: the step's batch, and every sequence advanced as if it had run
-        (its positions computed, a token about to be sampled appended as ``PENDING``), so that
-        the next step can be scheduled before this one's results are back."""
+        """With the lock held: the step's batch, its sequences then advanced as if it had run
+        (``Scheduler.advance``), so that the next step can be scheduled before its results."""
         batch = self.runner.prepare(chunks, flight.handle if flight else None)
-        for c in chunks:
-            seq = c.seq
-            if seq.kind is SeqKind.TOKENS and c.end == seq.num_inputs:
-                seq.token_ids.append(PENDING)
-            seq.num_computed = c.end
-        return _Step(chunks, [c.seq.preemptions for c in chunks], batch)
+        return _Step(chunks, self.scheduler.advance(chunks), batch)
 
     def _complete(self, step: _Step) -> None:
         """Wait for a launched step and hand its results back."""
@@ -281,43 +275,12 @@ class Engine:
         tokens, hidden = self.runner.finish(step.handle)
         seconds = step.seconds + time.perf_counter() - t0
         with self._cv:
-            self._postprocess(step, tokens, hidden)
+            self.scheduler.postprocess(step.chunks, step.epochs, tokens, hidden, self._finish)
         self.steps += 1
         if self.on_step:
             chunks = step.chunks
             self.on_step(StepStats(len(chunks), sum(c.length for c in chunks), sum(c.length == 1 for c in chunks),
                                    seconds, self.cache.utilization))
-
-    def _postprocess(self, step: _Step, tokens: dict[int, int], hidden: dict) -> None:
-        for c, epoch in zip(step.chunks, step.epochs, strict=True):
-            seq = c.seq
-            if seq.finished:
-                continue  # aborted or closed while the batch ran
-            intact = seq.preemptions == epoch  # not preempted since: its blocks hold this step's KV
-            if seq.kind is SeqKind.TOKENS:
-                if intact:
-                    self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, c.end)
-                if seq.id in tokens:  # a sample stays valid even if its sequence was preempted since
-                    token = seq.token_ids[c.end] = tokens[seq.id]
-                    if seq.first_token_time is None:
-                        seq.first_token_time = time.monotonic()
-                    if seq.on_token:
-                        seq.on_token(token)
-                    if token in seq.stop_ids:
-                        self._finish(seq, "stop")
-                    elif c.end + 1 - seq.num_prompt_tokens >= seq.max_new_tokens:
-                        self._finish(seq, "length")
-            elif intact:
-                rows = hidden[seq.id]
-                skip = max(0, seq.step_start - c.start)  # rows recomputed after a preemption
-                if skip < rows.shape[0]:
-                    seq.step_out.append(rows[skip:].clone())
-                if c.end == seq.num_hidden:
-                    out = torch.cat(seq.step_out) if len(seq.step_out) > 1 else seq.step_out[0]
-                    seq.step_out.clear()
-                    done, seq.on_step_done = seq.on_step_done, None
-                    if done:
-                        done(out)
 
 
 @dataclass

@@ -7,14 +7,22 @@ stall running decodes for more than one step. When the KV pool cannot hold a chu
 scheduler preempts by recompute: it frees a victim's blocks (idle split sessions first,
 oldest first; then the newest sequence) and the victim later recomputes its KV from its kept
 inputs.
+
+A step's sequences advance when it is prepared (``advance``: positions counted as computed, a
+token about to be sampled appended as ``PENDING``), so the engine can schedule the next step
+while this one runs; ``postprocess`` then puts the sampled tokens and output rows in place.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from veil.engine.kv_cache import PagedKVCache
-from veil.engine.sequence import SeqKind, Sequence
+from veil.engine.sequence import PENDING, SeqKind, Sequence
 
 
 @dataclass(frozen=True)
@@ -114,3 +122,49 @@ class Scheduler:
         if idx < len(seq.table.blocks) and self.cache.blocks[seq.table.blocks[idx]].ref_count > 1:
             return 1
         return 0
+
+    def advance(self, chunks: list[Chunk]) -> list[int]:
+        """Count the chunks' positions as computed and append a ``PENDING`` token where a chunk
+        ends a token sequence's inputs (the step will sample it); returns each sequence's
+        preemption count, which ``postprocess`` compares to see whether its blocks survived."""
+        for c in chunks:
+            seq = c.seq
+            if seq.kind is SeqKind.TOKENS and c.end == seq.num_inputs:
+                seq.token_ids.append(PENDING)
+            seq.num_computed = c.end
+        return [c.seq.preemptions for c in chunks]
+
+    def postprocess(self, chunks: list[Chunk], epochs: list[int], tokens: dict[int, int],
+                    hidden: dict[int, torch.Tensor], finish: Callable[[Sequence, str], None]) -> None:
+        """A finished step's results: each sampled token in place of its ``PENDING`` (callbacks,
+        stop and length checks, ``finish`` on the end), the full blocks published for sharing,
+        a split step's output rows handed to its waiter."""
+        for c, epoch in zip(chunks, epochs, strict=True):
+            seq = c.seq
+            if seq.finished:
+                continue  # aborted or closed while the batch ran
+            intact = seq.preemptions == epoch  # not preempted since: its blocks hold this step's KV
+            if seq.kind is SeqKind.TOKENS:
+                if intact:
+                    self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, c.end)
+                if seq.id in tokens:  # a sample stays valid even if its sequence was preempted since
+                    token = seq.token_ids[c.end] = tokens[seq.id]
+                    if seq.first_token_time is None:
+                        seq.first_token_time = time.monotonic()
+                    if seq.on_token:
+                        seq.on_token(token)
+                    if token in seq.stop_ids:
+                        finish(seq, "stop")
+                    elif c.end + 1 - seq.num_prompt_tokens >= seq.max_new_tokens:
+                        finish(seq, "length")
+            elif intact:
+                rows = hidden[seq.id]
+                skip = max(0, seq.step_start - c.start)  # rows recomputed after a preemption
+                if skip < rows.shape[0]:
+                    seq.step_out.append(rows[skip:].clone())
+                if c.end == seq.num_hidden:
+                    out = torch.cat(seq.step_out) if len(seq.step_out) > 1 else seq.step_out[0]
+                    seq.step_out.clear()
+                    done, seq.on_step_done = seq.on_step_done, None
+                    if done:
+                        done(out)
