@@ -81,9 +81,9 @@ class StepHandle:
 
     batch: PreparedBatch
     sampled_index: dict[int, int]  # sequence id -> its row in ``sampled``
-    sampled: torch.Tensor | None  # [logit rows] int64 on the device
-    host: torch.Tensor | None  # the same ids on the host (pinned, being copied on CUDA)
-    done: torch.cuda.Event | None  # recorded after the copy (CUDA)
+    sampled: torch.Tensor | None = None  # [logit rows] int64 on the device
+    host: torch.Tensor | None = None  # the same ids on the host (pinned, being copied on CUDA)
+    done: torch.cuda.Event | None = None  # recorded after the copy (CUDA)
     hidden_rows: torch.Tensor | None = None  # the hidden chunks' output rows on the device
 
 
@@ -291,9 +291,9 @@ class ModelRunner:
         info = to_device(batch.seq_info, dev)
         n_tok = batch.num_token_rows
         ids = to_device(batch.token_ids, dev)
-        if batch.pending_rows:
-            rows, src = zip(*batch.pending_rows, strict=True)
-            ids[to_device(list(rows), dev, torch.long)] = in_flight.sampled[to_device(list(src), dev, torch.long)]
+        if batch.pending_rows:  # one copy of the (row, source) pairs
+            pairs = to_device(batch.pending_rows, dev, torch.long)
+            ids[pairs[:, 0]] = in_flight.sampled[pairs[:, 1]]
         logits, x = None, None
         if self.graphs is not None and batch.hidden is None and n_tok == len(batch.lengths):
             logits = self.graphs.run(ids, info)
@@ -313,7 +313,7 @@ class ModelRunner:
             x = self._run_layers(x, max(self.k, self.first), self.cfg.num_layers, meta)
             if batch.logit_rows:
                 logits = self.logits(x[_rows_index(batch.logit_rows, dev)])
-        handle = StepHandle(batch, {sid: i for i, sid in enumerate(batch.logit_seqs)}, None, None, None, None)
+        handle = StepHandle(batch, {sid: i for i, sid in enumerate(batch.logit_seqs)})
         if batch.logit_rows:
             if logits.shape[0] != len(batch.logit_rows):  # graph output: every row has logits
                 logits = logits[to_device(batch.logit_rows, dev, torch.long)]

@@ -35,8 +35,8 @@ static inline void mul_add(uint64_t *acc, uint64_t f, const uint32_t *c, int w) 
     for (int k = 0; k < w; k++) {
         uint64_t p0 = f0 * c[k];
         acc[k] += p0 & 0xFFFFFFFFu;
-        if (k + 1 < w) acc[k + 1] += p0 >> 32;
         if (k + 1 < w) {
+            acc[k + 1] += p0 >> 32;
             uint64_t p1 = f1 * c[k];
             acc[k + 1] += p1 & 0xFFFFFFFFu;
             if (k + 2 < w) acc[k + 2] += p1 >> 32;
