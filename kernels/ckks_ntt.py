@@ -1,24 +1,32 @@
-"""Negacyclic NTT / INTT of ``[..., L, N]`` residues in Triton, two butterfly stages per launch.
+"""Negacyclic NTT / INTT of ``[..., L, N]`` residues in Triton, four butterfly stages per launch.
 
 The twin is ``veil.crypto.native.ntt.NttTables`` itself (its torch path): the same SEAL
-network, the same twiddle tables (read in place, no copies), the same lazy-reduction plan
-(``_RunNtt.plan``) and the same products (``ckks_arith``); both end canonical, so outputs are
-equal bit for bit. ``NttTables.forward`` / ``.inverse`` call ``ntt_triton`` on CUDA tensors.
+network, the same twiddle tables, the same lazy-reduction plan (``_RunNtt.plan``) and the same
+products (``ckks_arith``); both end canonical, so outputs are equal bit for bit.
+``NttTables.forward`` / ``.inverse`` call ``ntt_triton`` on CUDA tensors.
 
-Radix 4: a launch fuses two consecutive stages, whose butterflies close over quadruples
-``base + {0, d, 2d, 3d}``: forward, the stage with half-size ``2d`` pairs ``(0, 2d)`` and
-``(d, 3d)``, the next one (half-size ``d``) ``(0, d)`` and ``(2d, 3d)``; the inverse runs the
-same two in the opposite order. Each program loads a block of quadruples once, applies both
-stages in registers and stores them in place (the quadruples of a launch are disjoint), which
-halves the passes over memory of one launch per stage. An odd stage count ends with a radix-2
-launch. A value's bound before each product is the one the plan gives the twin: where the plan
-reduces before a stage, the kernel reduces its four values (``REDUCE_A`` / ``REDUCE_B``).
+Why: on a GPU the protected path is launch-bound (a rotation was 53 launches, 49 of them NTT
+stages, ~100 us each with their Python: ``benchmarks/results/2026-11-28-gpu``), so a transform
+of N = 2^14 takes 4 launches over every limb (4 + 4 + 4 + 2 stages), not 7 per run of limbs.
 
-Grid: ``(B * limbs of the run, quadruples / BLOCK)``; one launch per pair of stages per run of
-limbs sharing a product scheme (two runs in the production basis).
+Radix 16: a lane owns the 16 values ``base + r*d`` and applies four consecutive stages in
+registers as two passes of two: a pair of stages closes over quadruples ``(0, e, 2e, 3e)``
+(forward: the stage at distance ``2e`` pairs ``(0, 2e)``, ``(e, 3e)``, the next one ``(0, e)``,
+``(2e, 3e)``; the inverse runs the two in the opposite order), first on ``(r, r+4, r+8, r+12)``
+(``e = 4d``), then on ``(4s .. 4s+3)`` (``e = d``) forward, the other way round inverse. The
+16-tuples of a launch are disjoint, so it works in place. The last stages come as a radix-4 or
+radix-2 launch. A value's bound before each product is the one the plan gives the twin: where
+the plan reduces before a stage, the kernel reduces its values.
+
+Every run of limbs shares each launch: the runs' constants are stacked on the limb axis once
+(``NttPack``, held by the master tables, views for each level's run), and a program reads its
+limb's product scheme and its run's plan (``wide``, ``plan``) and takes that branch (uniform
+per program). Grid: ``(B * L, lanes / BLOCK)``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -27,9 +35,10 @@ import triton.language as tl
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, reduce_lazy
 
-__all__ = ["ntt_triton"]
+__all__ = ["NttPack", "ntt_triton", "pack_runs"]
 
-_BLOCK = 1024  # butterflies (radix 2) or quadruples (radix 4) per program
+# lanes per program by stages per launch: a lane holds 2, 4 or 16 values in registers
+_BLOCK = {1: 1024, 2: 512, 4: 128}
 
 
 @triton.jit
@@ -72,94 +81,198 @@ def _canon(x, q, qinv):
 
 
 @triton.jit
-def _ntt_kernel(src_ptr, x_ptr, tw_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qinv_ptr,
+def _at(t, off, mask, WIDE: tl.constexpr):
+    """The fields at ``off`` of a limb's twiddle table ``t`` (four pointers)."""
+    tw_ptr, wq_ptr, w0_ptr, w0q_ptr = t
+    return _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, off, mask, WIDE)
+
+
+@triton.jit
+def _fw4(x0, x1, x2, x3, T, g1, g2, mask, c, q, qinv, REDUCE_A, REDUCE_B, FINAL: tl.constexpr,
+         WIDE: tl.constexpr):
+    """Two forward stages on a quadruple ``(0, e, 2e, 3e)``: the first (distance ``2e``, twiddle
+    ``T[g1]``) pairs ``(0, 2e)`` and ``(e, 3e)``, the second (distance ``e``) ``(0, e)`` with
+    ``T[g2]`` and ``(2e, 3e)`` with ``T[g2 + 1]``."""
+    if REDUCE_A:
+        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
+        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+    w, wq, w0, w0q = _at(T, g1, mask, WIDE)
+    x0, x2 = _ct(x0, x2, w, wq, w0, w0q, c, q, WIDE)
+    x1, x3 = _ct(x1, x3, w, wq, w0, w0q, c, q, WIDE)
+    if REDUCE_B:
+        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
+        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+    w, wq, w0, w0q = _at(T, g2, mask, WIDE)
+    x0, x1 = _ct(x0, x1, w, wq, w0, w0q, c, q, WIDE)
+    w, wq, w0, w0q = _at(T, g2 + 1, mask, WIDE)
+    x2, x3 = _ct(x2, x3, w, wq, w0, w0q, c, q, WIDE)
+    if FINAL:
+        x0, x1, x2, x3 = _canon(x0, q, qinv), _canon(x1, q, qinv), _canon(x2, q, qinv), \
+            _canon(x3, q, qinv)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _inv4(x0, x1, x2, x3, T, g1, g2, lo, hi, mask, c, q, qinv, REDUCE_A, REDUCE_B,
+          LAST: tl.constexpr, WIDE: tl.constexpr):
+    """Two inverse stages on a quadruple ``(0, e, 2e, 3e)``: the first (distance ``e``) pairs
+    ``(0, e)`` with ``T[g1]`` and ``(2e, 3e)`` with ``T[g1 + 1]``, the second (distance ``2e``,
+    twiddle ``T[g2]``, or the last stage's ``lo``/``hi``) ``(0, 2e)`` and ``(e, 3e)``."""
+    if REDUCE_A:
+        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
+        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+    w, wq, w0, w0q = _at(T, g1, mask, WIDE)
+    x0, x1 = _gs(x0, x1, w, wq, w0, w0q, c, q, WIDE)
+    w, wq, w0, w0q = _at(T, g1 + 1, mask, WIDE)
+    x2, x3 = _gs(x2, x3, w, wq, w0, w0q, c, q, WIDE)
+    if REDUCE_B:
+        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
+        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+    if LAST:
+        x0, x2 = _gs_last(x0, x2, lo, hi, c, q, WIDE)
+        x1, x3 = _gs_last(x1, x3, lo, hi, c, q, WIDE)
+    else:
+        w, wq, w0, w0q = _at(T, g2, mask, WIDE)
+        x0, x2 = _gs(x0, x2, w, wq, w0, w0q, c, q, WIDE)
+        x1, x3 = _gs(x1, x3, w, wq, w0, w0q, c, q, WIDE)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _load4(p, d, mask):
+    return tl.load(p, mask=mask), tl.load(p + d, mask=mask), tl.load(p + 2 * d, mask=mask), \
+        tl.load(p + 3 * d, mask=mask)
+
+
+@triton.jit
+def _store4(p, d, mask, x0, x1, x2, x3):
+    tl.store(p, x0, mask=mask)
+    tl.store(p + d, x1, mask=mask)
+    tl.store(p + 2 * d, x2, mask=mask)
+    tl.store(p + 3 * d, x3, mask=mask)
+
+
+@triton.jit
+def _ntt_kernel(src_ptr, x_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qinv_ptr,
                 lo_ptr, loq_ptr, lo0_ptr, lo0q_ptr, hi_ptr, hiq_ptr, hi0_ptr, hi0q_ptr,
-                tw_stride, c_stride, last_stride, limbs, run_limbs, first_limb, n, g0, log_d,
-                INVERSE: tl.constexpr, TWO: tl.constexpr, REDUCE_A: tl.constexpr,
-                REDUCE_B: tl.constexpr, LAST: tl.constexpr, FINAL: tl.constexpr,
-                WIDE: tl.constexpr, BLOCK: tl.constexpr):
+                wide_ptr, plan_ptr, plan_stride, stage, limbs, n, g0, log_d,
+                INVERSE: tl.constexpr, STAGES: tl.constexpr, LAST: tl.constexpr,
+                FINAL: tl.constexpr, BLOCK: tl.constexpr):
+    # ``STAGES`` (1, 2 or 4) consecutive stages per launch, from ``stage`` on, over every limb
+    # of every polynomial: a limb's product scheme (``wide``) and its reductions (``plan``: reduce
+    # before the stage) are read per program, so limbs of all runs share the launch.
     # ``g0``: the groups of the launch's first stage (forward: m, twiddles [m, 2m); inverse: h,
-    # twiddles [h, 2h)). ``d = 2^log_d``: the smallest butterfly distance of the launch. LAST:
-    # the launch ends with the inverse's last stage; FINAL: the forward's canonical reduction
-    # follows. ``src``: the input (the first launch) or ``x`` itself; every element is loaded
-    # and stored by exactly one lane, so in place is safe.
+    # twiddles [h, 2h)). ``d = 2^log_d``: the smallest butterfly distance of the launch; a lane
+    # owns the ``2^STAGES`` values ``i0 + r*d``. LAST: the launch ends with the inverse's last
+    # stage; FINAL: the forward's canonical reduction follows. ``src``: the input (the first
+    # launch) or ``x`` itself; every element is loaded and stored by exactly one lane, so in
+    # place is safe.
     row = tl.program_id(0).to(tl.int64)
-    limb = row % run_limbs
-    offset = ((row // run_limbs) * limbs + first_limb + limb) * n
-    src = src_ptr + offset
-    base_ptr = x_ptr + offset
+    limb = row % limbs
+    src = src_ptr + row * n
+    base_ptr = x_ptr + row * n
     k = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = k < (n >> (2 if TWO else 1))
-    grp = k >> log_d  # this butterfly's (or quadruple's) group
+    mask = k < (n >> STAGES)
+    grp = k >> log_d  # this lane's group of the launch's last (forward) / first (inverse) stage
     d = 1 << log_d
-    i0 = grp * ((4 if TWO else 2) * d) + (k & (d - 1))
+    i0 = grp * ((1 << STAGES) * d) + (k & (d - 1))
     q = tl.load(q_ptr + limb)
     qinv = tl.load(qinv_ptr + limb)
-    c = qinv  # unused by narrow products
-    if WIDE:
-        c = tl.load(c_ptr + limb * c_stride)  # fl(2^30/q)
-    tw = limb * tw_stride
-    # the last inverse stage's two constants (scalars per limb; read by LAST launches only)
-    lo = _tw(lo_ptr, loq_ptr, lo0_ptr, lo0q_ptr, limb * last_stride, None, WIDE)
-    hi = _tw(hi_ptr, hiq_ptr, hi0_ptr, hi0q_ptr, limb * last_stride, None, WIDE)
-    if TWO:
-        x0 = tl.load(src + i0, mask=mask)
-        x1 = tl.load(src + i0 + d, mask=mask)
-        x2 = tl.load(src + i0 + 2 * d, mask=mask)
-        x3 = tl.load(src + i0 + 3 * d, mask=mask)
-        if REDUCE_A:
-            x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
-            x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+    c = tl.load(c_ptr + limb)  # fl(2^30/q); unused by narrow products
+    tw = limb * n
+    T = (w_ptr + tw, wq_ptr + tw, w0_ptr + tw, w0q_ptr + tw)  # this limb's twiddle fields
+    # the last inverse stage's two constants (read by LAST launches only)
+    L = (lo_ptr + limb, loq_ptr + limb, lo0_ptr + limb, lo0q_ptr + limb)
+    H = (hi_ptr + limb, hiq_ptr + limb, hi0_ptr + limb, hi0q_ptr + limb)
+    flags = plan_ptr + limb * plan_stride + stage
+    r0 = tl.load(flags) != 0
+    r1, r2, r3 = r0, r0, r0  # placeholders where the launch has fewer stages
+    if STAGES > 1:
+        r1 = tl.load(flags + 1) != 0
+    if STAGES > 2:
+        r2, r3 = tl.load(flags + 2) != 0, tl.load(flags + 3) != 0
+    if tl.load(wide_ptr + limb) != 0:
+        _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, r0, r1, r2, r3,
+                INVERSE, STAGES, LAST, FINAL, True)
+    else:
+        _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, r0, r1, r2, r3,
+                INVERSE, STAGES, LAST, FINAL, False)
+
+
+@triton.jit
+def _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, R0, R1, R2, R3,
+            INVERSE: tl.constexpr, STAGES: tl.constexpr, LAST: tl.constexpr,
+            FINAL: tl.constexpr, WIDE: tl.constexpr):
+    lo = _at(L, 0, None, WIDE)
+    hi = _at(H, 0, None, WIDE)
+    if STAGES == 4:
+        # radix 16: two passes of two stages over the lane's 16 values x[r] = src[i0 + r*d]
+        x0, x1, x2, x3 = _load4(src + i0, d, mask)
+        x4, x5, x6, x7 = _load4(src + i0 + 4 * d, d, mask)
+        x8, x9, x10, x11 = _load4(src + i0 + 8 * d, d, mask)
+        x12, x13, x14, x15 = _load4(src + i0 + 12 * d, d, mask)
         if INVERSE:
-            # stage h (distance d): groups 2G, 2G+1 of the quadruple's group G
-            wa, wqa, w0a, w0qa = _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, tw + g0 + 2 * grp, mask, WIDE)
-            wb, wqb, w0b, w0qb = _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, tw + g0 + 2 * grp + 1, mask,
-                                     WIDE)
-            x0, x1 = _gs(x0, x1, wa, wqa, w0a, w0qa, c, q, WIDE)
-            x2, x3 = _gs(x2, x3, wb, wqb, w0b, w0qb, c, q, WIDE)
-            if REDUCE_B:
-                x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
-                x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
-            # stage h/2 (distance 2d): group G
-            if LAST:
-                x0, x2 = _gs_last(x0, x2, lo, hi, c, q, WIDE)
-                x1, x3 = _gs_last(x1, x3, lo, hi, c, q, WIDE)
-            else:
-                w, wq, w0, w0q = _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, tw + (g0 >> 1) + grp, mask,
-                                     WIDE)
-                x0, x2 = _gs(x0, x2, w, wq, w0, w0q, c, q, WIDE)
-                x1, x3 = _gs(x1, x3, w, wq, w0, w0q, c, q, WIDE)
+            # distances d, 2d on the quadruples (4s .. 4s+3): groups 8G+2s(+1), 4G+s
+            g, h = g0 + 8 * grp, (g0 >> 1) + 4 * grp
+            x0, x1, x2, x3 = _inv4(x0, x1, x2, x3, T, g, h, lo, hi, mask, c, q, qinv, R0, R1,
+                                   False, WIDE)
+            x4, x5, x6, x7 = _inv4(x4, x5, x6, x7, T, g + 2, h + 1, lo, hi, mask, c, q, qinv, R0,
+                                   R1, False, WIDE)
+            x8, x9, x10, x11 = _inv4(x8, x9, x10, x11, T, g + 4, h + 2, lo, hi, mask, c, q, qinv,
+                                     R0, R1, False, WIDE)
+            x12, x13, x14, x15 = _inv4(x12, x13, x14, x15, T, g + 6, h + 3, lo, hi, mask, c, q,
+                                       qinv, R0, R1, False, WIDE)
+            # distances 4d, 8d on the quadruples (r, r+4, r+8, r+12): groups 2G(+1), G
+            g, h = (g0 >> 2) + 2 * grp, (g0 >> 3) + grp
+            x0, x4, x8, x12 = _inv4(x0, x4, x8, x12, T, g, h, lo, hi, mask, c, q, qinv, R2, R3,
+                                    LAST, WIDE)
+            x1, x5, x9, x13 = _inv4(x1, x5, x9, x13, T, g, h, lo, hi, mask, c, q, qinv, R2, R3,
+                                    LAST, WIDE)
+            x2, x6, x10, x14 = _inv4(x2, x6, x10, x14, T, g, h, lo, hi, mask, c, q, qinv, R2, R3,
+                                     LAST, WIDE)
+            x3, x7, x11, x15 = _inv4(x3, x7, x11, x15, T, g, h, lo, hi, mask, c, q, qinv, R2, R3,
+                                     LAST, WIDE)
         else:
-            # stage m (distance 2d): group G; then stage 2m (distance d): groups 2G, 2G+1
-            w, wq, w0, w0q = _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, tw + g0 + grp, mask, WIDE)
-            x0, x2 = _ct(x0, x2, w, wq, w0, w0q, c, q, WIDE)
-            x1, x3 = _ct(x1, x3, w, wq, w0, w0q, c, q, WIDE)
-            if REDUCE_B:
-                x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
-                x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
-            wa, wqa, w0a, w0qa = _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, tw + 2 * g0 + 2 * grp, mask,
-                                     WIDE)
-            wb, wqb, w0b, w0qb = _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, tw + 2 * g0 + 2 * grp + 1,
-                                     mask, WIDE)
-            x0, x1 = _ct(x0, x1, wa, wqa, w0a, w0qa, c, q, WIDE)
-            x2, x3 = _ct(x2, x3, wb, wqb, w0b, w0qb, c, q, WIDE)
-            if FINAL:
-                x0, x1, x2, x3 = _canon(x0, q, qinv), _canon(x1, q, qinv), _canon(x2, q, qinv), \
-                    _canon(x3, q, qinv)
-        tl.store(base_ptr + i0, x0, mask=mask)
-        tl.store(base_ptr + i0 + d, x1, mask=mask)
-        tl.store(base_ptr + i0 + 2 * d, x2, mask=mask)
-        tl.store(base_ptr + i0 + 3 * d, x3, mask=mask)
+            # distances 8d, 4d on the quadruples (r, r+4, r+8, r+12): groups G, 2G(+1)
+            g, h = g0 + grp, 2 * g0 + 2 * grp
+            x0, x4, x8, x12 = _fw4(x0, x4, x8, x12, T, g, h, mask, c, q, qinv, R0, R1, False, WIDE)
+            x1, x5, x9, x13 = _fw4(x1, x5, x9, x13, T, g, h, mask, c, q, qinv, R0, R1, False, WIDE)
+            x2, x6, x10, x14 = _fw4(x2, x6, x10, x14, T, g, h, mask, c, q, qinv, R0, R1, False,
+                                    WIDE)
+            x3, x7, x11, x15 = _fw4(x3, x7, x11, x15, T, g, h, mask, c, q, qinv, R0, R1, False,
+                                    WIDE)
+            # distances 2d, d on the quadruples (4s .. 4s+3): groups 4G+s, 8G+2s(+1)
+            g, h = 4 * g0 + 4 * grp, 8 * g0 + 8 * grp
+            x0, x1, x2, x3 = _fw4(x0, x1, x2, x3, T, g, h, mask, c, q, qinv, R2, R3, FINAL, WIDE)
+            x4, x5, x6, x7 = _fw4(x4, x5, x6, x7, T, g + 1, h + 2, mask, c, q, qinv, R2, R3, FINAL,
+                                  WIDE)
+            x8, x9, x10, x11 = _fw4(x8, x9, x10, x11, T, g + 2, h + 4, mask, c, q, qinv, R2, R3,
+                                    FINAL, WIDE)
+            x12, x13, x14, x15 = _fw4(x12, x13, x14, x15, T, g + 3, h + 6, mask, c, q, qinv, R2,
+                                      R3, FINAL, WIDE)
+        _store4(base_ptr + i0, d, mask, x0, x1, x2, x3)
+        _store4(base_ptr + i0 + 4 * d, d, mask, x4, x5, x6, x7)
+        _store4(base_ptr + i0 + 8 * d, d, mask, x8, x9, x10, x11)
+        _store4(base_ptr + i0 + 12 * d, d, mask, x12, x13, x14, x15)
+    elif STAGES == 2:
+        x0, x1, x2, x3 = _load4(src + i0, d, mask)
+        if INVERSE:  # distance d: groups 2G, 2G+1; distance 2d: group G
+            x0, x1, x2, x3 = _inv4(x0, x1, x2, x3, T, g0 + 2 * grp, (g0 >> 1) + grp, lo, hi, mask,
+                                   c, q, qinv, R0, R1, LAST, WIDE)
+        else:  # distance 2d: group G; distance d: groups 2G, 2G+1
+            x0, x1, x2, x3 = _fw4(x0, x1, x2, x3, T, g0 + grp, 2 * g0 + 2 * grp, mask, c, q, qinv,
+                                  R0, R1, FINAL, WIDE)
+        _store4(base_ptr + i0, d, mask, x0, x1, x2, x3)
     else:
         # one stage: g0 groups, butterflies at distance d
         u = tl.load(src + i0, mask=mask)
         v = tl.load(src + i0 + d, mask=mask)
-        if REDUCE_A:
+        if R0:
             u, v = reduce_lazy(u, q, qinv), reduce_lazy(v, q, qinv)
         if LAST:
             u, v = _gs_last(u, v, lo, hi, c, q, WIDE)
         else:
-            w, wq, w0, w0q = _tw(tw_ptr, wq_ptr, w0_ptr, w0q_ptr, tw + g0 + grp, mask, WIDE)
+            w, wq, w0, w0q = _at(T, g0 + grp, mask, WIDE)
             if INVERSE:
                 u, v = _gs(u, v, w, wq, w0, w0q, c, q, WIDE)
             else:
@@ -170,25 +283,75 @@ def _ntt_kernel(src_ptr, x_ptr, tw_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, q
         tl.store(base_ptr + i0 + d, v, mask=mask)
 
 
-def _fields(p, wide: bool) -> tuple[torch.Tensor, ...]:
-    """A ``_PartConst``'s ``(w, wq, w0, w0q)``, the narrow scheme's unused halves replaced by
-    ``w``/``wq``; all four share one stride on the limb axis."""
-    fields = (p.w, p.wq, p.w0, p.w0q) if wide else (p.w, p.wq, p.w, p.wq)
-    if len({t.stride(0) for t in fields}) != 1:
-        raise ValueError("the fields of an NTT constant differ in layout")
-    return fields
+@dataclass(frozen=True)
+class NttPack:
+    """One direction's constants of every limb of an ``NttTables``, for launches that span its
+    runs: the fields of each run's ``_PartConst`` stacked on the limb axis (a narrow limb repeats
+    ``w``/``fl(w/q)`` where a wide one has ``w0``/``fl(w0/q)``, and ``fl(1/q)`` for the unused
+    ``c``), each limb's scheme and its run's lazy-reduction plan."""
+
+    tw: tuple[torch.Tensor, ...]  # [L, N] each: w (w1), fl(w/q), w0, fl(w0/q)
+    c: torch.Tensor  # [L] float64
+    q: torch.Tensor  # [L] int64
+    qinv: torch.Tensor  # [L] float64
+    lo: tuple[torch.Tensor, ...]  # [L] each: the last inverse stage's 1/N, as the twiddles
+    hi: tuple[torch.Tensor, ...]  # [L] each: its psi^-brev(1)/N
+    wide: torch.Tensor  # [L] int32
+    plan: torch.Tensor  # [L, log N] int32: reduce before the stage
+
+    def limbs(self, a: int, b: int, runs, n: int, inverse: bool) -> NttPack:
+        """The limbs ``a:b`` (views), with the plan of ``runs`` (their own bounds)."""
+        cut = lambda t: t[a:b]  # noqa: E731
+        return NttPack(tuple(map(cut, self.tw)), cut(self.c), cut(self.q), cut(self.qinv),
+                       tuple(map(cut, self.lo)), tuple(map(cut, self.hi)), cut(self.wide),
+                       _plan(runs, n, inverse, self.q.device))
 
 
-def _launches(plan: list[bool]):
-    """``(first stage, two stages?, reduce before each, last/final flags)`` per launch: pairs of
-    stages, and a single last one when their count is odd."""
-    stages = len(plan)
+def _fields(p, n_last: int) -> tuple[torch.Tensor, ...]:
+    """A ``_PartConst``'s ``(w, wq, w0, w0q)`` as ``[run limbs, n_last]``."""
+    fields = (p.w, p.wq, p.w0, p.w0q) if p.wide else (p.w, p.wq, p.w, p.wq)
+    return tuple(f.reshape(f.shape[0], n_last) for f in fields)
+
+
+def _plan(runs, n: int, inverse: bool, device) -> torch.Tensor:
+    rows = [row for a, b, run in runs for row in [run.plan(n, inverse)] * (b - a)]
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Per-limb tensors of several runs as one contiguous ``[L, -1]``."""
+    return torch.cat([t.reshape(t.shape[0], -1) for t in parts]).contiguous()
+
+
+def pack_runs(runs, n: int) -> dict[bool, NttPack]:
+    """Both directions' ``NttPack`` of the runs ``(start, stop, _RunNtt)`` of one basis."""
+    out = {}
+    for inverse in (False, True):
+        tw, c, lo, hi, wide = [[], [], [], []], [], [[], [], [], []], [[], [], [], []], []
+        for a, b, run in runs:
+            k = run.inv if inverse else run.fw
+            for acc, fields in ((tw, _fields(k, n)), (lo, _fields(run.last_lo, 1)),
+                                (hi, _fields(run.last_hi, 1))):
+                for column, field in zip(acc, fields, strict=True):
+                    column.append(field)
+            c.append(k.c if k.wide else run.qinv)
+            wide += [int(k.wide)] * (b - a)
+        flat = lambda cols: tuple(_cat(col).view(-1) for col in cols)  # noqa: E731
+        q, qinv = (_cat([getattr(run, f) for _, _, run in runs]).view(-1) for f in ("q", "qinv"))
+        out[inverse] = NttPack(tuple(map(_cat, tw)), _cat(c).view(-1), q, qinv, flat(lo), flat(hi),
+                               torch.tensor(wide, dtype=torch.int32, device=q.device),
+                               _plan(runs, n, inverse, q.device))
+    return out
+
+
+def _launches(stages: int):
+    """``(first stage, stages, ends?)`` per launch: four stages (radix 16) while four remain,
+    then two, then one."""
     s = 0
     while s < stages:
-        two = s + 1 < stages
-        end = s + (2 if two else 1)
-        yield s, two, plan[s], two and plan[s + 1], end == stages
-        s = end
+        width = 4 if s + 4 <= stages else 2 if s + 2 <= stages else 1
+        yield s, width, s + width == stages
+        s += width
 
 
 def ntt_triton(tables, x: torch.Tensor, inverse: bool) -> torch.Tensor:
@@ -203,35 +366,20 @@ def ntt_triton(tables, x: torch.Tensor, inverse: bool) -> torch.Tensor:
     out = torch.empty_like(src)
     if out.numel() == 0:
         return out.view(x.shape)
+    p = tables.triton_pack[inverse]
     log_n = n.bit_length() - 1
-    for first, _, run in tables.runs:
-        const = run.inv if inverse else run.fw
-        wide = const.wide
-        q, qinv = run.q, run.qinv
-        if q.stride(0) != 1 or qinv.stride(0) != 1:
-            raise ValueError("the primes of an NTT run must be a contiguous column")
-        tw = _fields(const, wide)
-        if tw[0].stride(1) != 1:
-            raise ValueError("NTT twiddles must be contiguous along N")
-        lo, hi = _fields(run.last_lo, wide), _fields(run.last_hi, wide)
-        if lo[0].stride(0) != hi[0].stride(0):
-            raise ValueError("the last inverse stage's constants differ in layout")
-        c = const.c if wide else qinv
-        run_limbs = q.shape[0]
-        reading = src
-        for s, two, reduce_a, reduce_b, ends in _launches(run.plan(n, inverse)):
-            if inverse:  # groups n/2^(s+1), smallest distance 2^s
-                g0, log_d = n >> (s + 1), s
-            else:  # groups 2^s, smallest distance n/2^(s+2) (two stages) or n/2^(s+1)
-                g0, log_d = 1 << s, log_n - s - (2 if two else 1)
-            count = n >> (2 if two else 1)
-            block = min(_BLOCK, triton.next_power_of_2(count))
-            grid = (src.shape[0] * run_limbs, triton.cdiv(count, block))
-            _ntt_kernel[grid](
-                reading, out, *tw, c, q, qinv, *lo, *hi, tw[0].stride(0), c.stride(0),
-                lo[0].stride(0), limbs, run_limbs, first, n, g0, log_d,
-                INVERSE=inverse, TWO=two, REDUCE_A=reduce_a, REDUCE_B=reduce_b,
-                LAST=inverse and ends, FINAL=not inverse and ends, WIDE=wide, BLOCK=block,
-                **NO_FMA)
-            reading = out
+    reading = src
+    for s, width, ends in _launches(log_n):
+        if inverse:  # groups n/2^(s+1), smallest distance 2^s
+            g0, log_d = n >> (s + 1), s
+        else:  # groups 2^s, smallest distance n/2^(s+width)
+            g0, log_d = 1 << s, log_n - s - width
+        count = n >> width
+        block = min(_BLOCK[width], triton.next_power_of_2(count))
+        grid = (src.shape[0] * limbs, triton.cdiv(count, block))
+        _ntt_kernel[grid](
+            reading, out, *p.tw, p.c, p.q, p.qinv, *p.lo, *p.hi, p.wide, p.plan, p.plan.stride(0), s,
+            limbs, n, g0, log_d, INVERSE=inverse, STAGES=width, LAST=inverse and ends,
+            FINAL=not inverse and ends, BLOCK=block, **NO_FMA)
+        reading = out
     return out.view(x.shape)

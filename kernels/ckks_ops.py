@@ -1,9 +1,10 @@
 """Fused RNS-CKKS residue kernels in Triton, each with its torch twin.
 
-* ``key_inner_triton``: the key-switch inner product ``out[..., r, i, x] = sum_j d[..., j, i,
-  x] * key[r, j, i, x] mod q_i``, each digit element read once for both key halves (a
-  rotation's automorphism is a gather of the output: ``keys.rotation_key``). Twin:
-  ``rns.key_inner`` (lazy products summed and reduced once).
+* ``key_inner_sets_triton`` (``key_inner_triton``: one set): the key-switch inner product
+  ``out[s, ..., r, i, x] = sum_j d[..., j, i, x] * key_s[r, j, i, x] mod q_i`` for each key
+  ``s`` of a hoisted set, each digit element read once for both key halves (a rotation's
+  automorphism is a gather of the output: ``keys.rotation_key``). Twin: ``rns.key_inner``
+  (lazy products summed and reduced once).
 * ``mac``: ``out[..., i, x] = sum_k a[k, ..., i, x] * w[k, i, x] mod q_i``, the ct x pt sums
   of the BSGS matvec (``evaluator.dot_plain``), one pass over the terms.
 * ``sub_mul_const``: ``(x - r) * c mod q_i`` with a per-limb constant ``c``, the tail of
@@ -13,9 +14,12 @@ Sums of lazy products (each in ``(-q, q)``) are held in int64 and reduced before
 reached: ``key_inner`` needs ``K * q < 2^63`` (``RnsContext`` checks it for its chain), ``mac``
 reduces every ``(2^63 - 1) // q - 1`` terms as ``dot_plain`` does. Products and reductions:
 ``ckks_arith`` (the bounds of ``modarith``). Outputs are canonical, hence equal to the twins'.
-One launch per run of limbs sharing a product scheme (``Basis.parts``); a program handles one
-``(batch row, limb)`` and ``BLOCK`` coefficients. Inputs may have any strides but a unit one on
-N (others are made contiguous first).
+``mac`` and ``sub_mul_const`` launch once per run of limbs sharing a product scheme
+(``Basis.parts``), ``key_inner`` once for every run, key and row (each program reads its limb's
+scheme, ``Basis.wide_limbs``, and its key through a table of addresses: a hoisted set's keys
+and a batch's per-row keys are read in place, not stacked); a program handles one ``(batch
+row, limb)`` and ``BLOCK`` coefficients. Inputs may have any strides but a unit one on N
+(others are made contiguous first).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from veil.kernels import ckks_cpu
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy, use_triton
 
-__all__ = ["key_inner_triton", "use_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
+__all__ = ["key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
            "sub_mul_const_torch", "sub_mul_const_triton"]
 
 _BLOCK = 1024
@@ -60,15 +64,8 @@ def _program_tile(run_limbs, first_limb, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _key_inner_kernel(d_ptr, key_ptr, out_ptr, q_ptr, qinv_ptr,
-                      digits, run_limbs, first_limb, n, sd_b, sd_j, sd_i, sk_b, sk_r, sk_j, sk_i,
-                      so_b, so_r, so_i,
-                      WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
-    q = tl.load(q_ptr + limb)
-    qinv = tl.load(qinv_ptr + limb)
-    d_j = d_ptr + b * sd_b + i * sd_i + x
-    k_j = key_ptr + b * sk_b + i * sk_i + x  # sk_b = 0: one key for every row
+def _key_inner_sum(d_j, k_j, sd_j, sk_j, sk_r, digits, mask, q, qinv, WIDE: tl.constexpr,
+                   BLOCK: tl.constexpr):
     acc0 = tl.zeros([BLOCK], dtype=tl.int64)
     acc1 = tl.zeros([BLOCK], dtype=tl.int64)
     for _ in range(digits):  # |acc| < digits * q < 2^63 (checked by the launcher)
@@ -77,34 +74,82 @@ def _key_inner_kernel(d_ptr, key_ptr, out_ptr, q_ptr, qinv_ptr,
         acc1 += mul_lazy(a, tl.load(k_j + sk_r, mask=mask, other=0), q, qinv, WIDE)
         d_j += sd_j
         k_j += sk_j
-    out = out_ptr + b * so_b + i * so_i + x
+    return acc0, acc1
+
+
+@triton.jit
+def _key_inner_kernel(d_ptr, keys_ptr, out_ptr, q_ptr, qinv_ptr, wide_ptr, rows, key_rows, limbs,
+                      digits, n, sd_b, sd_j, sd_i, sk_r, sk_j, sk_i, so_s, so_b, so_r, so_i,
+                      BLOCK: tl.constexpr):
+    # program (set s, row b, limb) x BLOCK coefficients; the key of (s, b) is read through the
+    # table of addresses ``keys`` (``key_rows`` = 1: one key for every row), so a hoisted set's
+    # keys and a batch's per-row keys are read in place, and every run of limbs shares the launch
+    pid = tl.program_id(0).to(tl.int64)
+    limb = pid % limbs
+    b = (pid // limbs) % rows
+    s = pid // (limbs * rows)
+    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = x < n
+    key = tl.load(keys_ptr + s * key_rows + b % key_rows).to(tl.pointer_type(tl.int64))
+    q = tl.load(q_ptr + limb)
+    qinv = tl.load(qinv_ptr + limb)
+    d_j = d_ptr + b * sd_b + limb * sd_i + x
+    k_j = key + limb * sk_i + x
+    if tl.load(wide_ptr + limb) != 0:
+        acc0, acc1 = _key_inner_sum(d_j, k_j, sd_j, sk_j, sk_r, digits, mask, q, qinv, True, BLOCK)
+    else:
+        acc0, acc1 = _key_inner_sum(d_j, k_j, sd_j, sk_j, sk_r, digits, mask, q, qinv, False, BLOCK)
+    out = out_ptr + s * so_s + b * so_b + limb * so_i + x
     tl.store(out, fix(reduce_lazy(acc0, q, qinv), q), mask=mask)
     tl.store(out + so_r, fix(reduce_lazy(acc1, q, qinv), q), mask=mask)
+
+
+def _addresses(tensors: list[torch.Tensor], device) -> torch.Tensor:
+    """The data addresses of ``tensors`` as an int64 tensor on ``device`` (a kernel's table of
+    operands that are not one tensor)."""
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+
+
+def key_inner_sets_triton(d: torch.Tensor, sets, basis) -> torch.Tensor:
+    """``rns.key_inner`` of digits ``d`` ``[..., K, L, N]`` (canonical) against each of ``S``
+    key sets, in one launch: a set is one key ``[2, K, L, N]`` for every row, or one per row
+    of ``d`` ``[B, K, L, N]`` (a batch of sessions); keys canonical, any views with equal
+    strides and a unit stride on N (``SwitchKey.at``) -> ``[S, ..., 2, L, N]``."""
+    keys = [k for keys in sets for k in keys]
+    check_triton_device(d, *keys, basis.q)
+    *lead, k, limbs, n = d.shape
+    key_rows = len(sets[0]) if sets else 1
+    if (not sets or any(len(ks) != key_rows for ks in sets)
+            or (key_rows > 1 and lead != [key_rows])
+            or any(key.shape != (2, k, limbs, n) or key.dtype != torch.int64 for key in keys)
+            or d.dtype != torch.int64):
+        raise ValueError(f"digits {tuple(d.shape)} {d.dtype} and keys "
+                         f"{[tuple(key.shape) for key in keys]} do not match [..., K, L, N] / "
+                         f"sets of one key or one per row [2, K, L, N] int64")
+    if k * max(basis.primes) >= 2**63:
+        raise ValueError(f"{k} digits overflow the int64 accumulator")
+    if len({key.stride() for key in keys}) != 1 or keys[0].stride(-1) != 1:
+        keys = [key.contiguous() for key in keys]
+    d4 = _unit_last(d.reshape(-1, k, limbs, n))
+    rows = d4.shape[0]
+    out = torch.empty((len(sets), rows, 2, limbs, n), dtype=torch.int64, device=d.device)
+    grid, block = _grid(len(sets) * rows * limbs, n)
+    if grid[0]:
+        _key_inner_kernel[grid](
+            d4, _addresses(keys, d.device), out, _col(basis.q), _col(basis.qinv), basis.wide_limbs,
+            rows, key_rows, limbs, k, n, d4.stride(0), d4.stride(1), d4.stride(2), keys[0].stride(0),
+            keys[0].stride(1), keys[0].stride(2), out.stride(0), out.stride(1), out.stride(2),
+            out.stride(3), BLOCK=block, **NO_FMA)
+    return out.view(len(sets), *lead, 2, limbs, n)
 
 
 def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis) -> torch.Tensor:
     """``rns.key_inner(d, key, basis)``: digits ``[..., K, L, N]`` (canonical), key
     ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``) or one key per row of a
     batch ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]`` -> ``[..., 2, L, N]``."""
-    check_triton_device(d, key, basis.q)
-    *lead, k, limbs, n = d.shape
-    rows = (lead[0],) if key.dim() == 5 and len(lead) == 1 else ()
-    if key.shape != rows + (2, k, limbs, n) or d.dtype != torch.int64 or key.dtype != torch.int64:
-        raise ValueError(f"digits {tuple(d.shape)} {d.dtype} and key {tuple(key.shape)} "
-                         f"{key.dtype} do not match [..., K, L, N] / [(B,) 2, K, L, N] int64")
-    if k * max(basis.primes) >= 2**63:
-        raise ValueError(f"{k} digits overflow the int64 accumulator")
-    d4, key = _unit_last(d.reshape(-1, k, limbs, n)), _unit_last(key)
-    out = torch.empty((d4.shape[0], 2, limbs, n), dtype=torch.int64, device=d.device)
-    for a, stop, part in basis.parts:
-        grid, block = _grid(d4.shape[0] * (stop - a), n)
-        if grid[0]:
-            _key_inner_kernel[grid](
-                d4, key, out, _col(part.q), _col(part.qinv), k, stop - a, a, n,
-                d4.stride(0), d4.stride(1), d4.stride(2), key.stride(0) if rows else 0,
-                key.stride(-4), key.stride(-3), key.stride(-2), out.stride(0), out.stride(1), out.stride(2),
-                WIDE=part.wide, BLOCK=block, **NO_FMA)
-    return out.view(*lead, 2, limbs, n)
+    if key.dim() == 5 and (d.dim() != 4 or d.shape[0] != key.shape[0]):
+        raise ValueError(f"digits {tuple(d.shape)} and per-row keys {tuple(key.shape)} do not match")
+    return key_inner_sets_triton(d, [list(key.unbind(0)) if key.dim() == 5 else [key]], basis)[0]
 
 
 # ---- ct x pt multiply-accumulate: sum_k a_k * w_k ----------------------------------------------

@@ -25,12 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from veil.crypto.native import ntt as ntt_module
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis
 from veil.crypto.native.ntt import NttTables
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
-from veil.kernels import ckks_ops
+from veil.kernels import ckks_ntt, ckks_ops
 from veil.kernels.ckks_arith import NO_FMA
 from veil.kernels.ckks_ntt import ntt_triton
 
@@ -77,10 +78,11 @@ def test_interpreter_int64_wraps_like_the_gpu():
 
 
 # ---- NTT -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [256, 2048])
+# launches by stage count (``ckks_ntt._launches``): 5 = 4+1, 6 = 4+2, 8 = 4+4, 11 = 4+4+2+1
+@pytest.mark.parametrize("n", [32, 64, 256, 2048])
 @pytest.mark.parametrize("name", list(BASES))
 def test_ntt_equals_tables(name, n):
-    primes = BASES[name] if n == 256 else BASES[name][:4]  # at 2048: the wide run, a narrow limb
+    primes = BASES[name] if n <= 256 else BASES[name][:4]  # at 2048: the wide run, a narrow limb
     tables = NttTables(Basis.of(primes), n)
     # a non-contiguous [2, 2, L, N] input, lazy (-q, q) like the transforms accept
     x = _residues(primes, (2, 2), n, seed=n, signed=True).transpose(0, 1)
@@ -253,7 +255,7 @@ for inverse in (False, True):
 ckks_ops.key_inner_triton(z[:1], z, basis)
 ckks_ops.mac_triton(z, z[0, :2].expand(2, 4, n), basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis)
-types = {torch.int64: "*i64", torch.float64: "*fp64"}
+types = {torch.int64: "*i64", torch.int32: "*i32", torch.float64: "*fp64"}
 seen = set()
 for kernel, bound in launches:
     cx = {p.name: bound[p.name] for p in kernel.params if p.is_constexpr}
@@ -268,8 +270,7 @@ for kernel, bound in launches:
     assert "fma.rn.f64" not in ptx and "mul.lo.s64" in ptx and "cvt.rmi.f64.f64" in ptx, key
     print("ok", key)
 assert {k[0] for k in seen} == {"_ntt_kernel", "_key_inner_kernel", "_mac_kernel", "_sub_mul_kernel"}
-assert {(dict(k[1])["REDUCE_A"], dict(k[1])["REDUCE_B"]) for k in seen if k[0] == "_ntt_kernel"} \
-    == {(False, False), (True, False), (False, True), (True, True)}
+assert {dict(k[1])["STAGES"] for k in seen if k[0] == "_ntt_kernel"} == {1, 2, 4}
 print("compiled", len(seen), "variants")
 """
 
@@ -288,3 +289,40 @@ def test_ckks_kernels_compile_for_sm90():
                             text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "compiled" in result.stdout, result.stdout
+
+
+# ---- the CUDA code path of whole operations, on the CPU --------------------------------------------
+def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeypatch):
+    """Rotations (single, hoisted, and a two-session batch's per-row keys), ct x ct with its
+    relinearization and rescale take the Triton kernels (interpreted) through the backend, as on
+    a GPU: every NTT over all runs of limbs in one launch per group of stages, a hoisted set's
+    keys (and a batch's per-row keys) read in place by one key-switch launch, the tables of
+    each level's view. Bit for bit what the CPU path gives. Test-only N=8192 set."""
+    from veil.crypto.native.batch import NativeBatch
+
+    p = get_params(TEST_PARAMS_ID, allow_test_params=True)
+    steps = [1, -3, 100]
+    pairs = [he_pair("native", p, steps) for _ in range(2)]
+    rng = np.random.default_rng(5)
+    cts = [s.deserialize(c.encrypt_to_bytes(rng.standard_normal(p.slot_count))) for c, s in pairs]
+    server, batch = pairs[0][1], NativeBatch([s for _, s in pairs])
+
+    def run():
+        a, b = cts
+        ops = [server.rotate(a, 1), *server.rotate_many(a, steps), server.multiply(a, b)]
+        ops += batch.unstack(batch.rotate_many(batch.stack(cts), steps[:2])[1])
+        return [server._unwrap(ct).data for ct in ops]
+
+    want = run()
+    launches = []
+    real_run = triton.runtime.interpreter.InterpretedFunction.run
+    monkeypatch.setattr(triton.runtime.interpreter.InterpretedFunction, "run",
+                        lambda self, *a, **kw: launches.append(self.fn.__name__) or real_run(self, *a, **kw))
+    for module in (rns, ntt_module, ckks_ops):
+        monkeypatch.setattr(module, "use_triton", lambda t: True)
+    monkeypatch.setattr(ckks_ntt, "check_triton_device", lambda *t: None)
+    monkeypatch.setattr(ckks_ops, "check_triton_device", lambda *t: None)
+    got = run()
+    assert launches.count("_key_inner_kernel") == 4  # rotate, the hoisted set, relinearize, the batch's set
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g)

@@ -20,9 +20,12 @@ from veil.crypto.native.sampling import DIGIT_BITS, Stream
 
 __all__ = ["Evaluator"]
 
-#: Rotations ``rotate_many`` evaluates together, over all rows of a batch (bounds the lifted
-#: digits' working memory: a batch of B sessions takes HOIST_CHUNK // B rotations at a time).
-HOIST_CHUNK = 16
+#: Rotations ``rotate_many`` evaluates together, over all rows of a batch, by device type (bounds
+#: the key products' working memory: a batch of B sessions takes HOIST_CHUNK // B rotations at a
+#: time, each chunk decomposing ``c1`` again). A GPU holds 256 (16 rotations of 16 sessions at
+#: level 7: 0.6 GB of products), so a batch keeps its hoisting, and its launches stay those of
+#: one hoisted set; the 2-core CPU keeps 16 (its C kernels gain nothing from more).
+HOIST_CHUNK = {"cuda": 256, "cpu": 16}
 
 
 class Evaluator:
@@ -187,7 +190,7 @@ class Evaluator:
         for i, gk in enumerate(found):
             if gk is None:
                 out[i] = self._wrap(c.data.clone(), c.level, c.scale)
-        chunk = max(1, HOIST_CHUNK // math.prod(self._rows))
+        chunk = max(1, HOIST_CHUNK.get(c.data.device.type, 16) // math.prod(self._rows))
         for start in range(0, len(todo), chunk):
             part = todo[start : start + chunk]
             rot = keyswitch.rotate_hoisted(c.data, [found[i][0] for i in part],

@@ -27,7 +27,6 @@ import torch
 from veil.crypto.native import ntt, rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.keys import RowKeys, SwitchKey
-from veil.kernels.ckks_arith import use_triton
 
 __all__ = ["switch", "relinearize", "rotate", "rotate_hoisted"]
 
@@ -36,15 +35,16 @@ def _inner(digits: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, leve
     """The key inner product of ``digits`` ``[*rows, K, L, N]``; with ``RowKeys`` (a batch of
     sessions) row b meets row b's key. Everything around it (the NTTs of ModUp and ModDown) runs
     on the whole batch at once; only this product reads per-row key material."""
+    return _inner_many(digits, [key], ctx, level)[0]
+
+
+def _inner_many(digits: torch.Tensor, keys: Sequence[SwitchKey | RowKeys], ctx: RnsContext,
+                level: int) -> torch.Tensor:
+    """``_inner`` against each of several keys (a hoisted set): ``[S, *rows, 2, L, N]``, in one
+    pass (``rns.key_inner_many``: one launch on CUDA, each key read in place)."""
     ext_basis, _ = ctx.ext(level)
-    if isinstance(key, RowKeys):
-        if use_triton(digits):  # one launch, each row reading its own key (the stack: B keys copied)
-            keys = torch.stack([k.at(level) for k in key.rows])
-            return rns.key_inner(digits, keys, ext_basis, ctx.compile)
-        # the twin row by row: no copy of the keys, and each row's operands stay in cache
-        return torch.stack([rns.key_inner(d, k.at(level), ext_basis, ctx.compile)
-                            for d, k in zip(digits.unbind(0), key.rows, strict=True)])
-    return rns.key_inner(digits, key.at(level), ext_basis, ctx.compile)
+    views = [[k.at(level) for k in key.rows] if isinstance(key, RowKeys) else key.at(level) for key in keys]
+    return rns.key_inner_many(digits, views, ext_basis, ctx.compile)
 
 
 def switch(d: torch.Tensor, key: SwitchKey | RowKeys, ctx: RnsContext, level: int,
@@ -71,9 +71,6 @@ def rotate_hoisted(c: torch.Tensor, elements: Sequence[int], keys: Sequence[Swit
     """Rotations of a ciphertext ``[*rows, 2, l+1, N]`` by several Galois elements sharing one
     decomposition: ``[len(elements), *rows, 2, l+1, N]``."""
     digits = rns.decompose(c[..., 1, :, :], ctx, level)  # [*rows, l+1, l+2, N]
-    if all(isinstance(key, SwitchKey) for key in keys):  # one session's keys: one pass over the digits
-        inner = rns.key_inner_many(digits, [key.at(level) for key in keys], ctx.ext(level)[0], ctx.compile)
-    else:
-        inner = torch.stack([_inner(digits, key, ctx, level) for key in keys])
+    inner = _inner_many(digits, keys, ctx, level)
     out = rns.mod_down(inner, ctx, level, plus=c[..., :1, :, :])  # c0 is the same for every step
     return ntt.automorphisms(out, ctx.galois_indices(tuple(elements)))

@@ -31,6 +31,7 @@ of ``w``) once: ``MulConst``; its bounds are the same with one rounding fewer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -173,6 +174,13 @@ class Basis:
 
     def __len__(self) -> int:
         return len(self.primes)
+
+    @functools.cached_property
+    def wide_limbs(self) -> torch.Tensor:
+        """``int32 [L]``, 1 where a limb takes the wide product: kernels whose launch spans the
+        runs read their limb's scheme from it."""
+        flags = [int(part.wide) for a, b, part in self.parts for _ in range(b - a)]
+        return torch.tensor(flags, dtype=torch.int32, device=self.q.device)
 
     @property
     def device(self) -> torch.device:

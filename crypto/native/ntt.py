@@ -7,7 +7,7 @@ butterfly network with twiddles ``psi^brev(k)`` and leaves slot ``j`` holding th
 with ``psi^-brev(k)``, the factor ``1/N`` folded into its last stage. One stage is one batched
 operation over every limb and leading dim (a loop over log N stages, never over coefficients).
 On CUDA tensors the transforms run as Triton kernels (``veil.kernels.ckks_ntt``: the same
-network, tables and lazy-reduction plan, two stages per launch), on CPU tensors as a C kernel
+network, tables and lazy-reduction plan, up to four stages per launch over every limb), on CPU tensors as a C kernel
 (``veil.kernels.ckks_cpu``: the same network, all stages of a limb in cache) where a C
 compiler is present; this torch code is their twin (``NttTables.twin``).
 
@@ -24,7 +24,7 @@ import torch
 from veil.crypto.native.modarith import Basis, MulConst, _PartConst
 from veil.kernels import ckks_cpu
 from veil.kernels.ckks_arith import use_triton
-from veil.kernels.ckks_ntt import ntt_triton
+from veil.kernels.ckks_ntt import NttPack, ntt_triton, pack_runs
 
 __all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "automorphisms", "coeff_automorphism"]
 
@@ -182,6 +182,7 @@ class NttTables:
         # the inverse's last stage: lo * n^-1, hi * psi^-brev(1) * n^-1
         self._last_lo = basis.const(as_t(last_lo).view(-1, 1, 1))
         self._last_hi = basis.const(as_t(last_hi).view(-1, 1, 1))
+        self._root, self._span, self._views = self, (0, len(basis)), {}
         self._build_runs()
 
     def _build_runs(self) -> None:
@@ -194,13 +195,31 @@ class NttTables:
             self.runs.append((a, b, run))
 
     def limbs(self, s: slice) -> NttTables:
-        """The tables of a run of limbs (views, no recomputation)."""
-        out = object.__new__(NttTables)
-        out.basis, out.n, out.compile = self.basis.limbs(s), self.n, self.compile
-        out._fw, out._inv = self._fw.limbs(s), self._inv.limbs(s)
-        out._last_lo, out._last_hi = self._last_lo.limbs(s), self._last_hi.limbs(s)
-        out._build_runs()
-        return out
+        """The tables of a run of limbs (views, no recomputation; one object per run, kept by
+        the master tables, so what a view caches is built once)."""
+        start, stop, _ = s.indices(len(self.basis))
+        root, base = self._root, self._span[0]
+        key = (base + start, base + stop)
+        if key not in root._views:
+            out = object.__new__(NttTables)
+            out.basis, out.n, out.compile = root.basis.limbs(slice(*key)), root.n, root.compile
+            out._fw, out._inv = root._fw.limbs(slice(*key)), root._inv.limbs(slice(*key))
+            out._last_lo, out._last_hi = root._last_lo.limbs(slice(*key)), root._last_hi.limbs(slice(*key))
+            out._root, out._span, out._views = root, key, None
+            out._build_runs()
+            root._views[key] = out
+        return root._views[key]
+
+    @functools.cached_property
+    def _packed(self) -> dict[bool, NttPack]:
+        return pack_runs(self.runs, self.n)  # the master tables' only
+
+    @functools.cached_property
+    def triton_pack(self) -> dict[bool, NttPack]:
+        """Both directions' constants for the Triton transforms (``ckks_ntt.NttPack``): views of
+        the master's, with this run's own reduction plan."""
+        a, b = self._span
+        return {inv: self._root._packed[inv].limbs(a, b, self.runs, self.n, inv) for inv in (False, True)}
 
     def _check(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.n or x.shape[-2] != len(self.basis):
@@ -208,7 +227,7 @@ class NttTables:
 
     def _each(self, x: torch.Tensor, inverse: bool, centre: bool = False) -> torch.Tensor:
         self._check(x)
-        if use_triton(x):  # the same transform, two stages per Triton launch
+        if use_triton(x):  # the same transform, up to four stages per Triton launch
             out = ntt_triton(self, x, inverse)
         elif x.device.type == "cpu" and ckks_cpu.available():  # the same transform, in C (centred there)
             return ckks_cpu.ntt_cpu(self.basis.primes, x, inverse, centre)

@@ -29,7 +29,7 @@ from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis, MulConst
 from veil.crypto.native.ntt import compiled
 from veil.kernels import ckks_cpu, ckks_ops
-from veil.kernels.ckks_ops import key_inner_triton, sub_mul_const, use_triton
+from veil.kernels.ckks_ops import key_inner_sets_triton, key_inner_triton, sub_mul_const, use_triton
 
 __all__ = ["to_residues", "to_ntt_residues", "rescale", "decompose", "key_inner", "key_inner_many", "mul_plain", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
@@ -113,14 +113,20 @@ def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = 
     return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
 
 
-def key_inner_many(d: torch.Tensor, keys: list[torch.Tensor], basis: Basis, compile: bool = False) -> torch.Tensor:
-    """``key_inner`` of the same digits against each of a hoisted set's keys ``[2, K, L, N]``:
-    ``[S, ..., 2, L, N]``. On the CPU one C call writes every key's result in place (no stack of
-    S results: 38 MB for 16 keys at level 7) and reads each block of digits once for all keys;
-    elsewhere a product per key."""
-    if d.device.type == "cpu" and ckks_cpu.available():
+def key_inner_many(d: torch.Tensor, keys, basis: Basis, compile: bool = False) -> torch.Tensor:
+    """``key_inner`` of the same digits against each step's key: ``[S, ..., 2, L, N]``. A step's
+    key is one ``[2, K, L, N]``, or a batch's per-row keys (a sequence of them, for digits
+    ``[B, K, L, N]``). On CUDA one Triton launch for every step, row and limb, each key read in
+    place; on the CPU (one key per step) one C call writes every key's result in place (no
+    stack of S results: 38 MB for 16 keys at level 7) and reads each block of digits once for
+    all keys; elsewhere a product per key (per row)."""
+    if use_triton(d):
+        return key_inner_sets_triton(d, [[k] if torch.is_tensor(k) else list(k) for k in keys], basis)
+    if d.device.type == "cpu" and ckks_cpu.available() and all(torch.is_tensor(k) for k in keys):
         return ckks_cpu.key_inner_cpu(basis.primes, d, keys)
-    return torch.stack([key_inner(d, key, basis, compile) for key in keys])
+    return torch.stack([key_inner(d, k, basis, compile) if torch.is_tensor(k) else
+                        torch.stack([key_inner(x, r, basis, compile) for x, r in zip(d.unbind(0), k, strict=True)])
+                        for k in keys])
 
 
 def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
