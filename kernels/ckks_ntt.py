@@ -66,13 +66,18 @@ def _gs(u, v, w, wq, w0, w0q, c, q, WIDE: tl.constexpr):
 
 
 @triton.jit
-def _gs_last(u, v, lo, hi, c, q, WIDE: tl.constexpr):
+def _gs_last(u, v, lo, hi, c, q, WIDE: tl.constexpr, CENTRE: tl.constexpr):
     """The inverse's last butterfly ``(lo*(u + v), hi*(u - v))``, ``lo = 1/N``, ``hi =
-    psi^-brev(1)/N`` (``ntt._inv_last``), canonical."""
+    psi^-brev(1)/N`` (``ntt._inv_last``), canonical, or centred ``(-q/2, q/2]``
+    (``Basis.center``) with ``CENTRE``."""
     lw, lwq, lw0, lw0q = lo
     hw, hwq, hw0, hw0q = hi
-    return (fix(mul_const_lazy(u + v, lw, lwq, lw0, lw0q, c, q, WIDE), q),
-            fix(mul_const_lazy(u - v, hw, hwq, hw0, hw0q, c, q, WIDE), q))
+    a = fix(mul_const_lazy(u + v, lw, lwq, lw0, lw0q, c, q, WIDE), q)
+    b = fix(mul_const_lazy(u - v, hw, hwq, hw0, hw0q, c, q, WIDE), q)
+    if CENTRE:
+        a = tl.where(a > (q >> 1), a - q, a)
+        b = tl.where(b > (q >> 1), b - q, b)
+    return a, b
 
 
 @triton.jit
@@ -129,8 +134,8 @@ def _inv4(x0, x1, x2, x3, T, g1, g2, lo, hi, mask, c, q, qinv, REDUCE_A, REDUCE_
         x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
         x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
     if LAST:
-        x0, x2 = _gs_last(x0, x2, lo, hi, c, q, WIDE)
-        x1, x3 = _gs_last(x1, x3, lo, hi, c, q, WIDE)
+        x0, x2 = _gs_last(x0, x2, lo, hi, c, q, WIDE, LAST == 2)
+        x1, x3 = _gs_last(x1, x3, lo, hi, c, q, WIDE, LAST == 2)
     else:
         w, wq, w0, w0q = _at(T, g2, mask, WIDE)
         x0, x2 = _gs(x0, x2, w, wq, w0, w0q, c, q, WIDE)
@@ -157,19 +162,20 @@ def _ntt_kernel(src_ptr, x_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qi
                 lo_ptr, loq_ptr, lo0_ptr, lo0q_ptr, hi_ptr, hiq_ptr, hi0_ptr, hi0q_ptr,
                 wide_ptr, plan_ptr, plan_stride, stage, limbs, n, g0, log_d,
                 INVERSE: tl.constexpr, STAGES: tl.constexpr, LAST: tl.constexpr,
-                FINAL: tl.constexpr, BLOCK: tl.constexpr):
+                FINAL: tl.constexpr, LIFT: tl.constexpr, BLOCK: tl.constexpr):
     # ``STAGES`` (1, 2 or 4) consecutive stages per launch, from ``stage`` on, over every limb
     # of every polynomial: a limb's product scheme (``wide``) and its reductions (``plan``: reduce
     # before the stage) are read per program, so limbs of all runs share the launch.
     # ``g0``: the groups of the launch's first stage (forward: m, twiddles [m, 2m); inverse: h,
     # twiddles [h, 2h)). ``d = 2^log_d``: the smallest butterfly distance of the launch; a lane
     # owns the ``2^STAGES`` values ``i0 + r*d``. LAST: the launch ends with the inverse's last
-    # stage; FINAL: the forward's canonical reduction follows. ``src``: the input (the first
-    # launch) or ``x`` itself; every element is loaded and stored by exactly one lane, so in
-    # place is safe.
+    # stage (2: its output centred); FINAL: the forward's canonical reduction follows. ``src``:
+    # the input (the first launch) or ``x`` itself; every element is loaded and stored by
+    # exactly one lane, so in place is safe. LIFT (a forward's first launch): ``src`` holds one
+    # integer polynomial (|c| < 2^62) per row of limbs, reduced mod each limb's prime on load.
     row = tl.program_id(0).to(tl.int64)
     limb = row % limbs
-    src = src_ptr + row * n
+    src = src_ptr + (row // limbs if LIFT else row) * n
     base_ptr = x_ptr + row * n
     k = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = k < (n >> STAGES)
@@ -185,7 +191,7 @@ def _ntt_kernel(src_ptr, x_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qi
     L = (lo_ptr + limb, loq_ptr + limb, lo0_ptr + limb, lo0q_ptr + limb)
     H = (hi_ptr + limb, hiq_ptr + limb, hi0_ptr + limb, hi0q_ptr + limb)
     flags = plan_ptr + limb * plan_stride + stage
-    r0 = tl.load(flags) != 0
+    r0 = (tl.load(flags) != 0) | LIFT  # a lifted input is reduced to (-q, q) first
     r1, r2, r3 = r0, r0, r0  # placeholders where the launch has fewer stages
     if STAGES > 1:
         r1 = tl.load(flags + 1) != 0
@@ -270,7 +276,7 @@ def _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, R0, R1, R2
         if R0:
             u, v = reduce_lazy(u, q, qinv), reduce_lazy(v, q, qinv)
         if LAST:
-            u, v = _gs_last(u, v, lo, hi, c, q, WIDE)
+            u, v = _gs_last(u, v, lo, hi, c, q, WIDE, LAST == 2)
         else:
             w, wq, w0, w0q = _at(T, g0 + grp, mask, WIDE)
             if INVERSE:
@@ -354,18 +360,25 @@ def _launches(stages: int):
         s += width
 
 
-def ntt_triton(tables, x: torch.Tensor, inverse: bool) -> torch.Tensor:
+def ntt_triton(tables, x: torch.Tensor, inverse: bool, centre: bool = False,
+               lift: bool = False) -> torch.Tensor:
     """``tables.forward(x)`` (``inverse=False``) or ``tables.inverse(x)`` for an ``NttTables``
-    on the device of ``x`` (``[..., L, N]`` int64, any strides): a new tensor, canonical."""
+    on the device of ``x`` (``[..., L, N]`` int64, any strides): a new tensor, canonical.
+    ``centre``: the inverse's output centred, ``tables.inverse_centred(x)``. ``lift``: ``x`` is
+    ``[..., N]`` integer coefficients (``|c| < 2^62``), transformed in every limb
+    (``rns.to_ntt_residues``)."""
     check_triton_device(x, tables.basis.q)
     n, limbs = tables.n, len(tables.basis)
-    if x.dtype != torch.int64 or x.shape[-2:] != (limbs, n):
-        raise ValueError(f"expected int64 [..., {limbs}, {n}], got {x.dtype} {tuple(x.shape)}")
-    src = x.reshape(-1, limbs, n)
+    want = (n,) if lift else (limbs, n)
+    if x.dtype != torch.int64 or x.shape[-len(want):] != want or (lift and inverse):
+        raise ValueError(f"expected int64 [..., {', '.join(map(str, want))}], got {x.dtype} {tuple(x.shape)}")
+    src = x.reshape(-1, n) if lift else x.reshape(-1, limbs, n)
     src = src if src.is_contiguous() else src.contiguous()
-    out = torch.empty_like(src)
+    rows = src.shape[0]
+    out = torch.empty((rows, limbs, n), dtype=torch.int64, device=x.device)
+    shape = (*x.shape[:-1], limbs, n) if lift else x.shape
     if out.numel() == 0:
-        return out.view(x.shape)
+        return out.view(shape)
     p = tables.triton_pack[inverse]
     log_n = n.bit_length() - 1
     reading = src
@@ -376,10 +389,11 @@ def ntt_triton(tables, x: torch.Tensor, inverse: bool) -> torch.Tensor:
             g0, log_d = 1 << s, log_n - s - width
         count = n >> width
         block = min(_BLOCK[width], triton.next_power_of_2(count))
-        grid = (src.shape[0] * limbs, triton.cdiv(count, block))
+        grid = (rows * limbs, triton.cdiv(count, block))
         _ntt_kernel[grid](
             reading, out, *p.tw, p.c, p.q, p.qinv, *p.lo, *p.hi, p.wide, p.plan, p.plan.stride(0), s,
-            limbs, n, g0, log_d, INVERSE=inverse, STAGES=width, LAST=inverse and ends,
-            FINAL=not inverse and ends, BLOCK=block, **NO_FMA)
+            limbs, n, g0, log_d, INVERSE=inverse, STAGES=width,
+            LAST=(2 if centre else 1) if inverse and ends else 0, FINAL=not inverse and ends,
+            LIFT=lift and s == 0, BLOCK=block, **NO_FMA)
         reading = out
-    return out.view(x.shape)
+    return out.view(shape)

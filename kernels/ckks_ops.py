@@ -241,11 +241,12 @@ def kernel_takes_mac(a, w) -> bool:
             and ckks_cpu.row_weights(a[0].shape, w[0].shape) is not None)
 
 
-# ---- rescale / ModDown tail: (x - r) * c ----------------------------------------------------------
+# ---- rescale / ModDown tail: (x - r) * c (+ plus) -----------------------------------------------
 @triton.jit
-def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr,
+def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, plus_ptr,
                     run_limbs, first_limb, n, sx_b, sx_i, sr_b, sr_i, so_b, so_i,
-                    WIDE: tl.constexpr, BLOCK: tl.constexpr):
+                    polys, plus_polys, plus_rows, sp_b, sp_c, sp_i,
+                    WIDE: tl.constexpr, PLUS: tl.constexpr, BLOCK: tl.constexpr):
     b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
     q = tl.load(q_ptr + limb)
     y = fix(tl.load(x_ptr + b * sx_b + i * sx_i + x, mask=mask, other=0)
@@ -257,40 +258,66 @@ def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr
                            tl.load(c_ptr + limb), q, WIDE)
     else:
         p = mul_const_lazy(y, w, wq, w, wq, wq, q, WIDE)
-    tl.store(out_ptr + b * so_b + i * so_i + x, fix(p, q), mask=mask)
+    out = fix(p, q)
+    if PLUS:  # row b is polynomial b % polys of ciphertext b // polys (cycling over plus's rows)
+        poly = b % polys
+        if poly < plus_polys:
+            row = (b // polys) % plus_rows
+            more = tl.load(plus_ptr + row * sp_b + poly * sp_c + i * sp_i + x, mask=mask, other=0)
+            out = fix(out + more - q, q)  # Basis.add
+    tl.store(out_ptr + b * so_b + i * so_i + x, out, mask=mask)
 
 
-def _check_sub_mul(x: torch.Tensor, r: torch.Tensor, const) -> None:
+def _check_sub_mul(x: torch.Tensor, r: torch.Tensor, const, plus) -> None:
     if x.shape != r.shape or x.dim() < 2 or x.shape[-2] != const.limbs_ or const.ndim != 2:
         raise ValueError(f"x {tuple(x.shape)}, r {tuple(r.shape)} and a per-limb constant of "
                          f"{const.limbs_} limbs ({const.ndim} dims) do not match [..., L, N]")
+    if plus is not None:
+        lead = plus.shape[:-3]
+        if (x.dim() < 3 or plus.shape[-2:] != x.shape[-2:] or plus.shape[-3] > x.shape[-3]
+                or x.shape[:-3][len(x.shape) - 3 - len(lead):] != lead):
+            raise ValueError(f"plus {tuple(plus.shape)} does not match the first polynomials of "
+                             f"x {tuple(x.shape)}")
 
 
-def sub_mul_const_torch(x: torch.Tensor, r: torch.Tensor, const, basis) -> torch.Tensor:
+def sub_mul_const_torch(x: torch.Tensor, r: torch.Tensor, const, basis, plus=None) -> torch.Tensor:
     """``(x - r) * c`` in ``[0, q)``: ``x``, ``r`` ``[..., L, N]`` canonical, ``const`` a
-    ``MulConst`` ``[L, 1]`` of ``basis`` (``RnsContext.rescale_const`` / ``p_inv``)."""
-    _check_sub_mul(x, r, const)
-    return const.mul(basis.sub(x, r))
+    ``MulConst`` ``[L, 1]`` of ``basis`` (``RnsContext.rescale_const`` / ``p_inv``). ``plus``
+    (``[*rows, C, L, N]`` for ``x`` ``[..., *rows, P, L, N]``, canonical) is added to the first
+    ``C`` polynomials of each ciphertext (``rns.mod_down``'s)."""
+    _check_sub_mul(x, r, const, plus)
+    out = const.mul(basis.sub(x, r))
+    if plus is not None:
+        c = plus.shape[-3]
+        out[..., :c, :, :] = basis.add(out[..., :c, :, :], plus)
+    return out
 
 
-def sub_mul_const_triton(x: torch.Tensor, r: torch.Tensor, const, basis) -> torch.Tensor:
-    """Triton launcher; same contract as :func:`sub_mul_const_torch`."""
-    check_triton_device(x, r, const.q)
-    _check_sub_mul(x, r, const)
+def sub_mul_const_triton(x: torch.Tensor, r: torch.Tensor, const, basis, plus=None) -> torch.Tensor:
+    """Triton launcher; same contract as :func:`sub_mul_const_torch` (``plus`` added in the
+    same pass)."""
+    check_triton_device(x, r, const.q, *(() if plus is None else (plus,)))
+    _check_sub_mul(x, r, const, plus)
     limbs, n = x.shape[-2:]
     x3, r3 = _unit_last(x.reshape(-1, limbs, n)), _unit_last(r.reshape(-1, limbs, n))
     out = torch.empty(x3.shape, dtype=torch.int64, device=x.device)
+    if plus is None:
+        p4, polys = x3, 1  # never read
+    else:
+        p4, polys = _unit_last(plus.reshape(-1, plus.shape[-3], limbs, n)), x.shape[-3]
     for start, stop, p in const.parts:
         grid, block = _grid(x3.shape[0] * (stop - start), n)
         fields = (p.w, p.wq, p.w0, p.w0q, p.c) if p.wide else (p.w, p.wq, p.w, p.wq, p.wq)
         if grid[0]:
             _sub_mul_kernel[grid](
-                x3, r3, out, _col(p.q), *(_col(f) for f in fields), stop - start, start, n,
+                x3, r3, out, _col(p.q), *(_col(f) for f in fields), p4, stop - start, start, n,
                 x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), out.stride(0),
-                out.stride(1), WIDE=p.wide, BLOCK=block, **NO_FMA)
+                out.stride(1), polys, p4.shape[-3] if plus is not None else 0, p4.shape[0],
+                p4.stride(0), p4.stride(-3) if plus is not None else 0, p4.stride(-2),
+                WIDE=p.wide, PLUS=plus is not None, BLOCK=block, **NO_FMA)
     return out.view(x.shape)
 
 
-def sub_mul_const(x: torch.Tensor, r: torch.Tensor, const, basis) -> torch.Tensor:
+def sub_mul_const(x: torch.Tensor, r: torch.Tensor, const, basis, plus=None) -> torch.Tensor:
     """:func:`sub_mul_const_torch`, one Triton kernel per run of limbs on CUDA tensors."""
-    return (sub_mul_const_triton if use_triton(x) else sub_mul_const_torch)(x, r, const, basis)
+    return (sub_mul_const_triton if use_triton(x) else sub_mul_const_torch)(x, r, const, basis, plus)

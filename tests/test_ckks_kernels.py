@@ -93,6 +93,24 @@ def test_ntt_equals_tables(name, n):
     assert torch.equal(back, torch.where(x < 0, x + tables.basis.q, x))  # the round trip
 
 
+@pytest.mark.parametrize("name", list(BASES))
+def test_ntt_lifted_and_centred_equal_tables(name):
+    """The forward from integer coefficients (``NttTables.lift``: each limb's reduction in the
+    first launch) and the inverse centred in its last launch (``inverse_centred``)."""
+    primes, n = BASES[name], 64
+    tables = NttTables(Basis.of(primes), n)
+    rng = np.random.default_rng(11)
+    coeffs = torch.from_numpy(rng.integers(-(2**62) + 1, 2**62, (3, n), dtype=np.int64))
+    coeffs[0, :4] = torch.tensor([2**62 - 1, -(2**62) + 1, 0, -1])
+    fw = ntt_triton(tables, coeffs, inverse=False, lift=True)
+    assert fw.shape == (3, len(primes), n)
+    assert torch.equal(fw, tables.twin(tables.basis.reduce(coeffs.unsqueeze(-2)), inverse=False))
+    centred = ntt_triton(tables, fw, inverse=True, centre=True)
+    assert torch.equal(centred, tables.basis.center(tables.twin(fw, inverse=True)))
+    with pytest.raises(ValueError, match="expected"):
+        ntt_triton(tables, coeffs, inverse=True, lift=True)
+
+
 def test_ntt_of_a_level_view():
     """``RnsContext`` hands out tables of limb runs (views of the master tables with offsets):
     a data level's run starts inside the wide run."""
@@ -203,6 +221,18 @@ def test_sub_mul_const_equals_twin(name):
     r = _residues(primes, (3,), n, seed=7)
     got = ckks_ops.sub_mul_const_triton(x, r, const, basis)
     assert torch.equal(got, ckks_ops.sub_mul_const_torch(x, r, const, basis))
+    # ModDown's plus: c0 of two ciphertexts added to the first polynomial of each, for a
+    # hoisted set of 3 rotations ([3, 2 rows, 2 polys, L, N])
+    xs = _residues(primes, (3, 2, 2), n, seed=8)
+    rs = _residues(primes, (3, 2, 2), n, seed=9)
+    plus = _residues(primes, (2, 2), n, seed=10)[:, :1]
+    with_plus = ckks_ops.sub_mul_const_triton(xs, rs, const, basis, plus)
+    assert torch.equal(with_plus, ckks_ops.sub_mul_const_torch(xs, rs, const, basis, plus))
+    plain = ckks_ops.sub_mul_const_torch(xs, rs, const, basis)
+    assert torch.equal(with_plus[:, :, 1], plain[:, :, 1])
+    assert torch.equal(with_plus[:, :, 0], basis.add(plain[:, :, 0], plus[None, :, 0]))
+    with pytest.raises(ValueError, match="plus"):
+        ckks_ops.sub_mul_const_triton(xs, rs, const, basis, plus[:1])
     want = [[((int(u) - int(v)) * pow(7, -1, q)) % q for u, v in zip(xi, ri, strict=True)]
             for q, xi, ri in zip(primes, x[1].tolist(), r[1].tolist(), strict=True)]
     assert got[1].tolist() == want
@@ -255,6 +285,7 @@ for inverse in (False, True):
 ckks_ops.key_inner_triton(z[:1], z, basis)
 ckks_ops.mac_triton(z, z[0, :2].expand(2, 4, n), basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis)
+ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis, z[0, :1])
 types = {torch.int64: "*i64", torch.int32: "*i32", torch.float64: "*fp64"}
 seen = set()
 for kernel, bound in launches:

@@ -227,12 +227,11 @@ class NttTables:
 
     def _each(self, x: torch.Tensor, inverse: bool, centre: bool = False) -> torch.Tensor:
         self._check(x)
-        if use_triton(x):  # the same transform, up to four stages per Triton launch
-            out = ntt_triton(self, x, inverse)
-        elif x.device.type == "cpu" and ckks_cpu.available():  # the same transform, in C (centred there)
+        if use_triton(x):  # the same transform, up to four stages per Triton launch (centred there)
+            return ntt_triton(self, x, inverse, centre=centre)
+        if x.device.type == "cpu" and ckks_cpu.available():  # the same transform, in C (centred there)
             return ckks_cpu.ntt_cpu(self.basis.primes, x, inverse, centre)
-        else:
-            out = self.twin(x, inverse)
+        out = self.twin(x, inverse)
         return self.basis.center(out) if centre else out
 
     def twin(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
@@ -256,6 +255,16 @@ class NttTables:
     def inverse(self, x: torch.Tensor) -> torch.Tensor:
         """NTT form (``|x| < q``) -> coefficients ``[0, q)``."""
         return self._each(x, inverse=True)
+
+    def lift(self, coeffs: torch.Tensor) -> torch.Tensor:
+        """Integer coefficients ``[..., N]`` (``|c| < 2^62``) -> NTT-form residues ``[..., L, N]``
+        in ``[0, q)``: on the CPU one C pass per limb (the reduction read inside the NTT), on CUDA
+        the reduction in the Triton transform's first launch, elsewhere reduced, then the NTT."""
+        if coeffs.device.type == "cpu" and ckks_cpu.available():
+            return ckks_cpu.ntt_reduced_cpu(self.basis.primes, coeffs.unsqueeze(-2))
+        if use_triton(coeffs):
+            return ntt_triton(self, coeffs, inverse=False, lift=True)
+        return self.forward(self.basis.reduce(coeffs.unsqueeze(-2)))
 
     def inverse_centred(self, x: torch.Tensor) -> torch.Tensor:
         """NTT form -> centred coefficients ``(-q/2, q/2]``: ``basis.center(inverse(x))``, which the

@@ -42,11 +42,10 @@ def to_residues(coeffs: torch.Tensor, basis: Basis) -> torch.Tensor:
 
 def to_ntt_residues(coeffs: torch.Tensor, basis: Basis, ntt) -> torch.Tensor:
     """Integer coefficients ``[..., N]`` (``|c| < 2^62``) -> NTT-form residues ``[..., L, N]``
-    (encoding): on the CPU one C pass per limb (``ckks_cpu.ntt_reduced_cpu``: the reduction
-    read inside the NTT), elsewhere ``to_residues`` and the NTT."""
-    if coeffs.device.type == "cpu" and ckks_cpu.available():
-        return ckks_cpu.ntt_reduced_cpu(basis.primes, coeffs.unsqueeze(-2))
-    return ntt.forward(to_residues(coeffs, basis))
+    of ``basis`` (whose tables ``ntt`` are): ``NttTables.lift``."""
+    if ntt.basis.primes != basis.primes:
+        raise ValueError("NTT tables of another basis")
+    return ntt.lift(coeffs)
 
 
 def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -68,11 +67,7 @@ def _drop_limb(x: torch.Tensor, r: torch.Tensor, basis: Basis, ntt, dropped: int
     r = to_ntt_residues(r.squeeze(-2), basis, ntt)
     if x.device.type == "cpu" and ckks_cpu.available():
         return ckks_cpu.sub_mul_cpu(basis.primes, x, r, _inverses(dropped, basis.primes), plus)
-    out = sub_mul_const(x, r, const(), basis)
-    if plus is not None:
-        c = plus.shape[-3]
-        out[..., :c, :, :] = basis.add(out[..., :c, :, :], plus)
-    return out
+    return sub_mul_const(x, r, const(), basis, plus)
 
 
 @functools.lru_cache(maxsize=64)

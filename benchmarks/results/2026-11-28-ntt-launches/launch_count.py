@@ -22,7 +22,6 @@ from veil.crypto.native.batch import NativeBatch  # noqa: E402
 from veil.crypto.params import PROTECTED_PARAMS as P  # noqa: E402
 from veil.kernels import ckks_arith, ckks_ntt, ckks_ops  # noqa: E402
 
-
 launches: collections.Counter = collections.Counter()
 ops: collections.Counter = collections.Counter()
 interp.InterpretedFunction.run = lambda self, *a, **kw: launches.update([self.fn.__name__])

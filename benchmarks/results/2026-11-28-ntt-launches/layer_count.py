@@ -1,0 +1,118 @@
+"""Launches of one protected layer's server work on the CUDA code path, counted on the CPU:
+``protected_bench`` (native backend, one decode step at context 16 through layers 10 and 11 of
+the shipped model) with ``use_triton`` forced on and every Triton launcher replaced by a
+counter that computes with the kernel's twin (the same dispatch and shapes as on a GPU; the
+C kernels off), after one untimed step (a warm server). Runs on 975c8ad too (``PYTHONPATH``). Per upload kind of the first layer's cycle: Triton launches by kernel and torch
+ops outside them (each a kernel or at least a dispatch on a GPU), the server's own only.
+
+    python benchmarks/results/2026-11-28-ntt-launches/layer_count.py
+"""
+
+import collections
+import os
+import sys
+
+os.environ["VEIL_CPU_KERNELS"] = "0"
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from veil.benchmarks import protected_bench  # noqa: E402
+from veil.crypto.native import evaluator, ntt, rns  # noqa: E402
+from veil.kernels import ckks_arith, ckks_ntt, ckks_ops  # noqa: E402
+from veil.protected.server import ProtectedExecutor  # noqa: E402
+
+launches: collections.Counter = collections.Counter()
+ops: collections.Counter = collections.Counter()
+state = {"server": False, "inside": 0}
+
+
+def counted(name, count, twin):
+    def launcher(*args, **kw):
+        if state["server"]:
+            launches[name] += count(*args, **kw)
+        state["inside"] += 1
+        try:
+            return twin(*args, **kw)
+        finally:
+            state["inside"] -= 1
+    return launcher
+
+
+def _ntt(tables, x, inverse, centre=False, lift=False):
+    if lift:
+        x = tables.basis.reduce(x.unsqueeze(-2))
+    out = tables.twin(x, inverse)
+    return tables.basis.center(out) if centre else out
+
+
+def _key_sets(d, sets, basis):
+    import torch
+    rows = [[rns._key_inner(d, ks[0], basis)] if len(ks) == 1 else
+            [torch.stack([rns._key_inner(x, k, basis) for x, k in zip(d.unbind(0), ks, strict=True)])]
+            for ks in sets]
+    return torch.stack([r[0] for r in rows])
+
+
+# before 2026-11-28 (no NttPack): two stages per launch and a launch per run of limbs
+per_run = not hasattr(ckks_ntt, "NttPack")
+if per_run:
+    stages = lambda tables, x, inverse: len(tables.runs) * -(-(tables.n.bit_length() - 1) // 2)  # noqa: E731
+else:
+    stages = lambda tables, x, inverse=False, **kw: len(list(ckks_ntt._launches(tables.n.bit_length() - 1)))  # noqa: E731
+ntt.ntt_triton = counted("ntt", stages, _ntt)
+rns.key_inner_sets_triton = counted("key_inner", lambda *a: 1, _key_sets)
+rns.key_inner_triton = counted("key_inner", lambda d, k, b: len(b.parts) if per_run else 1,
+                               lambda d, k, b: rns._key_inner(d, k, b))
+ckks_ops.mac_triton = counted("mac", lambda a, w, b: len(b.parts), ckks_ops.mac_torch)
+if hasattr(ckks_ops, "key_inner_sets_triton"):
+    ckks_ops.key_inner_sets_triton = rns.key_inner_sets_triton
+ckks_ops.sub_mul_const_triton = counted("sub_mul", lambda x, r, c, b, *p, **kw: len(c.parts), ckks_ops.sub_mul_const_torch)
+_mac_triton = ckks_ops.mac_triton
+
+
+def _mac_cuda(a, w, basis):
+    """``ckks_ops.mac``'s CUDA branch (its CPU test comes first there)."""
+    import torch
+    if all(x.dim() == 2 for x in w):
+        return _mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
+                           w if torch.is_tensor(w) else torch.stack(list(w)), basis)
+    return ckks_ops.mac_torch(a, w, basis)
+
+
+ckks_ops.mac = _mac_cuda
+for module in (rns, ntt, ckks_ops, ckks_arith):
+    module.use_triton = lambda t: True
+if isinstance(evaluator.HOIST_CHUNK, dict):  # since 2026-11-28: a chunk per device type
+    evaluator.HOIST_CHUNK["cpu"] = evaluator.HOIST_CHUNK["cuda"]
+
+
+class TorchOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if state["server"] and not state["inside"]:
+            ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+_handle = ProtectedExecutor.handle
+rows = []
+
+
+def handle(self, msg):
+    launches.clear()
+    ops.clear()
+    state["server"] = True
+    try:
+        with TorchOps():
+            return _handle(self, msg)
+    finally:
+        state["server"] = False
+        rows.append((str(msg.kind), msg.layer, dict(launches), sum(launches.values()), sum(ops.values()),
+                     ops.most_common(6)))
+
+
+ProtectedExecutor.handle = handle
+protected_bench.main(["--he-backend", "native", "--contexts", "16", "--warmup", *sys.argv[1:]])
+for kind, layer, by_kernel, total, n_ops, top in rows[-4:]:
+    print(f"# {kind} layer {layer}: {total} Triton launches {by_kernel}; {n_ops} torch ops; top {top}")
+layer = rows[-3:]  # the first layer's cycle: weights, mlp_in, refreshed (as protected_bench counts)
+print(f"# one layer: {sum(r[3] for r in layer)} Triton launches, {sum(r[4] for r in layer)} torch ops")
