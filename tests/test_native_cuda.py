@@ -151,6 +151,7 @@ def test_cuda_matrices_encoded_together_from_a_device_tensor(servers):
         alone = encode_matrix(gpu, w, 4, n1=8)
         assert m.plaintexts.keys() == alone.plaintexts.keys()
         assert all(torch.equal(m.plaintexts[u]._obj, pt._obj) for u, pt in alone.plaintexts.items())
+        assert all(pt.nonzero for pt in m.plaintexts.values())  # checked per chunk, not per product
 
 # ---- the Triton kernels of the native backend (veil.kernels.ckks_*) vs their CPU twins ------------
 # On CUDA the backend's NTTs, key inner products and rescale / ModDown tails run as Triton kernels,

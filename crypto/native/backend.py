@@ -249,7 +249,11 @@ class NativeBackend(Evaluator, HEBackend):
                 for i, v in enumerate(chunk):
                     part[i, : v.size] = v
             m = self._encode(part, level, scale)
-            out += [Plaintext(row, self.params.id, level, scale, row.numel() * 8) for row in m.unbind(0)]
+            rows = [Plaintext(row, self.params.id, level, scale, row.numel() * 8) for row in m.unbind(0)]
+            if self.device.type == "cuda":  # the products' all-zero check, one host sync per chunk
+                for pt, nonzero in zip(rows, m.reshape(len(rows), -1).any(1).tolist(), strict=True):
+                    pt.nonzero = nonzero
+            out += rows
         return out
 
     def _encrypt(self, m: torch.Tensor, level: int) -> tuple[torch.Tensor, bytes | None]:
