@@ -279,6 +279,8 @@ basis, n = Basis.of(primes), 2048
 z = torch.zeros(2, 3, 4, n, dtype=torch.int64)
 tables = NttTables(basis, n)
 wide60 = Basis.of(get_params("ckks-n16384-l6-v1").primes[:2])  # reductions inside both runs
+ckks_ntt.ntt_triton(tables, z[0, :2, 0], False, lift=True)
+ckks_ntt.ntt_triton(tables, z[0, :2], True, centre=True)
 for inverse in (False, True):
     ckks_ntt.ntt_triton(tables, z[0, :2], inverse)
     ckks_ntt.ntt_triton(NttTables(wide60, n), z[0, :2, :2], inverse)
@@ -301,7 +303,9 @@ for kernel, bound in launches:
     assert "fma.rn.f64" not in ptx and "mul.lo.s64" in ptx and "cvt.rmi.f64.f64" in ptx, key
     print("ok", key)
 assert {k[0] for k in seen} == {"_ntt_kernel", "_key_inner_kernel", "_mac_kernel", "_sub_mul_kernel"}
-assert {dict(k[1])["STAGES"] for k in seen if k[0] == "_ntt_kernel"} == {1, 2, 4}
+ntt = [dict(k[1]) for k in seen if k[0] == "_ntt_kernel"]
+assert {c["STAGES"] for c in ntt} == {1, 2, 4} and {c["LAST"] for c in ntt} == {0, 1, 2}
+assert {c["LIFT"] for c in ntt} == {False, True}
 print("compiled", len(seen), "variants")
 """
 
