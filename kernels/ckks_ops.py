@@ -32,7 +32,7 @@ from veil.kernels import ckks_cpu
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy, use_triton
 
-__all__ = ["key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
+__all__ = ["add_triton", "key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
            "sub_mul_const_torch", "sub_mul_const_triton"]
 
 _BLOCK = 1024
@@ -239,6 +239,34 @@ def kernel_takes_mac(a, w) -> bool:
         return all(x.dim() == 2 for x in w)
     return (a[0].device.type == "cpu" and ckks_cpu.available() and len({x.shape for x in w}) == 1
             and ckks_cpu.row_weights(a[0].shape, w[0].shape) is not None)
+
+
+# ---- ciphertext addition: x + y --------------------------------------------------------------
+@triton.jit
+def _add_kernel(x_ptr, y_ptr, out_ptr, q_ptr, limbs, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = x < n
+    q = tl.load(q_ptr + row % limbs)
+    a = tl.load(x_ptr + row * n + x, mask=mask, other=0)
+    b = tl.load(y_ptr + row * n + x, mask=mask, other=0)
+    tl.store(out_ptr + row * n + x, fix(a + b - q, q), mask=mask)  # Basis.add
+
+
+def add_triton(x: torch.Tensor, y: torch.Tensor, basis) -> torch.Tensor:
+    """``basis.add(x, y)`` (``[..., L, N]`` canonical, equal shapes) in one launch, where the
+    twin takes five torch kernels: the evaluator's additions on a GPU."""
+    check_triton_device(x, y, basis.q)
+    if x.shape != y.shape or x.dim() < 2 or x.shape[-2] != len(basis) or x.dtype != torch.int64 \
+            or y.dtype != torch.int64:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} do not match [..., {len(basis)}, N]")
+    limbs, n = x.shape[-2:]
+    xc, yc = x.contiguous(), y.contiguous()
+    out = torch.empty_like(xc)
+    grid, block = _grid(xc.numel() // n, n)
+    if grid[0]:
+        _add_kernel[grid](xc, yc, out, _col(basis.q), limbs, n, BLOCK=block, **NO_FMA)
+    return out
 
 
 # ---- rescale / ModDown tail: (x - r) * c (+ plus) -----------------------------------------------

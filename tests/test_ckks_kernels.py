@@ -238,6 +238,20 @@ def test_sub_mul_const_equals_twin(name):
     assert got[1].tolist() == want
 
 
+@pytest.mark.parametrize("name", list(BASES))
+def test_add_equals_twin(name):
+    primes, n = BASES[name], 256
+    basis = Basis.of(primes)
+    full = _residues(primes, (2, 3), n, seed=12)
+    x, y = full[:, :2], _residues(primes, (2, 2), n, seed=13)  # x a strided view
+    edge = torch.tensor(primes).view(-1, 1) - 1  # q - 1 + q - 1: the largest sum
+    x[0, 0], y[0, 0] = edge, edge
+    got = ckks_ops.add_triton(x, y, basis)
+    assert torch.equal(got, basis.add(x, y))
+    with pytest.raises(ValueError, match="do not match"):
+        ckks_ops.add_triton(x, y[:1], basis)
+
+
 # ---- dispatch --------------------------------------------------------------------------------------
 def test_cpu_tensors_take_the_twins_with_the_interpreter_off(monkeypatch):
     """With TRITON_INTERPRET=0 a kernel launch on CPU tensors raises (the control below), so the
@@ -288,6 +302,7 @@ ckks_ops.key_inner_triton(z[:1], z, basis)
 ckks_ops.mac_triton(z, z[0, :2].expand(2, 4, n), basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis, z[0, :1])
+ckks_ops.add_triton(z[0], z[0], basis)
 types = {torch.int64: "*i64", torch.int32: "*i32", torch.float64: "*fp64"}
 seen = set()
 for kernel, bound in launches:
@@ -300,9 +315,10 @@ for kernel, bound in launches:
            if isinstance(bound[name], torch.Tensor) else "i64" for name in kernel.arg_names}
     ptx = triton.compile(ASTSource(kernel, sig, cx), target=GPUTarget("cuda", 90, 32),
                          options={"enable_fp_fusion": bound["enable_fp_fusion"]}).asm["ptx"]
-    assert "fma.rn.f64" not in ptx and "mul.lo.s64" in ptx and "cvt.rmi.f64.f64" in ptx, key
+    products = key[0] != "_add_kernel"  # the addition has no modular product
+    assert "fma.rn.f64" not in ptx and (not products or "mul.lo.s64" in ptx and "cvt.rmi.f64.f64" in ptx), key
     print("ok", key)
-assert {k[0] for k in seen} == {"_ntt_kernel", "_key_inner_kernel", "_mac_kernel", "_sub_mul_kernel"}
+assert {k[0] for k in seen} == {"_ntt_kernel", "_key_inner_kernel", "_mac_kernel", "_sub_mul_kernel", "_add_kernel"}
 ntt = [dict(k[1]) for k in seen if k[0] == "_ntt_kernel"]
 assert {c["STAGES"] for c in ntt} == {1, 2, 4} and {c["LAST"] for c in ntt} == {0, 1, 2}
 assert {c["LIFT"] for c in ntt} == {False, True}
@@ -329,7 +345,7 @@ def test_ckks_kernels_compile_for_sm90():
 # ---- the CUDA code path of whole operations, on the CPU --------------------------------------------
 def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeypatch):
     """Rotations (single, hoisted, and a two-session batch's per-row keys), ct x ct with its
-    relinearization and rescale take the Triton kernels (interpreted) through the backend, as on
+    relinearization and rescale, an addition and a ct x pt product take the Triton kernels (interpreted) through the backend, as on
     a GPU: every NTT over all runs of limbs in one launch per group of stages, a hoisted set's
     keys (and a batch's per-row keys) read in place by one key-switch launch, the tables of
     each level's view. Bit for bit what the CPU path gives. Test-only N=8192 set."""
@@ -344,7 +360,9 @@ def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeyp
 
     def run():
         a, b = cts
-        ops = [server.rotate(a, 1), *server.rotate_many(a, steps), server.multiply(a, b)]
+        pt = server.encode(np.linspace(-1, 1, p.slot_count), level=server.level(a))
+        ops = [server.rotate(a, 1), *server.rotate_many(a, steps), server.multiply(a, b),
+               server.add(a, b), server.multiply_plain(a, pt)]
         ops += batch.unstack(batch.rotate_many(batch.stack(cts), steps[:2])[1])
         return [server._unwrap(ct).data for ct in ops]
 

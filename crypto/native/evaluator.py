@@ -39,6 +39,8 @@ class Evaluator:
         if not math.isclose(x.scale, y.scale, rel_tol=1e-9):
             raise HEError(f"scale mismatch: {x.scale} vs {y.scale}")
         basis, _ = self._ctx.data(x.level)
+        if x.data.shape == y.data.shape:
+            return self._wrap(rns.add(x.data, y.data, basis), x.level, x.scale)
         if x.data.shape[-3] < y.data.shape[-3]:
             x, y = y, x
         out = x.data.clone()

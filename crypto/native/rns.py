@@ -31,7 +31,7 @@ from veil.crypto.native.ntt import compiled
 from veil.kernels import ckks_cpu, ckks_ops
 from veil.kernels.ckks_ops import key_inner_sets_triton, key_inner_triton, sub_mul_const, use_triton
 
-__all__ = ["to_residues", "to_ntt_residues", "rescale", "decompose", "key_inner", "key_inner_many", "mul_plain", "mac", "mod_down",
+__all__ = ["add", "to_residues", "to_ntt_residues", "rescale", "decompose", "key_inner", "key_inner_many", "mul_plain", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
 
 
@@ -124,12 +124,21 @@ def key_inner_many(d: torch.Tensor, keys, basis: Basis, compile: bool = False) -
                         for k in keys])
 
 
+def add(x: torch.Tensor, y: torch.Tensor, basis: Basis) -> torch.Tensor:
+    """``x + y`` in ``[0, q)`` for equal shapes: one Triton launch on CUDA (``ckks_ops``),
+    ``Basis.add`` elsewhere."""
+    if use_triton(x) and x.shape == y.shape:
+        return ckks_ops.add_triton(x, y, basis)
+    return basis.add(x, y)
+
+
 def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
     """ct x pt: ``c`` ``[..., L, N]`` times a plaintext ``m`` (``[L, N]``, or a batch's per-row
-    ``[B, 1, L, N]``) in ``[0, q)``. On the CPU one pass of the C multiply-accumulate with one
-    term, where ``Basis.mul`` makes a dozen eager passes over memory; ``Basis.mul`` elsewhere."""
-    if c.device.type == "cpu" and ckks_ops.kernel_takes_mac([c], [m]):
-        return ckks_ops.mac([c], [m], basis)
+    ``[B, 1, L, N]``) in ``[0, q)``: the multiply-accumulate with one term (C on the CPU,
+    Triton on CUDA: one pass where ``Basis.mul`` makes a dozen eager ones); ``Basis.mul``
+    elsewhere."""
+    if ckks_ops.kernel_takes_mac([c], [m]):
+        return ckks_ops.mac(c.unsqueeze(0), m.unsqueeze(0), basis)
     return basis.mul(c, m)
 
 

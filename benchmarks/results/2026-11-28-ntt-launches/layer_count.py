@@ -64,6 +64,8 @@ rns.key_inner_sets_triton = counted("key_inner", lambda *a: 1, _key_sets)
 rns.key_inner_triton = counted("key_inner", lambda d, k, b: len(b.parts) if per_run else 1,
                                lambda d, k, b: rns._key_inner(d, k, b))
 ckks_ops.mac_triton = counted("mac", lambda a, w, b: len(b.parts), ckks_ops.mac_torch)
+if hasattr(ckks_ops, "add_triton"):
+    ckks_ops.add_triton = counted("add", lambda *a: 1, lambda x, y, b: b.add(x, y))
 if hasattr(ckks_ops, "key_inner_sets_triton"):
     ckks_ops.key_inner_sets_triton = rns.key_inner_sets_triton
 ckks_ops.sub_mul_const_triton = counted("sub_mul", lambda x, r, c, b, *p, **kw: len(c.parts), ckks_ops.sub_mul_const_torch)
