@@ -39,6 +39,10 @@ __all__ = ["NttPack", "ntt_triton", "pack_runs"]
 
 # lanes per program by stages per launch: a lane holds 2, 4 or 16 values in registers
 _BLOCK = {1: 1024, 2: 512, 4: 128}
+#: transforms of at most this many rows (a rescale's or ModDown's dropped limb, a decomposition's
+#: limbs) run as one launch, a program per row (``_ntt_row_kernel``), 256 lanes at a time
+ONE_LAUNCH_ROWS = 32
+_ROW_CHUNK = 256
 
 
 @triton.jit
@@ -209,8 +213,12 @@ def _ntt_kernel(src_ptr, x_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qi
 def _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, R0, R1, R2, R3,
             INVERSE: tl.constexpr, STAGES: tl.constexpr, LAST: tl.constexpr,
             FINAL: tl.constexpr, WIDE: tl.constexpr):
-    lo = _at(L, 0, None, WIDE)
-    hi = _at(H, 0, None, WIDE)
+    if LAST:  # the last inverse stage's constants, live only where they are used
+        lo = _at(L, 0, None, WIDE)
+        hi = _at(H, 0, None, WIDE)
+    else:
+        lo = (q, q, q, q)
+        hi = lo
     if STAGES == 4:
         # radix 16: two passes of two stages over the lane's 16 values x[r] = src[i0 + r*d]
         x0, x1, x2, x3 = _load4(src + i0, d, mask)
@@ -287,6 +295,84 @@ def _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, R0, R1, R2
                 u, v = _canon(u, q, qinv), _canon(v, q, qinv)
         tl.store(base_ptr + i0, u, mask=mask)
         tl.store(base_ptr + i0 + d, v, mask=mask)
+
+
+@triton.jit
+def _ntt_row_kernel(src_ptr, x_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qinv_ptr,
+                    lo_ptr, loq_ptr, lo0_ptr, lo0q_ptr, hi_ptr, hiq_ptr, hi0_ptr, hi0q_ptr,
+                    wide_ptr, plan_ptr, plan_stride, limbs,
+                    INVERSE: tl.constexpr, LOG_N: tl.constexpr, CENTRE: tl.constexpr,
+                    LIFT: tl.constexpr, CHUNK: tl.constexpr):
+    # The whole transform of one row (a polynomial's limb) in one program: the same passes as
+    # ``_ntt_kernel``'s launches, one after the other, ``CHUNK`` lanes at a time, in place in
+    # ``x`` with a barrier between passes (global writes are visible to the block after it).
+    # One launch for every row: for the small transforms of a key switch and a rescale, whose
+    # launches otherwise cost more than their work.
+    row = tl.program_id(0).to(tl.int64)
+    limb = row % limbs
+    n = 1 << LOG_N
+    src = src_ptr + (row // limbs if LIFT else row) * n
+    base_ptr = x_ptr + row * n
+    q = tl.load(q_ptr + limb)
+    qinv = tl.load(qinv_ptr + limb)
+    c = tl.load(c_ptr + limb)
+    tw = limb * n
+    T = (w_ptr + tw, wq_ptr + tw, w0_ptr + tw, w0q_ptr + tw)
+    L = (lo_ptr + limb, loq_ptr + limb, lo0_ptr + limb, lo0q_ptr + limb)
+    H = (hi_ptr + limb, hiq_ptr + limb, hi0_ptr + limb, hi0q_ptr + limb)
+    flags = plan_ptr + limb * plan_stride
+    if tl.load(wide_ptr + limb) != 0:
+        _row_passes(src, base_ptr, T, L, H, c, q, qinv, flags, INVERSE, LOG_N, CENTRE, LIFT, CHUNK, True)
+    else:
+        _row_passes(src, base_ptr, T, L, H, c, q, qinv, flags, INVERSE, LOG_N, CENTRE, LIFT, CHUNK, False)
+
+
+@triton.jit
+def _row_passes(src, base_ptr, T, L, H, c, q, qinv, flags, INVERSE: tl.constexpr,
+                LOG_N: tl.constexpr, CENTRE: tl.constexpr, LIFT: tl.constexpr, CHUNK: tl.constexpr,
+                WIDE: tl.constexpr):
+    # the launch plan of ``_launches``: radix 16 while four stages remain, then 4, then 2
+    for p in tl.static_range(LOG_N // 4):
+        _row_pass(src if p == 0 else base_ptr, base_ptr, T, L, H, c, q, qinv, flags, 4 * p, INVERSE,
+                  LOG_N, 4, CENTRE, LIFT and p == 0, CHUNK, WIDE)
+        tl.debug_barrier()
+    if LOG_N % 4 >= 2:
+        s0: tl.constexpr = 4 * (LOG_N // 4)
+        _row_pass(src if s0 == 0 else base_ptr, base_ptr, T, L, H, c, q, qinv, flags, s0, INVERSE,
+                  LOG_N, 2, CENTRE, LIFT and s0 == 0, CHUNK, WIDE)
+        tl.debug_barrier()
+    if LOG_N % 2 == 1:
+        s1: tl.constexpr = LOG_N - 1
+        _row_pass(src if s1 == 0 else base_ptr, base_ptr, T, L, H, c, q, qinv, flags, s1, INVERSE,
+                  LOG_N, 1, CENTRE, LIFT and s1 == 0, CHUNK, WIDE)
+
+
+@triton.jit
+def _row_pass(src, base_ptr, T, L, H, c, q, qinv, flags, S: tl.constexpr, INVERSE: tl.constexpr,
+              LOG_N: tl.constexpr, STAGES: tl.constexpr, CENTRE: tl.constexpr, LIFT: tl.constexpr,
+              CHUNK: tl.constexpr, WIDE: tl.constexpr):
+    n = 1 << LOG_N
+    ends: tl.constexpr = S + STAGES == LOG_N
+    if INVERSE:
+        g0 = n >> (S + 1)
+        log_d: tl.constexpr = S
+    else:
+        g0 = 1 << S
+        log_d: tl.constexpr = LOG_N - S - STAGES
+    r0 = (tl.load(flags + S) != 0) | LIFT
+    r1, r2, r3 = r0, r0, r0
+    if STAGES > 1:
+        r1 = tl.load(flags + S + 1) != 0
+    if STAGES > 2:
+        r2, r3 = tl.load(flags + S + 2) != 0, tl.load(flags + S + 3) != 0
+    d = 1 << log_d
+    for start in range(0, n >> STAGES, CHUNK):
+        k = start + tl.arange(0, CHUNK).to(tl.int64)
+        mask = k < (n >> STAGES)
+        grp = k >> log_d
+        i0 = grp * ((1 << STAGES) * d) + (k & (d - 1))
+        _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, r0, r1, r2, r3, INVERSE,
+                STAGES, (2 if CENTRE else 1) if INVERSE and ends else 0, not INVERSE and ends, WIDE)
 
 
 @dataclass(frozen=True)
@@ -381,6 +467,12 @@ def ntt_triton(tables, x: torch.Tensor, inverse: bool, centre: bool = False,
         return out.view(shape)
     p = tables.triton_pack[inverse]
     log_n = n.bit_length() - 1
+    if rows * limbs <= ONE_LAUNCH_ROWS:  # the whole transform of each row in one program
+        _ntt_row_kernel[(rows * limbs,)](
+            src, out, *p.tw, p.c, p.q, p.qinv, *p.lo, *p.hi, p.wide, p.plan, p.plan.stride(0), limbs,
+            INVERSE=inverse, LOG_N=log_n, CENTRE=centre, LIFT=lift, CHUNK=min(_ROW_CHUNK, n >> 4),
+            num_warps=8, num_stages=1, **NO_FMA)  # one lane per thread; no prefetch of the next chunk
+        return out.view(shape)
     reading = src
     for s, width, ends in _launches(log_n):
         if inverse:  # groups n/2^(s+1), smallest distance 2^s

@@ -14,8 +14,9 @@ Sums of lazy products (each in ``(-q, q)``) are held in int64 and reduced before
 reached: ``key_inner`` needs ``K * q < 2^63`` (``RnsContext`` checks it for its chain), ``mac``
 reduces every ``(2^63 - 1) // q - 1`` terms as ``dot_plain`` does. Products and reductions:
 ``ckks_arith`` (the bounds of ``modarith``). Outputs are canonical, hence equal to the twins'.
-``mac`` and ``sub_mul_const`` launch once per run of limbs sharing a product scheme
-(``Basis.parts``), ``key_inner`` once for every run, key and row (each program reads its limb's
+``mac`` launches once per run of limbs sharing a product scheme (``Basis.parts``),
+``sub_mul_const`` once for every run (``MulConst.stacked``), ``key_inner`` once for every run,
+key and row (each program reads its limb's
 scheme, ``Basis.wide_limbs``, and its key through a table of addresses: a hoisted set's keys
 and a batch's per-row keys are read in place, not stacked); a program handles one ``(batch
 row, limb)`` and ``BLOCK`` coefficients. Inputs may have any strides but a unit one on N
@@ -271,21 +272,22 @@ def add_triton(x: torch.Tensor, y: torch.Tensor, basis) -> torch.Tensor:
 
 # ---- rescale / ModDown tail: (x - r) * c (+ plus) -----------------------------------------------
 @triton.jit
-def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, plus_ptr,
-                    run_limbs, first_limb, n, sx_b, sx_i, sr_b, sr_i, so_b, so_i,
+def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, wide_ptr,
+                    plus_ptr, limbs, n, sx_b, sx_i, sr_b, sr_i, so_b, so_i,
                     polys, plus_polys, plus_rows, sp_b, sp_c, sp_i,
-                    WIDE: tl.constexpr, PLUS: tl.constexpr, BLOCK: tl.constexpr):
-    b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
+                    PLUS: tl.constexpr, BLOCK: tl.constexpr):
+    # every run of limbs in one launch: a program reads its limb's scheme (``MulConst.stacked``)
+    b, limb, i, x, mask = _program_tile(limbs, 0, n, BLOCK)
     q = tl.load(q_ptr + limb)
     y = fix(tl.load(x_ptr + b * sx_b + i * sx_i + x, mask=mask, other=0)
             - tl.load(r_ptr + b * sr_b + i * sr_i + x, mask=mask, other=0), q)  # Basis.sub
     w = tl.load(w_ptr + limb)
     wq = tl.load(wq_ptr + limb)
-    if WIDE:
+    if tl.load(wide_ptr + limb) != 0:
         p = mul_const_lazy(y, w, wq, tl.load(w0_ptr + limb), tl.load(w0q_ptr + limb),
-                           tl.load(c_ptr + limb), q, WIDE)
+                           tl.load(c_ptr + limb), q, True)
     else:
-        p = mul_const_lazy(y, w, wq, w, wq, wq, q, WIDE)
+        p = mul_const_lazy(y, w, wq, w, wq, wq, q, False)
     out = fix(p, q)
     if PLUS:  # row b is polynomial b % polys of ciphertext b // polys (cycling over plus's rows)
         poly = b % polys
@@ -333,19 +335,17 @@ def sub_mul_const_triton(x: torch.Tensor, r: torch.Tensor, const, basis, plus=No
         p4, polys = x3, 1  # never read
     else:
         p4, polys = _unit_last(plus.reshape(-1, plus.shape[-3], limbs, n)), x.shape[-3]
-    for start, stop, p in const.parts:
-        grid, block = _grid(x3.shape[0] * (stop - start), n)
-        fields = (p.w, p.wq, p.w0, p.w0q, p.c) if p.wide else (p.w, p.wq, p.w, p.wq, p.wq)
-        if grid[0]:
-            _sub_mul_kernel[grid](
-                x3, r3, out, _col(p.q), *(_col(f) for f in fields), p4, stop - start, start, n,
-                x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), out.stride(0),
-                out.stride(1), polys, p4.shape[-3] if plus is not None else 0, p4.shape[0],
-                p4.stride(0), p4.stride(-3) if plus is not None else 0, p4.stride(-2),
-                WIDE=p.wide, PLUS=plus is not None, BLOCK=block, **NO_FMA)
+    grid, block = _grid(x3.shape[0] * limbs, n)
+    if grid[0]:
+        _sub_mul_kernel[grid](
+            x3, r3, out, _col(const.q), *const.stacked, p4, limbs, n, x3.stride(0), x3.stride(1),
+            r3.stride(0), r3.stride(1), out.stride(0), out.stride(1), polys,
+            p4.shape[-3] if plus is not None else 0, p4.shape[0], p4.stride(0),
+            p4.stride(-3) if plus is not None else 0, p4.stride(-2),
+            PLUS=plus is not None, BLOCK=block, **NO_FMA)
     return out.view(x.shape)
 
 
 def sub_mul_const(x: torch.Tensor, r: torch.Tensor, const, basis, plus=None) -> torch.Tensor:
-    """:func:`sub_mul_const_torch`, one Triton kernel per run of limbs on CUDA tensors."""
+    """:func:`sub_mul_const_torch`, one Triton launch on CUDA tensors."""
     return (sub_mul_const_triton if use_triton(x) else sub_mul_const_torch)(x, r, const, basis, plus)

@@ -78,10 +78,20 @@ def test_interpreter_int64_wraps_like_the_gpu():
 
 
 # ---- NTT -------------------------------------------------------------------------------------------
+@pytest.fixture(params=["launches", "one launch"])
+def ntt_mode(request, monkeypatch):
+    """Each transform as a launch per group of stages, or all of a row's stages in one program
+    (``ckks_ntt.ONE_LAUNCH_ROWS``: the small transforms)."""
+    monkeypatch.setattr(ckks_ntt, "ONE_LAUNCH_ROWS", 0 if request.param == "launches" else 10**6)
+    return request.param
+
+
 # launches by stage count (``ckks_ntt._launches``): 5 = 4+1, 6 = 4+2, 8 = 4+4, 11 = 4+4+2+1
 @pytest.mark.parametrize("n", [32, 64, 256, 2048])
 @pytest.mark.parametrize("name", list(BASES))
-def test_ntt_equals_tables(name, n):
+def test_ntt_equals_tables(name, n, ntt_mode):
+    if ntt_mode == "one launch" and n in (64, 256):
+        pytest.skip("the row program's passes: 32 (4+1) and 2048 (4+4+2+1) here, 64 (4+2) below")
     primes = BASES[name] if n <= 256 else BASES[name][:4]  # at 2048: the wide run, a narrow limb
     tables = NttTables(Basis.of(primes), n)
     # a non-contiguous [2, 2, L, N] input, lazy (-q, q) like the transforms accept
@@ -94,7 +104,7 @@ def test_ntt_equals_tables(name, n):
 
 
 @pytest.mark.parametrize("name", list(BASES))
-def test_ntt_lifted_and_centred_equal_tables(name):
+def test_ntt_lifted_and_centred_equal_tables(name, ntt_mode):
     """The forward from integer coefficients (``NttTables.lift``: each limb's reduction in the
     first launch) and the inverse centred in its last launch (``inverse_centred``)."""
     primes, n = BASES[name], 64
@@ -111,7 +121,7 @@ def test_ntt_lifted_and_centred_equal_tables(name):
         ntt_triton(tables, coeffs, inverse=True, lift=True)
 
 
-def test_ntt_of_a_level_view():
+def test_ntt_of_a_level_view(ntt_mode):
     """``RnsContext`` hands out tables of limb runs (views of the master tables with offsets):
     a data level's run starts inside the wide run."""
     tables = NttTables(Basis.of(PROT[-1:] + PROT[:-1]), 2048).limbs(slice(1, 4))
@@ -293,11 +303,13 @@ basis, n = Basis.of(primes), 2048
 z = torch.zeros(2, 3, 4, n, dtype=torch.int64)
 tables = NttTables(basis, n)
 wide60 = Basis.of(get_params("ckks-n16384-l6-v1").primes[:2])  # reductions inside both runs
-ckks_ntt.ntt_triton(tables, z[0, :2, 0], False, lift=True)
-ckks_ntt.ntt_triton(tables, z[0, :2], True, centre=True)
-for inverse in (False, True):
-    ckks_ntt.ntt_triton(tables, z[0, :2], inverse)
-    ckks_ntt.ntt_triton(NttTables(wide60, n), z[0, :2, :2], inverse)
+for one_launch in (0, 10**6):  # launches per group of stages, then a program per row
+    ckks_ntt.ONE_LAUNCH_ROWS = one_launch
+    ckks_ntt.ntt_triton(tables, z[0, :2, 0], False, lift=True)
+    ckks_ntt.ntt_triton(tables, z[0, :2], True, centre=True)
+    for inverse in (False, True):
+        ckks_ntt.ntt_triton(tables, z[0, :2], inverse)
+        ckks_ntt.ntt_triton(NttTables(wide60, n), z[0, :2, :2], inverse)
 ckks_ops.key_inner_triton(z[:1], z, basis)
 ckks_ops.mac_triton(z, z[0, :2].expand(2, 4, n), basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis)
@@ -314,11 +326,13 @@ for kernel, bound in launches:
     sig = {name: "constexpr" if name in cx else types[bound[name].dtype]
            if isinstance(bound[name], torch.Tensor) else "i64" for name in kernel.arg_names}
     ptx = triton.compile(ASTSource(kernel, sig, cx), target=GPUTarget("cuda", 90, 32),
-                         options={"enable_fp_fusion": bound["enable_fp_fusion"]}).asm["ptx"]
+                         options={"enable_fp_fusion": bound["enable_fp_fusion"],
+                                  "num_warps": bound.get("num_warps", 4), "num_stages": bound.get("num_stages", 3)}).asm["ptx"]
     products = key[0] != "_add_kernel"  # the addition has no modular product
     assert "fma.rn.f64" not in ptx and (not products or "mul.lo.s64" in ptx and "cvt.rmi.f64.f64" in ptx), key
     print("ok", key)
-assert {k[0] for k in seen} == {"_ntt_kernel", "_key_inner_kernel", "_mac_kernel", "_sub_mul_kernel", "_add_kernel"}
+assert {k[0] for k in seen} == {"_ntt_kernel", "_ntt_row_kernel", "_key_inner_kernel", "_mac_kernel",
+                                "_sub_mul_kernel", "_add_kernel"}
 ntt = [dict(k[1]) for k in seen if k[0] == "_ntt_kernel"]
 assert {c["STAGES"] for c in ntt} == {1, 2, 4} and {c["LAST"] for c in ntt} == {0, 1, 2}
 assert {c["LIFT"] for c in ntt} == {False, True}

@@ -249,6 +249,19 @@ class MulConst:
     parts: tuple[tuple[int, int, _PartConst], ...]
     q: torch.Tensor  # [L, 1, ...]: the primes of all runs
 
+    @functools.cached_property
+    def stacked(self) -> tuple[torch.Tensor, ...]:
+        """A per-limb constant's ``(w, fl(w/q), w0, fl(w0/q), c)`` over all runs, each ``[L]``
+        (narrow limbs repeat ``w``, ``fl(w/q)`` and put ``fl(w/q)`` for the unused ``c``), with
+        ``wide`` ``[L]`` int32 last: for kernels whose launch spans the runs."""
+        cols: list[list[torch.Tensor]] = [[], [], [], [], [], []]
+        for a, b, p in self.parts:
+            fields = (p.w, p.wq, p.w0, p.w0q, p.c) if p.wide else (p.w, p.wq, p.w, p.wq, p.wq)
+            for col, f in zip(cols[:5], fields, strict=True):
+                col.append(f.reshape(b - a))
+            cols[5].append(torch.full((b - a,), int(p.wide), dtype=torch.int32, device=self.q.device))
+        return tuple(torch.cat(col).contiguous() for col in cols)
+
     def limbs(self, s: slice) -> MulConst:
         start, stop, _ = s.indices(self.limbs_)
         parts = []

@@ -58,7 +58,11 @@ per_run = not hasattr(ckks_ntt, "NttPack")
 if per_run:
     stages = lambda tables, x, inverse: len(tables.runs) * -(-(tables.n.bit_length() - 1) // 2)  # noqa: E731
 else:
-    stages = lambda tables, x, inverse=False, **kw: len(list(ckks_ntt._launches(tables.n.bit_length() - 1)))  # noqa: E731
+    def stages(tables, x, inverse=False, lift=False, **kw):
+        rows = x.numel() // tables.n * (len(tables.basis) if lift else 1)  # rows of limbs
+        if rows <= getattr(ckks_ntt, "ONE_LAUNCH_ROWS", -1):
+            return 1
+        return len(list(ckks_ntt._launches(tables.n.bit_length() - 1)))
 ntt.ntt_triton = counted("ntt", stages, _ntt)
 rns.key_inner_sets_triton = counted("key_inner", lambda *a: 1, _key_sets)
 rns.key_inner_triton = counted("key_inner", lambda d, k, b: len(b.parts) if per_run else 1,
@@ -68,7 +72,7 @@ if hasattr(ckks_ops, "add_triton"):
     ckks_ops.add_triton = counted("add", lambda *a: 1, lambda x, y, b: b.add(x, y))
 if hasattr(ckks_ops, "key_inner_sets_triton"):
     ckks_ops.key_inner_sets_triton = rns.key_inner_sets_triton
-ckks_ops.sub_mul_const_triton = counted("sub_mul", lambda x, r, c, b, *p, **kw: len(c.parts), ckks_ops.sub_mul_const_torch)
+ckks_ops.sub_mul_const_triton = counted("sub_mul", lambda x, r, c, b, *p, **kw: 1 if hasattr(type(c), "stacked") else len(c.parts), ckks_ops.sub_mul_const_torch)
 _mac_triton = ckks_ops.mac_triton
 
 
