@@ -97,20 +97,24 @@ def _at(t, off, mask, WIDE: tl.constexpr):
 
 
 @triton.jit
+def _reduce4(x0, x1, x2, x3, q, qinv):
+    return reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv), reduce_lazy(x2, q, qinv), \
+        reduce_lazy(x3, q, qinv)
+
+
+@triton.jit
 def _fw4(x0, x1, x2, x3, T, g1, g2, mask, c, q, qinv, REDUCE_A, REDUCE_B, FINAL: tl.constexpr,
          WIDE: tl.constexpr):
     """Two forward stages on a quadruple ``(0, e, 2e, 3e)``: the first (distance ``2e``, twiddle
     ``T[g1]``) pairs ``(0, 2e)`` and ``(e, 3e)``, the second (distance ``e``) ``(0, e)`` with
     ``T[g2]`` and ``(2e, 3e)`` with ``T[g2 + 1]``."""
     if REDUCE_A:
-        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
-        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+        x0, x1, x2, x3 = _reduce4(x0, x1, x2, x3, q, qinv)
     w, wq, w0, w0q = _at(T, g1, mask, WIDE)
     x0, x2 = _ct(x0, x2, w, wq, w0, w0q, c, q, WIDE)
     x1, x3 = _ct(x1, x3, w, wq, w0, w0q, c, q, WIDE)
     if REDUCE_B:
-        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
-        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+        x0, x1, x2, x3 = _reduce4(x0, x1, x2, x3, q, qinv)
     w, wq, w0, w0q = _at(T, g2, mask, WIDE)
     x0, x1 = _ct(x0, x1, w, wq, w0, w0q, c, q, WIDE)
     w, wq, w0, w0q = _at(T, g2 + 1, mask, WIDE)
@@ -128,15 +132,13 @@ def _inv4(x0, x1, x2, x3, T, g1, g2, lo, hi, mask, c, q, qinv, REDUCE_A, REDUCE_
     ``(0, e)`` with ``T[g1]`` and ``(2e, 3e)`` with ``T[g1 + 1]``, the second (distance ``2e``,
     twiddle ``T[g2]``, or the last stage's ``lo``/``hi``) ``(0, 2e)`` and ``(e, 3e)``."""
     if REDUCE_A:
-        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
-        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+        x0, x1, x2, x3 = _reduce4(x0, x1, x2, x3, q, qinv)
     w, wq, w0, w0q = _at(T, g1, mask, WIDE)
     x0, x1 = _gs(x0, x1, w, wq, w0, w0q, c, q, WIDE)
     w, wq, w0, w0q = _at(T, g1 + 1, mask, WIDE)
     x2, x3 = _gs(x2, x3, w, wq, w0, w0q, c, q, WIDE)
     if REDUCE_B:
-        x0, x1 = reduce_lazy(x0, q, qinv), reduce_lazy(x1, q, qinv)
-        x2, x3 = reduce_lazy(x2, q, qinv), reduce_lazy(x3, q, qinv)
+        x0, x1, x2, x3 = _reduce4(x0, x1, x2, x3, q, qinv)
     if LAST:
         x0, x2 = _gs_last(x0, x2, lo, hi, c, q, WIDE, LAST == 2)
         x1, x3 = _gs_last(x1, x3, lo, hi, c, q, WIDE, LAST == 2)
