@@ -54,6 +54,19 @@ for module in (rns, ntt, keyswitch, ckks_ops, ckks_arith):
         module.use_triton = lambda t: True  # the CUDA path's dispatch, on CPU tensors
 for module in (ckks_ntt, ckks_ops):
     module.check_triton_device = lambda *t: None
+_mac_triton = ckks_ops.mac_triton
+
+
+def _mac_cuda(a, w, basis):
+    """``ckks_ops.mac``'s CUDA branch (its CPU test comes first there)."""
+    import torch
+    if all(x.dim() == 2 for x in w):
+        return _mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
+                           w if torch.is_tensor(w) else torch.stack(list(w)), basis)
+    return ckks_ops.mac_torch(a, w, basis)
+
+
+ckks_ops.mac = _mac_cuda
 if isinstance(evaluator.HOIST_CHUNK, dict):  # since 2026-11-28: a chunk per device type
     evaluator.HOIST_CHUNK["cpu"] = evaluator.HOIST_CHUNK["cuda"]
 cases = {
