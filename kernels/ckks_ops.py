@@ -14,13 +14,12 @@ Sums of lazy products (each in ``(-q, q)``) are held in int64 and reduced before
 reached: ``key_inner`` needs ``K * q < 2^63`` (``RnsContext`` checks it for its chain), ``mac``
 reduces every ``(2^63 - 1) // q - 1`` terms as ``dot_plain`` does. Products and reductions:
 ``ckks_arith`` (the bounds of ``modarith``). Outputs are canonical, hence equal to the twins'.
-``mac`` launches once per run of limbs sharing a product scheme (``Basis.parts``),
-``sub_mul_const`` once for every run (``MulConst.stacked``), ``key_inner`` once for every run,
-key and row (each program reads its limb's
-scheme, ``Basis.wide_limbs``, and its key through a table of addresses: a hoisted set's keys
-and a batch's per-row keys are read in place, not stacked); a program handles one ``(batch
-row, limb)`` and ``BLOCK`` coefficients. Inputs may have any strides but a unit one on N
-(others are made contiguous first).
+Every kernel launches once for all runs of limbs (the two product schemes: a program reads its
+limb's from ``Basis.wide_limbs`` or ``MulConst.stacked``), ``key_inner`` once for every key and
+row too (each key read through a table of addresses: a hoisted set's keys and a batch's per-row
+keys in place, not stacked); a program handles one ``(batch row, limb)`` and ``BLOCK``
+coefficients. Inputs may have any strides but a unit one on N (others are made contiguous
+first).
 """
 
 from __future__ import annotations
@@ -55,13 +54,12 @@ def _col(t: torch.Tensor) -> torch.Tensor:
 
 # ---- key switching: sum_j d_j * key_j ---------------------------------------------------
 @triton.jit
-def _program_tile(run_limbs, first_limb, n, BLOCK: tl.constexpr):
-    """What a program of the ``(B * limbs of the run, N / BLOCK)`` grid works on: batch row
-    ``b``, the limb within the run and in the tensor, its ``BLOCK`` coefficients and their mask."""
+def _program_tile(limbs, n, BLOCK: tl.constexpr):
+    """What a program of the ``(B * L, N / BLOCK)`` grid works on: batch row ``b``, its limb,
+    its ``BLOCK`` coefficients and their mask."""
     row = tl.program_id(0).to(tl.int64)
-    limb = row % run_limbs
     x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return row // run_limbs, limb, first_limb + limb, x, x < n
+    return row // limbs, row % limbs, x, x < n
 
 
 @triton.jit
@@ -155,14 +153,8 @@ def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis) -> torch.Tensor:
 
 # ---- ct x pt multiply-accumulate: sum_k a_k * w_k ----------------------------------------------
 @triton.jit
-def _mac_kernel(a_ptr, w_ptr, out_ptr, q_ptr, qinv_ptr, terms, per_reduce, run_limbs, first_limb,
-                n, sa_k, sa_b, sa_i, sw_k, sw_i, so_b, so_i,
-                WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    b, limb, i, x, mask = _program_tile(run_limbs, first_limb, n, BLOCK)
-    q = tl.load(q_ptr + limb)
-    qinv = tl.load(qinv_ptr + limb)
-    a_k = a_ptr + b * sa_b + i * sa_i + x
-    w_k = w_ptr + i * sw_i + x
+def _mac_sum(a_k, w_k, sa_k, sw_k, terms, per_reduce, mask, q, qinv, WIDE: tl.constexpr,
+             BLOCK: tl.constexpr):
     acc = tl.zeros([BLOCK], dtype=tl.int64)
     held = 0  # lazy terms in acc (a reduced acc counts as one): |acc| < held * q < 2^63
     for _ in range(terms):
@@ -174,7 +166,23 @@ def _mac_kernel(a_ptr, w_ptr, out_ptr, q_ptr, qinv_ptr, terms, per_reduce, run_l
         held += 1
         a_k += sa_k
         w_k += sw_k
-    tl.store(out_ptr + b * so_b + i * so_i + x, fix(reduce_lazy(acc, q, qinv), q), mask=mask)
+    return acc
+
+
+@triton.jit
+def _mac_kernel(a_ptr, w_ptr, out_ptr, q_ptr, qinv_ptr, wide_ptr, terms, per_reduce, limbs, n,
+                sa_k, sa_b, sa_i, sw_k, sw_i, so_b, so_i, BLOCK: tl.constexpr):
+    # every run of limbs in one launch: a program reads its limb's scheme (``Basis.wide_limbs``)
+    b, limb, x, mask = _program_tile(limbs, n, BLOCK)
+    q = tl.load(q_ptr + limb)
+    qinv = tl.load(qinv_ptr + limb)
+    a_k = a_ptr + b * sa_b + limb * sa_i + x
+    w_k = w_ptr + limb * sw_i + x
+    if tl.load(wide_ptr + limb) != 0:
+        acc = _mac_sum(a_k, w_k, sa_k, sw_k, terms, per_reduce, mask, q, qinv, True, BLOCK)
+    else:
+        acc = _mac_sum(a_k, w_k, sa_k, sw_k, terms, per_reduce, mask, q, qinv, False, BLOCK)
+    tl.store(out_ptr + b * so_b + limb * so_i + x, fix(reduce_lazy(acc, q, qinv), q), mask=mask)
 
 
 def _per_reduce(basis) -> int:
@@ -212,13 +220,12 @@ def mac_triton(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
     terms, limbs, n = a.shape[0], a.shape[-2], a.shape[-1]
     a4, w = _unit_last(a.reshape(terms, -1, limbs, n)), _unit_last(w)
     out = torch.empty(a4.shape[1:], dtype=torch.int64, device=a.device)
-    for start, stop, part in basis.parts:
-        grid, block = _grid(a4.shape[1] * (stop - start), n)
-        if grid[0]:
-            _mac_kernel[grid](
-                a4, w, out, _col(part.q), _col(part.qinv), terms, _per_reduce(basis),
-                stop - start, start, n, a4.stride(0), a4.stride(1), a4.stride(2), w.stride(0),
-                w.stride(1), out.stride(0), out.stride(1), WIDE=part.wide, BLOCK=block, **NO_FMA)
+    grid, block = _grid(a4.shape[1] * limbs, n)
+    if grid[0]:
+        _mac_kernel[grid](
+            a4, w, out, _col(basis.q), _col(basis.qinv), basis.wide_limbs, terms, _per_reduce(basis),
+            limbs, n, a4.stride(0), a4.stride(1), a4.stride(2), w.stride(0), w.stride(1),
+            out.stride(0), out.stride(1), BLOCK=block, **NO_FMA)
     return out.view(a.shape[1:])
 
 
@@ -277,10 +284,10 @@ def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr
                     polys, plus_polys, plus_rows, sp_b, sp_c, sp_i,
                     PLUS: tl.constexpr, BLOCK: tl.constexpr):
     # every run of limbs in one launch: a program reads its limb's scheme (``MulConst.stacked``)
-    b, limb, i, x, mask = _program_tile(limbs, 0, n, BLOCK)
+    b, limb, x, mask = _program_tile(limbs, n, BLOCK)
     q = tl.load(q_ptr + limb)
-    y = fix(tl.load(x_ptr + b * sx_b + i * sx_i + x, mask=mask, other=0)
-            - tl.load(r_ptr + b * sr_b + i * sr_i + x, mask=mask, other=0), q)  # Basis.sub
+    y = fix(tl.load(x_ptr + b * sx_b + limb * sx_i + x, mask=mask, other=0)
+            - tl.load(r_ptr + b * sr_b + limb * sr_i + x, mask=mask, other=0), q)  # Basis.sub
     w = tl.load(w_ptr + limb)
     wq = tl.load(wq_ptr + limb)
     if tl.load(wide_ptr + limb) != 0:
@@ -293,9 +300,9 @@ def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr
         poly = b % polys
         if poly < plus_polys:
             row = (b // polys) % plus_rows
-            more = tl.load(plus_ptr + row * sp_b + poly * sp_c + i * sp_i + x, mask=mask, other=0)
+            more = tl.load(plus_ptr + row * sp_b + poly * sp_c + limb * sp_i + x, mask=mask, other=0)
             out = fix(out + more - q, q)  # Basis.add
-    tl.store(out_ptr + b * so_b + i * so_i + x, out, mask=mask)
+    tl.store(out_ptr + b * so_b + limb * so_i + x, out, mask=mask)
 
 
 def _check_sub_mul(x: torch.Tensor, r: torch.Tensor, const, plus) -> None:

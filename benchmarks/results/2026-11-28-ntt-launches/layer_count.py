@@ -67,7 +67,8 @@ ntt.ntt_triton = counted("ntt", stages, _ntt)
 rns.key_inner_sets_triton = counted("key_inner", lambda *a: 1, _key_sets)
 rns.key_inner_triton = counted("key_inner", lambda d, k, b: len(b.parts) if per_run else 1,
                                lambda d, k, b: rns._key_inner(d, k, b))
-ckks_ops.mac_triton = counted("mac", lambda a, w, b: len(b.parts), ckks_ops.mac_torch)
+mac_spans_runs = "wide_ptr" in ckks_ops._mac_kernel.arg_names  # one launch for all runs since 2026-11-28
+ckks_ops.mac_triton = counted("mac", lambda a, w, b: 1 if mac_spans_runs else len(b.parts), ckks_ops.mac_torch)
 if hasattr(ckks_ops, "add_triton"):
     ckks_ops.add_triton = counted("add", lambda *a: 1, lambda x, y, b: b.add(x, y))
 if hasattr(ckks_ops, "key_inner_sets_triton"):
