@@ -14,10 +14,11 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np  # noqa: E402
 import triton.runtime.interpreter as interp  # noqa: E402
+from cuda_dispatch import force_cuda_dispatch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from veil.crypto.backend import make_backend  # noqa: E402
-from veil.crypto.native import evaluator, keyswitch, ntt, rns  # noqa: E402
+from veil.crypto.native import keyswitch, ntt, rns  # noqa: E402
 from veil.crypto.native.batch import NativeBatch  # noqa: E402
 from veil.crypto.params import PROTECTED_PARAMS as P  # noqa: E402
 from veil.kernels import ckks_arith, ckks_ntt, ckks_ops  # noqa: E402
@@ -49,26 +50,9 @@ rows = batch.stack([s.deserialize(c.encrypt_to_bytes(np.ones(8))) for c, s in pa
 # keys, encryptions and imports above ran on the CPU path; from here on the CUDA path's
 # dispatch, on CPU tensors (the C kernels off), with its kernels recorded and skipped
 os.environ["VEIL_CPU_KERNELS"] = "0"
-for module in (rns, ntt, keyswitch, ckks_ops, ckks_arith):
-    if hasattr(module, "use_triton"):
-        module.use_triton = lambda t: True  # the CUDA path's dispatch, on CPU tensors
+force_cuda_dispatch(rns, ntt, keyswitch, ckks_ops, ckks_arith)
 for module in (ckks_ntt, ckks_ops):
     module.check_triton_device = lambda *t: None
-_mac_triton = ckks_ops.mac_triton
-
-
-def _mac_cuda(a, w, basis):
-    """``ckks_ops.mac``'s CUDA branch (its CPU test comes first there)."""
-    import torch
-    if all(x.dim() == 2 for x in w):
-        return _mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
-                           w if torch.is_tensor(w) else torch.stack(list(w)), basis)
-    return ckks_ops.mac_torch(a, w, basis)
-
-
-ckks_ops.mac = _mac_cuda
-if isinstance(evaluator.HOIST_CHUNK, dict):  # since 2026-11-28: a chunk per device type
-    evaluator.HOIST_CHUNK["cpu"] = evaluator.HOIST_CHUNK["cuda"]
 cases = {
     "rescale": lambda: server.rescale(server.multiply_plain(x, pt, rescale=False)),
     "multiply_plain": lambda: server.multiply_plain(x, pt),

@@ -14,10 +14,11 @@ import sys
 
 os.environ["VEIL_CPU_KERNELS"] = "0"
 
+from cuda_dispatch import force_cuda_dispatch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from veil.benchmarks import protected_bench  # noqa: E402
-from veil.crypto.native import evaluator, ntt, rns  # noqa: E402
+from veil.crypto.native import ntt, rns  # noqa: E402
 from veil.kernels import ckks_arith, ckks_ntt, ckks_ops  # noqa: E402
 from veil.protected.server import ProtectedExecutor  # noqa: E402
 
@@ -74,23 +75,7 @@ if hasattr(ckks_ops, "add_triton"):
 if hasattr(ckks_ops, "key_inner_sets_triton"):
     ckks_ops.key_inner_sets_triton = rns.key_inner_sets_triton
 ckks_ops.sub_mul_const_triton = counted("sub_mul", lambda x, r, c, b, *p, **kw: 1 if hasattr(type(c), "stacked") else len(c.parts), ckks_ops.sub_mul_const_torch)
-_mac_triton = ckks_ops.mac_triton
-
-
-def _mac_cuda(a, w, basis):
-    """``ckks_ops.mac``'s CUDA branch (its CPU test comes first there)."""
-    import torch
-    if all(x.dim() == 2 for x in w):
-        return _mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
-                           w if torch.is_tensor(w) else torch.stack(list(w)), basis)
-    return ckks_ops.mac_torch(a, w, basis)
-
-
-ckks_ops.mac = _mac_cuda
-for module in (rns, ntt, ckks_ops, ckks_arith):
-    module.use_triton = lambda t: True
-if isinstance(evaluator.HOIST_CHUNK, dict):  # since 2026-11-28: a chunk per device type
-    evaluator.HOIST_CHUNK["cpu"] = evaluator.HOIST_CHUNK["cuda"]
+force_cuda_dispatch(rns, ntt, ckks_ops, ckks_arith)
 
 
 class TorchOps(TorchDispatchMode):
