@@ -19,9 +19,9 @@ radix-2 launch. A value's bound before each product is the one the plan gives th
 the plan reduces before a stage, the kernel reduces its values.
 
 Every run of limbs shares each launch: the runs' constants are stacked on the limb axis once
-(``NttPack``, held by the master tables, views for each level's run), and a program reads its
-limb's product scheme and its run's plan (``wide``, ``plan``) and takes that branch (uniform
-per program). Grid: ``(B * L, lanes / BLOCK)``.
+(``MulConst.stacked`` of the master tables, views for each level's run: ``NttPack``), and a
+program reads its limb's product scheme and its run's plan (``Basis.wide_limbs``, ``plan``) and
+takes that branch (uniform per program). Grid: ``(B * L, lanes / BLOCK)``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import triton.language as tl
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, reduce_lazy
 
-__all__ = ["NttPack", "ntt_triton", "pack_runs"]
+__all__ = ["NttPack", "ntt_triton"]
 
 # lanes per program by stages per launch: a lane holds 2, 4 or 16 values in registers
 _BLOCK = {1: 1024, 2: 512, 4: 128}
@@ -380,62 +380,15 @@ def _row_pass(src, base_ptr, T, L, H, c, q, qinv, flags, S: tl.constexpr, INVERS
 @dataclass(frozen=True)
 class NttPack:
     """One direction's constants of every limb of an ``NttTables``, for launches that span its
-    runs: the fields of each run's ``_PartConst`` stacked on the limb axis (a narrow limb repeats
-    ``w``/``fl(w/q)`` where a wide one has ``w0``/``fl(w0/q)``, and ``fl(1/q)`` for the unused
-    ``c``), each limb's scheme and its run's lazy-reduction plan."""
+    runs (``NttTables.triton_pack``): its twiddles' and last-stage constants' fields as
+    ``MulConst.stacked`` gives them, and each limb's lazy-reduction plan (its run's). The primes
+    and each limb's product scheme are the basis's (``q``, ``qinv``, ``wide_limbs``)."""
 
     tw: tuple[torch.Tensor, ...]  # [L, N] each: w (w1), fl(w/q), w0, fl(w0/q)
-    c: torch.Tensor  # [L] float64
-    q: torch.Tensor  # [L] int64
-    qinv: torch.Tensor  # [L] float64
+    c: torch.Tensor  # [L] float64: fl(2^30/q), 0 on narrow limbs
     lo: tuple[torch.Tensor, ...]  # [L] each: the last inverse stage's 1/N, as the twiddles
     hi: tuple[torch.Tensor, ...]  # [L] each: its psi^-brev(1)/N
-    wide: torch.Tensor  # [L] int32
     plan: torch.Tensor  # [L, log N] int32: reduce before the stage
-
-    def limbs(self, a: int, b: int, runs, n: int, inverse: bool) -> NttPack:
-        """The limbs ``a:b`` (views), with the plan of ``runs`` (their own bounds)."""
-        cut = lambda t: t[a:b]  # noqa: E731
-        return NttPack(tuple(map(cut, self.tw)), cut(self.c), cut(self.q), cut(self.qinv),
-                       tuple(map(cut, self.lo)), tuple(map(cut, self.hi)), cut(self.wide),
-                       _plan(runs, n, inverse, self.q.device))
-
-
-def _fields(p, n_last: int) -> tuple[torch.Tensor, ...]:
-    """A ``_PartConst``'s ``(w, wq, w0, w0q)`` as ``[run limbs, n_last]``."""
-    fields = (p.w, p.wq, p.w0, p.w0q) if p.wide else (p.w, p.wq, p.w, p.wq)
-    return tuple(f.reshape(f.shape[0], n_last) for f in fields)
-
-
-def _plan(runs, n: int, inverse: bool, device) -> torch.Tensor:
-    rows = [row for a, b, run in runs for row in [run.plan(n, inverse)] * (b - a)]
-    return torch.tensor(rows, dtype=torch.int32, device=device)
-
-
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Per-limb tensors of several runs as one contiguous ``[L, -1]``."""
-    return torch.cat([t.reshape(t.shape[0], -1) for t in parts]).contiguous()
-
-
-def pack_runs(runs, n: int) -> dict[bool, NttPack]:
-    """Both directions' ``NttPack`` of the runs ``(start, stop, _RunNtt)`` of one basis."""
-    out = {}
-    for inverse in (False, True):
-        tw, c, lo, hi, wide = [[], [], [], []], [], [[], [], [], []], [[], [], [], []], []
-        for a, b, run in runs:
-            k = run.inv if inverse else run.fw
-            for acc, fields in ((tw, _fields(k, n)), (lo, _fields(run.last_lo, 1)),
-                                (hi, _fields(run.last_hi, 1))):
-                for column, field in zip(acc, fields, strict=True):
-                    column.append(field)
-            c.append(k.c if k.wide else run.qinv)
-            wide += [int(k.wide)] * (b - a)
-        flat = lambda cols: tuple(_cat(col).view(-1) for col in cols)  # noqa: E731
-        q, qinv = (_cat([getattr(run, f) for _, _, run in runs]).view(-1) for f in ("q", "qinv"))
-        out[inverse] = NttPack(tuple(map(_cat, tw)), _cat(c).view(-1), q, qinv, flat(lo), flat(hi),
-                               torch.tensor(wide, dtype=torch.int32, device=q.device),
-                               _plan(runs, n, inverse, q.device))
-    return out
 
 
 def _launches(stages: int):
@@ -454,7 +407,7 @@ def ntt_triton(tables, x: torch.Tensor, inverse: bool, centre: bool = False,
     on the device of ``x`` (``[..., L, N]`` int64, any strides): a new tensor, canonical.
     ``centre``: the inverse's output centred, ``tables.inverse_centred(x)``. ``lift``: ``x`` is
     ``[..., N]`` integer coefficients (``|c| < 2^62``), transformed in every limb
-    (``rns.to_ntt_residues``)."""
+    (``NttTables.lift``)."""
     check_triton_device(x, tables.basis.q)
     n, limbs = tables.n, len(tables.basis)
     want = (n,) if lift else (limbs, n)
@@ -468,10 +421,11 @@ def ntt_triton(tables, x: torch.Tensor, inverse: bool, centre: bool = False,
     if out.numel() == 0:
         return out.view(shape)
     p = tables.triton_pack[inverse]
+    primes, wide = (tables.basis.q.view(-1), tables.basis.qinv.view(-1)), tables.basis.wide_limbs
     log_n = n.bit_length() - 1
     if rows * limbs <= ONE_LAUNCH_ROWS:  # the whole transform of each row in one program
         _ntt_row_kernel[(rows * limbs,)](
-            src, out, *p.tw, p.c, p.q, p.qinv, *p.lo, *p.hi, p.wide, p.plan, p.plan.stride(0), limbs,
+            src, out, *p.tw, p.c, *primes, *p.lo, *p.hi, wide, p.plan, p.plan.stride(0), limbs,
             INVERSE=inverse, LOG_N=log_n, CENTRE=centre, LIFT=lift, CHUNK=min(_ROW_CHUNK, n >> 4),
             num_warps=8, num_stages=1, **NO_FMA)  # one lane per thread; no prefetch of the next chunk
         return out.view(shape)
@@ -485,7 +439,7 @@ def ntt_triton(tables, x: torch.Tensor, inverse: bool, centre: bool = False,
         block = min(_BLOCK[width], triton.next_power_of_2(count))
         grid = (rows * limbs, triton.cdiv(count, block))
         _ntt_kernel[grid](
-            reading, out, *p.tw, p.c, p.q, p.qinv, *p.lo, *p.hi, p.wide, p.plan, p.plan.stride(0), s,
+            reading, out, *p.tw, p.c, *primes, *p.lo, *p.hi, wide, p.plan, p.plan.stride(0), s,
             limbs, n, g0, log_d, INVERSE=inverse, STAGES=width,
             LAST=(2 if centre else 1) if inverse and ends else 0, FINAL=not inverse and ends,
             LIFT=lift and s == 0, BLOCK=block, **NO_FMA)

@@ -15,7 +15,7 @@ reached: ``key_inner`` needs ``K * q < 2^63`` (``RnsContext`` checks it for its 
 reduces every ``(2^63 - 1) // q - 1`` terms as ``dot_plain`` does. Products and reductions:
 ``ckks_arith`` (the bounds of ``modarith``). Outputs are canonical, hence equal to the twins'.
 Every kernel launches once for all runs of limbs (the two product schemes: a program reads its
-limb's from ``Basis.wide_limbs`` or ``MulConst.stacked``), ``key_inner`` once for every key and
+limb's from ``Basis.wide_limbs``; a constant's fields come from ``MulConst.stacked``), ``key_inner`` once for every key and
 row too (each key read through a table of addresses: a hoisted set's keys and a batch's per-row
 keys in place, not stacked); a program handles one ``(batch row, limb)`` and ``BLOCK``
 coefficients. Inputs may have any strides but a unit one on N (others are made contiguous
@@ -283,7 +283,7 @@ def _sub_mul_kernel(x_ptr, r_ptr, out_ptr, q_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr
                     plus_ptr, limbs, n, sx_b, sx_i, sr_b, sr_i, so_b, so_i,
                     polys, plus_polys, plus_rows, sp_b, sp_c, sp_i,
                     PLUS: tl.constexpr, BLOCK: tl.constexpr):
-    # every run of limbs in one launch: a program reads its limb's scheme (``MulConst.stacked``)
+    # every run of limbs in one launch: a program reads its limb's scheme (``Basis.wide_limbs``)
     b, limb, x, mask = _program_tile(limbs, n, BLOCK)
     q = tl.load(q_ptr + limb)
     y = fix(tl.load(x_ptr + b * sx_b + limb * sx_i + x, mask=mask, other=0)
@@ -345,8 +345,8 @@ def sub_mul_const_triton(x: torch.Tensor, r: torch.Tensor, const, basis, plus=No
     grid, block = _grid(x3.shape[0] * limbs, n)
     if grid[0]:
         _sub_mul_kernel[grid](
-            x3, r3, out, _col(const.q), *const.stacked, p4, limbs, n, x3.stride(0), x3.stride(1),
-            r3.stride(0), r3.stride(1), out.stride(0), out.stride(1), polys,
+            x3, r3, out, _col(const.q), *map(_col, const.stacked), basis.wide_limbs, p4, limbs, n,
+            x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), out.stride(0), out.stride(1), polys,
             p4.shape[-3] if plus is not None else 0, p4.shape[0], p4.stride(0),
             p4.stride(-3) if plus is not None else 0, p4.stride(-2),
             PLUS=plus is not None, BLOCK=block, **NO_FMA)

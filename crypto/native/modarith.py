@@ -251,15 +251,16 @@ class MulConst:
 
     @functools.cached_property
     def stacked(self) -> tuple[torch.Tensor, ...]:
-        """A per-limb constant's ``(w, fl(w/q), w0, fl(w0/q), c)`` over all runs, each ``[L]``
-        (narrow limbs repeat ``w``, ``fl(w/q)`` and put ``fl(w/q)`` for the unused ``c``), with
-        ``wide`` ``[L]`` int32 last: for kernels whose launch spans the runs."""
-        cols: list[list[torch.Tensor]] = [[], [], [], [], [], []]
+        """The constant's ``(w, fl(w/q), w0, fl(w0/q))`` over all runs, each ``[L, -1]``
+        contiguous (narrow limbs repeat ``w``, ``fl(w/q)``), and ``c = fl(2^30/q)`` ``[L]``
+        (0 on narrow limbs, which do not read it): for kernels whose launch spans the runs
+        (each program reading its limb's scheme from ``Basis.wide_limbs``)."""
+        cols: list[list[torch.Tensor]] = [[], [], [], [], []]
         for a, b, p in self.parts:
-            fields = (p.w, p.wq, p.w0, p.w0q, p.c) if p.wide else (p.w, p.wq, p.w, p.wq, p.wq)
-            for col, f in zip(cols[:5], fields, strict=True):
-                col.append(f.reshape(b - a))
-            cols[5].append(torch.full((b - a,), int(p.wide), dtype=torch.int32, device=self.q.device))
+            fields = (p.w, p.wq, p.w0, p.w0q) if p.wide else (p.w, p.wq, p.w, p.wq)
+            for col, f in zip(cols[:4], fields, strict=True):
+                col.append(f.reshape(b - a, -1))
+            cols[4].append(p.c.reshape(b - a) if p.wide else p.wq.new_zeros(b - a))
         return tuple(torch.cat(col).contiguous() for col in cols)
 
     def limbs(self, s: slice) -> MulConst:

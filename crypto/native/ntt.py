@@ -24,7 +24,7 @@ import torch
 from veil.crypto.native.modarith import Basis, MulConst, _PartConst
 from veil.kernels import ckks_cpu
 from veil.kernels.ckks_arith import use_triton
-from veil.kernels.ckks_ntt import NttPack, ntt_triton, pack_runs
+from veil.kernels.ckks_ntt import NttPack, ntt_triton
 
 __all__ = ["NttTables", "bit_reverse", "min_root_2n", "automorphism_index", "automorphisms", "coeff_automorphism"]
 
@@ -211,15 +211,18 @@ class NttTables:
         return root._views[key]
 
     @functools.cached_property
-    def _packed(self) -> dict[bool, NttPack]:
-        return pack_runs(self.runs, self.n)  # the master tables' only
-
-    @functools.cached_property
     def triton_pack(self) -> dict[bool, NttPack]:
         """Both directions' constants for the Triton transforms (``ckks_ntt.NttPack``): views of
-        the master's, with this run's own reduction plan."""
-        a, b = self._span
-        return {inv: self._root._packed[inv].limbs(a, b, self.runs, self.n, inv) for inv in (False, True)}
+        the master tables' fields stacked over their runs, with this run's own reduction plans."""
+        root, (a, b) = self._root, self._span
+        lo, hi = ([f[a:b].view(-1) for f in t.stacked[:4]] for t in (root._last_lo, root._last_hi))
+        out = {}
+        for inverse in (False, True):
+            *tw, c = (root._inv if inverse else root._fw).stacked
+            plan = [row for s, e, run in self.runs for row in [run.plan(self.n, inverse)] * (e - s)]
+            out[inverse] = NttPack(tuple(f[a:b] for f in tw), c[a:b], tuple(lo), tuple(hi),
+                                   torch.tensor(plan, dtype=torch.int32, device=self.basis.device))
+        return out
 
     def _check(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.n or x.shape[-2] != len(self.basis):
