@@ -24,6 +24,8 @@ first).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -105,8 +107,14 @@ def _key_inner_kernel(d_ptr, keys_ptr, out_ptr, q_ptr, qinv_ptr, wide_ptr, rows,
 
 def _addresses(tensors: list[torch.Tensor], device) -> torch.Tensor:
     """The data addresses of ``tensors`` as an int64 tensor on ``device`` (a kernel's table of
-    operands that are not one tensor)."""
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+    operands that are not one tensor), made once per set of addresses: a session's keys are
+    long-lived, so a key switch does not pay a host-to-device copy for its table."""
+    return _address_table(tuple(t.data_ptr() for t in tensors), str(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_table(addresses: tuple[int, ...], device: str) -> torch.Tensor:
+    return torch.tensor(addresses, dtype=torch.int64, device=device)
 
 
 def key_inner_sets_triton(d: torch.Tensor, sets, basis) -> torch.Tensor:

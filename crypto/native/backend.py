@@ -221,7 +221,7 @@ class NativeBackend(Evaluator, HEBackend):
             coeffs = self._encoder.encode(v, scale, bound)
         except ValueError as e:
             raise HEError(str(e)) from e
-        return rns.to_ntt_residues(coeffs, *self._ctx.data(level))
+        return self._ctx.data(level)[1].lift(coeffs)
 
     def encodable(self, a: np.ndarray) -> torch.Tensor:
         """Weights the server re-encodes on its hot path are kept as float64 on the device."""

@@ -192,7 +192,7 @@ class Evaluator:
         for i, gk in enumerate(found):
             if gk is None:
                 out[i] = self._wrap(c.data.clone(), c.level, c.scale)
-        chunk = max(1, HOIST_CHUNK.get(c.data.device.type, 16) // math.prod(self._rows))
+        chunk = max(1, HOIST_CHUNK.get(c.data.device.type, HOIST_CHUNK["cpu"]) // math.prod(self._rows))
         for start in range(0, len(todo), chunk):
             part = todo[start : start + chunk]
             rot = keyswitch.rotate_hoisted(c.data, [found[i][0] for i in part],

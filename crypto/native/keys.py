@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import Stream, expand_uniform, new_seed
 
@@ -83,19 +82,18 @@ class RowKeys:
     rows: tuple[SwitchKey, ...]
 
 
-def _to_ntt(ctx: RnsContext, coeffs: np.ndarray, basis, ntt) -> torch.Tensor:
-    c = torch.from_numpy(np.ascontiguousarray(coeffs)).to(ctx.device)
-    return ntt.forward(rns.to_residues(c, basis))
+def _to_ntt(ctx: RnsContext, coeffs: np.ndarray, ntt) -> torch.Tensor:
+    return ntt.lift(torch.from_numpy(np.ascontiguousarray(coeffs)).to(ctx.device))
 
 
-def _error(ctx: RnsContext, stream: Stream, shape: tuple[int, ...], basis, ntt) -> torch.Tensor:
+def _error(ctx: RnsContext, stream: Stream, shape: tuple[int, ...], ntt) -> torch.Tensor:
     e = stream.cbd(int(np.prod(shape)) * ctx.n).reshape(*shape, ctx.n)
-    return _to_ntt(ctx, e, basis, ntt)
+    return _to_ntt(ctx, e, ntt)
 
 
 def gen_secret(ctx: RnsContext) -> SecretKey:
-    basis, ntt = ctx.master
-    return SecretKey(_to_ntt(ctx, Stream().ternary(ctx.n), basis, ntt))
+    _, ntt = ctx.master
+    return SecretKey(_to_ntt(ctx, Stream().ternary(ctx.n), ntt))
 
 
 def expand_a(ctx: RnsContext, seed: bytes, level: int, tag: int) -> torch.Tensor:
@@ -116,7 +114,7 @@ def gen_public(ctx: RnsContext, sk: SecretKey) -> PublicKey:
     basis, ntt = ctx.data(ctx.top)
     seed = new_seed()
     a = expand_a(ctx, seed, ctx.top, TAG_PK)
-    e = _error(ctx, Stream(), (), basis, ntt)
+    e = _error(ctx, Stream(), (), ntt)
     b = basis.sub(e, basis.mul(a, sk.s[1:]))
     return PublicKey(b, a, seed)
 
@@ -127,7 +125,7 @@ def gen_switch_key(ctx: RnsContext, sk: SecretKey, target: torch.Tensor) -> Swit
     digits = ctx.top + 1
     seed = new_seed()
     a = key_a(ctx, seed, digits)
-    e = _error(ctx, Stream(), (digits,), basis, ntt)
+    e = _error(ctx, Stream(), (digits,), ntt)
     b = basis.sub(e, basis.mul(a, sk.s))
     # digit j gains p * target in the limb of q_j (master index j + 1)
     data_basis, _ = ctx.data(ctx.top)
@@ -143,7 +141,7 @@ def encrypt_symmetric(ctx: RnsContext, sk: SecretKey, m: torch.Tensor, level: in
     basis, ntt = ctx.data(level)
     seed = new_seed()
     a = expand_a(ctx, seed, level, TAG_CT)
-    e = _error(ctx, Stream(), (), basis, ntt)
+    e = _error(ctx, Stream(), (), ntt)
     c0 = basis.add(basis.sub(e, basis.mul(a, sk.s[1 : level + 2])), m)
     return c0, seed
 
@@ -154,8 +152,8 @@ def public_zeros(ctx: RnsContext, pks: Sequence[PublicKey], level: int) -> torch
     transformed together (one NTT for a batch of sessions on a GPU, not one per row)."""
     basis, ntt = ctx.data(level)
     stream, rows = Stream(), len(pks)
-    v = _to_ntt(ctx, stream.ternary(rows * ctx.n).reshape(rows, ctx.n), basis, ntt)  # [B, L+1, N]
-    e = _error(ctx, stream, (rows, 2), basis, ntt)
+    v = _to_ntt(ctx, stream.ternary(rows * ctx.n).reshape(rows, ctx.n), ntt)  # [B, L+1, N]
+    e = _error(ctx, stream, (rows, 2), ntt)
     pk = torch.stack([torch.stack((p.b[: level + 1], p.a[: level + 1])) for p in pks])
     return basis.add(basis.mul(v.unsqueeze(1), pk), e)
 

@@ -31,21 +31,13 @@ from veil.crypto.native.ntt import compiled
 from veil.kernels import ckks_cpu, ckks_ops
 from veil.kernels.ckks_ops import key_inner_sets_triton, key_inner_triton, sub_mul_const, use_triton
 
-__all__ = ["add", "to_residues", "to_ntt_residues", "rescale", "decompose", "key_inner", "key_inner_many", "mul_plain", "mac", "mod_down",
+__all__ = ["add", "to_residues", "rescale", "decompose", "key_inner", "key_inner_many", "mul_plain", "mac", "mod_down",
            "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues"]
 
 
 def to_residues(coeffs: torch.Tensor, basis: Basis) -> torch.Tensor:
     """Integer coefficients ``[..., N]`` (int64) -> residues ``[..., L, N]``."""
     return basis.reduce(coeffs.unsqueeze(-2))
-
-
-def to_ntt_residues(coeffs: torch.Tensor, basis: Basis, ntt) -> torch.Tensor:
-    """Integer coefficients ``[..., N]`` (``|c| < 2^62``) -> NTT-form residues ``[..., L, N]``
-    of ``basis`` (whose tables ``ntt`` are): ``NttTables.lift``."""
-    if ntt.basis.primes != basis.primes:
-        raise ValueError("NTT tables of another basis")
-    return ntt.lift(coeffs)
 
 
 def rescale(x: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
@@ -62,9 +54,9 @@ def _drop_limb(x: torch.Tensor, r: torch.Tensor, basis: Basis, ntt, dropped: int
                plus: torch.Tensor | None = None) -> torch.Tensor:
     """``(x - r) / dropped`` in ``basis`` (NTT form) for the centred coefficients ``r`` ``[..., 1, N]``
     of the limb being dropped: the tail of a rescale and of ModDown (``plus``: ``mod_down``'s). On
-    the CPU two C passes per limb (``to_ntt_residues``, ``sub_mul_cpu``); elsewhere
+    the CPU two C passes per limb (``NttTables.lift``, ``sub_mul_cpu``); elsewhere
     ``sub_mul_const`` after the NTT (``const()``: dropped^-1 per limb as a ``MulConst``)."""
-    r = to_ntt_residues(r.squeeze(-2), basis, ntt)
+    r = ntt.lift(r.squeeze(-2))
     if x.device.type == "cpu" and ckks_cpu.available():
         return ckks_cpu.sub_mul_cpu(basis.primes, x, r, _inverses(dropped, basis.primes), plus)
     return sub_mul_const(x, r, const(), basis, plus)
@@ -82,7 +74,7 @@ def decompose(c: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
     centred, (ext_basis, ext_ntt) = ntt.inverse_centred(c), ctx.ext(level)
     if c.device.type == "cpu" and ckks_cpu.available():  # digit j's own limb is c's limb j: copied
         return ckks_cpu.ntt_reduced_cpu(ext_basis.primes, centred.unsqueeze(-2), same=c)
-    return to_ntt_residues(centred, ext_basis, ext_ntt)
+    return ext_ntt.lift(centred)
 
 
 def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor:
