@@ -184,10 +184,6 @@ def _ntt_kernel(src_ptr, x_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qi
     src = src_ptr + (row // limbs if LIFT else row) * n
     base_ptr = x_ptr + row * n
     k = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = k < (n >> STAGES)
-    grp = k >> log_d  # this lane's group of the launch's last (forward) / first (inverse) stage
-    d = 1 << log_d
-    i0 = grp * ((1 << STAGES) * d) + (k & (d - 1))
     q = tl.load(q_ptr + limb)
     qinv = tl.load(qinv_ptr + limb)
     c = tl.load(c_ptr + limb)  # fl(2^30/q); unused by narrow products
@@ -197,24 +193,31 @@ def _ntt_kernel(src_ptr, x_ptr, w_ptr, wq_ptr, w0_ptr, w0q_ptr, c_ptr, q_ptr, qi
     L = (lo_ptr + limb, loq_ptr + limb, lo0_ptr + limb, lo0q_ptr + limb)
     H = (hi_ptr + limb, hiq_ptr + limb, hi0_ptr + limb, hi0q_ptr + limb)
     flags = plan_ptr + limb * plan_stride + stage
-    r0 = (tl.load(flags) != 0) | LIFT  # a lifted input is reduced to (-q, q) first
-    r1, r2, r3 = r0, r0, r0  # placeholders where the launch has fewer stages
-    if STAGES > 1:
-        r1 = tl.load(flags + 1) != 0
-    if STAGES > 2:
-        r2, r3 = tl.load(flags + 2) != 0, tl.load(flags + 3) != 0
     if tl.load(wide_ptr + limb) != 0:
-        _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, r0, r1, r2, r3,
-                INVERSE, STAGES, LAST, FINAL, True)
+        _stages(src, base_ptr, T, L, H, c, q, qinv, flags, k, n, g0, log_d, INVERSE, STAGES, LAST,
+                FINAL, LIFT, True)
     else:
-        _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, r0, r1, r2, r3,
-                INVERSE, STAGES, LAST, FINAL, False)
+        _stages(src, base_ptr, T, L, H, c, q, qinv, flags, k, n, g0, log_d, INVERSE, STAGES, LAST,
+                FINAL, LIFT, False)
 
 
 @triton.jit
-def _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, R0, R1, R2, R3,
-            INVERSE: tl.constexpr, STAGES: tl.constexpr, LAST: tl.constexpr,
-            FINAL: tl.constexpr, WIDE: tl.constexpr):
+def _stages(src, base_ptr, T, L, H, c, q, qinv, flags, k, n, g0, log_d, INVERSE: tl.constexpr,
+            STAGES: tl.constexpr, LAST: tl.constexpr, FINAL: tl.constexpr, LIFT: tl.constexpr,
+            WIDE: tl.constexpr):
+    # ``STAGES`` stages from the one whose plan entry ``flags`` points at, on lanes ``k`` of ``n >>
+    # STAGES``; a lane owns the ``2^STAGES`` values ``i0 + r*d``, ``grp`` its group of the last
+    # (forward) / first (inverse) stage of the pass.
+    mask = k < (n >> STAGES)
+    grp = k >> log_d
+    d = 1 << log_d
+    i0 = grp * ((1 << STAGES) * d) + (k & (d - 1))
+    R0 = (tl.load(flags) != 0) | LIFT  # a lifted input is reduced to (-q, q) first
+    R1, R2, R3 = R0, R0, R0  # placeholders where the pass has fewer stages
+    if STAGES > 1:
+        R1 = tl.load(flags + 1) != 0
+    if STAGES > 2:
+        R2, R3 = tl.load(flags + 2) != 0, tl.load(flags + 3) != 0
     if LAST:  # the last inverse stage's constants, live only where they are used
         lo = _at(L, 0, None, WIDE)
         hi = _at(H, 0, None, WIDE)
@@ -361,20 +364,10 @@ def _row_pass(src, base_ptr, T, L, H, c, q, qinv, flags, S: tl.constexpr, INVERS
     else:
         g0 = 1 << S
         log_d: tl.constexpr = LOG_N - S - STAGES
-    r0 = (tl.load(flags + S) != 0) | LIFT
-    r1, r2, r3 = r0, r0, r0
-    if STAGES > 1:
-        r1 = tl.load(flags + S + 1) != 0
-    if STAGES > 2:
-        r2, r3 = tl.load(flags + S + 2) != 0, tl.load(flags + S + 3) != 0
-    d = 1 << log_d
     for start in range(0, n >> STAGES, CHUNK):
         k = start + tl.arange(0, CHUNK).to(tl.int64)
-        mask = k < (n >> STAGES)
-        grp = k >> log_d
-        i0 = grp * ((1 << STAGES) * d) + (k & (d - 1))
-        _stages(src, base_ptr, T, L, H, c, q, qinv, mask, grp, d, i0, g0, r0, r1, r2, r3, INVERSE,
-                STAGES, (2 if CENTRE else 1) if INVERSE and ends else 0, not INVERSE and ends, WIDE)
+        _stages(src, base_ptr, T, L, H, c, q, qinv, flags + S, k, n, g0, log_d, INVERSE, STAGES,
+                (2 if CENTRE else 1) if INVERSE and ends else 0, not INVERSE and ends, LIFT, WIDE)
 
 
 @dataclass(frozen=True)
