@@ -151,12 +151,9 @@ def key_inner_sets_triton(d: torch.Tensor, sets, basis) -> torch.Tensor:
 
 
 def key_inner_triton(d: torch.Tensor, key: torch.Tensor, basis) -> torch.Tensor:
-    """``rns.key_inner(d, key, basis)``: digits ``[..., K, L, N]`` (canonical), key
-    ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``) or one key per row of a
-    batch ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]`` -> ``[..., 2, L, N]``."""
-    if key.dim() == 5 and (d.dim() != 4 or d.shape[0] != key.shape[0]):
-        raise ValueError(f"digits {tuple(d.shape)} and per-row keys {tuple(key.shape)} do not match")
-    return key_inner_sets_triton(d, [list(key.unbind(0)) if key.dim() == 5 else [key]], basis)[0]
+    """``rns.key_inner(d, key, basis)``: digits ``[..., K, L, N]`` (canonical), one key
+    ``[2, K, L, N]`` (canonical, any view, e.g. ``SwitchKey.at``) -> ``[..., 2, L, N]``."""
+    return key_inner_sets_triton(d, [[key]], basis)[0]
 
 
 # ---- ct x pt multiply-accumulate: sum_k a_k * w_k ----------------------------------------------

@@ -155,16 +155,18 @@ def test_key_inner_equals_twin(name):
 
 @pytest.mark.parametrize("name", list(BASES))
 def test_key_inner_with_a_key_per_row_equals_each_row_alone(name):
-    """A batch of sessions (``NativeBatch``): row b's digits meet row b's key, in one launch."""
+    """A batch of sessions (``NativeBatch``): row b's digits meet row b's key, and each of a
+    hoisted set's steps its own row keys, in one launch; each key read in place."""
     primes, n, digits, rows = BASES[name][:4], 256, 3, 3
     basis = Basis.of(primes)
     d = _residues(primes, (rows, digits), n, seed=3)
-    keys = torch.stack([_key_view(primes, digits, n, seed=10 + b) for b in range(rows)])
-    want = torch.stack([rns.key_inner(d[b], keys[b], basis) for b in range(rows)])
-    assert torch.equal(ckks_ops.key_inner_triton(d, keys, basis), want)
-    assert torch.equal(rns.key_inner(d, keys, basis), want)  # the twin broadcasts per row
+    sets = [[_key_view(primes, digits, n, seed=10 + 3 * s + b) for b in range(rows)] for s in range(2)]
+    want = torch.stack([torch.stack([rns._key_inner(d[b], keys[b], basis) for b in range(rows)])
+                        for keys in sets])
+    assert torch.equal(ckks_ops.key_inner_sets_triton(d, sets, basis), want)
+    assert torch.equal(rns.key_inner_many(d, sets, basis), want)  # the CPU dispatch, row by row
     with pytest.raises(ValueError, match="do not match"):
-        ckks_ops.key_inner_triton(d[:2], keys, basis)
+        ckks_ops.key_inner_sets_triton(d[:2], sets, basis)
 
 
 def test_key_inner_refuses_an_overflowing_digit_count():

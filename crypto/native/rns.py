@@ -87,15 +87,14 @@ def _key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis) -> torch.Tensor
 
 def key_inner(d: torch.Tensor, key: torch.Tensor, basis: Basis, compile: bool = False) -> torch.Tensor:
     """``sum_j d_j * key_j`` for digits ``d`` ``[..., K, L, N]`` and a key ``[2, K, L, N]``
-    (its two halves), or one key per row ``[B, 2, K, L, N]`` for digits ``[B, K, L, N]``:
-    ``[..., 2, L, N]``. Lazy products are summed in int64 and reduced once
-    (``K * q < 2^63``: ``RnsContext`` checks it). On CUDA one Triton kernel
-    (``veil.kernels.ckks_ops``), on the CPU one C kernel (one key; ``veil.kernels.ckks_cpu``),
-    and the code below is their twin. A rotation's automorphism is not applied here: its key is
-    held permuted and its output gathered (``keys.rotation_key``)."""
+    (its two halves): ``[..., 2, L, N]`` (a batch's per-row keys: ``key_inner_many``). Lazy
+    products are summed in int64 and reduced once (``K * q < 2^63``: ``RnsContext`` checks it).
+    On CUDA one Triton kernel (``veil.kernels.ckks_ops``), on the CPU one C kernel
+    (``veil.kernels.ckks_cpu``), and the code below is their twin. A rotation's automorphism is
+    not applied here: its key is held permuted and its output gathered (``keys.rotation_key``)."""
     if use_triton(d):
         return key_inner_triton(d, key, basis)
-    if d.device.type == "cpu" and key.dim() == 4 and ckks_cpu.available():
+    if d.device.type == "cpu" and ckks_cpu.available():
         return ckks_cpu.key_inner_cpu(basis.primes, d, [key])[0]
     return (compiled(_key_inner) if compile else _key_inner)(d, key, basis)
 
