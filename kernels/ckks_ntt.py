@@ -379,8 +379,8 @@ class NttPack:
 
     tw: tuple[torch.Tensor, ...]  # [L, N] each: w (w1), fl(w/q), w0, fl(w0/q)
     c: torch.Tensor  # [L] float64: fl(2^30/q), 0 on narrow limbs
-    lo: tuple[torch.Tensor, ...]  # [L] each: the last inverse stage's 1/N, as the twiddles
-    hi: tuple[torch.Tensor, ...]  # [L] each: its psi^-brev(1)/N
+    lo: tuple[torch.Tensor, ...]  # [L, 1] each: the last inverse stage's 1/N, as the twiddles
+    hi: tuple[torch.Tensor, ...]  # [L, 1] each: its psi^-brev(1)/N
     plan: torch.Tensor  # [L, log N] int32: reduce before the stage
 
 
@@ -414,7 +414,7 @@ def ntt_triton(tables, x: torch.Tensor, inverse: bool, centre: bool = False,
     if out.numel() == 0:
         return out.view(shape)
     p = tables.triton_pack[inverse]
-    primes, wide = (tables.basis.q.view(-1), tables.basis.qinv.view(-1)), tables.basis.wide_limbs
+    primes, wide = (tables.basis.q, tables.basis.qinv), tables.basis.wide_limbs  # [L, 1]: ptr + limb
     log_n = n.bit_length() - 1
     if rows * limbs <= ONE_LAUNCH_ROWS:  # the whole transform of each row in one program
         _ntt_row_kernel[(rows * limbs,)](

@@ -50,8 +50,9 @@ def _grid(rows: int, n: int) -> tuple[tuple[int, int], int]:
 
 
 def _col(t: torch.Tensor) -> torch.Tensor:
-    """A per-limb column ``[Lrun]`` / ``[Lrun, 1]`` as a unit-stride vector (a view as built)."""
-    return t.reshape(-1).contiguous()
+    """A per-limb column ``[L]`` / ``[L, 1]`` as the kernels index it (``ptr + limb``): itself
+    when contiguous, as built (no view dispatched per launch), else a contiguous copy."""
+    return t if t.is_contiguous() else t.reshape(-1).contiguous()
 
 
 # ---- key switching: sum_j d_j * key_j ---------------------------------------------------

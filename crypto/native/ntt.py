@@ -215,7 +215,7 @@ class NttTables:
         """Both directions' constants for the Triton transforms (``ckks_ntt.NttPack``): views of
         the master tables' fields stacked over their runs, with this run's own reduction plans."""
         root, (a, b) = self._root, self._span
-        lo, hi = ([f[a:b].view(-1) for f in t.stacked[:4]] for t in (root._last_lo, root._last_hi))
+        lo, hi = ([f[a:b] for f in t.stacked[:4]] for t in (root._last_lo, root._last_hi))
         out = {}
         for inverse in (False, True):
             *tw, c = (root._inv if inverse else root._fw).stacked
