@@ -186,7 +186,8 @@ class CkksParams:
         encryption/computation noise (far below s). One extra bit of margin.
         """
         s = self.scale if scale is None else scale
-        return math.ceil(math.log2(s)) + self.mask_value_bits + 2
+        # a scale a rounding step above a power of two (a rescale's float arithmetic) counts as it
+        return math.ceil(round(math.log2(s), 9)) + self.mask_value_bits + 2
 
     def mask_bits(self, scale: float | None = None) -> int:
         """Bits of the refresh mask: ``b + lambda``; mask uniform in ``[-2^bits, 2^bits)``."""
@@ -203,6 +204,12 @@ class CkksParams:
             if self.level_log_q(level) - 1 >= need:  # primes are slightly below 2^bits
                 return level
         raise ParamsError(f"{self.id}: no level can carry a {need}-bit refresh mask")
+
+    def max_mask_scale(self, level: int) -> float:
+        """The largest power-of-two scale whose refresh mask ``level`` holds (``min_mask_level``
+        read the other way): a value moved to that scale can be masked at ``level``."""
+        bits = self.level_log_q(level) - 1 - 2 - self.mask_lambda - self.mask_value_bits - 2
+        return float(2.0**bits)
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:

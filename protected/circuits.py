@@ -70,8 +70,8 @@ SCORE_MASK_SCALE = 2.0**62
 #: flood_log2_sigma = 18 at scale 2^36).
 FLOOD_BELOW_SCALE = 18.0
 #: The masked refresh is not flooded; it is sent rounded to 2^-REFRESH_ROUND_BELOW_SCALE of its
-#: scale (rounding error std under 2^10 coefficient units at scale 2^36: below the noise the
-#: key switches of the layer already left in h'', ~2^-22 of the scale).
+#: scale (rounding error std under 2^-26 of the scale: below the noise h'' already holds, the
+#: layer's key switches' ~2^-22 of Δ and the rescale's ~30 units on the refresh's 2^27).
 REFRESH_ROUND_BELOW_SCALE = 24.0
 
 
@@ -456,6 +456,32 @@ class Circuit:
         """h'' = h' + W_down m, clean and replicated (2): the next layer's input once refreshed."""
         d = self.dims.d
         return self.be.add(h_prime, replicate(self.be, self.select(down, "first_d", self.first(d)), d, self.dims.copies))
+
+    def refresh_scale(self) -> float:
+        """The scale h'' travels at in its masked refresh: the largest power of two (at most Δ)
+        whose mask fits the refresh level, 2^27 on ckks-n16384-l7-v2 (a 109-bit mask in level 1's
+        112 bits; at Δ = 2^36 it would need 120, level 2, 36 more bits per coefficient down)."""
+        params = self.be.params
+        return min(params.scale, params.max_mask_scale(self.levels.refresh))
+
+    def to_refresh(self, h: Ciphertext) -> Ciphertext:
+        """h'' (2) at the refresh level and scale (1): a plaintext of ones lands it there."""
+        be, level = self.be, self.levels.refresh
+        h = be.mod_switch_to(h, level + 1) if be.level(h) > level + 1 else h
+        return self.select(h, "ones", self._ones, self.refresh_scale())
+
+    def from_refresh(self, h: Ciphertext) -> Ciphertext:
+        """The unmasked re-encryption (7, at the refresh scale) back on Δ: times the power of two
+        between them as an integer plaintext, no level spent (its rescale rounding, ~2^-15 of a
+        slot, rides along: far under the flooding noise the client's next download carries)."""
+        be = self.be
+        lift = be.params.scale / be.scale(h)
+        if lift == 1.0:
+            return h
+        return be.multiply_plain(h, self.consts.get(be, "ones", self._ones, be.level(h), lift), rescale=False)
+
+    def _ones(self) -> np.ndarray:
+        return np.ones(self.dims.slots)
 
     def final(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:
         """h_L = h' + W_down m, both cleaned at the download scale (1)."""

@@ -174,7 +174,7 @@ class ProtectedClientState:
         """REFRESH -> REFRESHED: h'' + ρ decrypted as an integer polynomial (never decoded) and
         re-encrypted at the layer-start level; the server subtracts ρ."""
         cts = []
-        for p in self._downloads(msg, dict.fromkeys(range(self.count), Tag.MASKED_H), self.levels.h_prime):
+        for p in self._downloads(msg, dict.fromkeys(range(self.count), Tag.MASKED_H), self.levels.refresh):
             ct = self.be.deserialize(p.data, level=p.level)
             self.transcript.append(Decryption(DECRYPTED[p.tag], p.tag, msg.layer, self.position + p.token))
             data = self.be.refresh_reencrypt_to_bytes(ct, self.levels.h)

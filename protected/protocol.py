@@ -92,13 +92,14 @@ ALLOWED_KINDS = frozenset(k for kinds in DECRYPTED.values() for k in kinds)
 class Levels:
     """Where each value lives in the modulus chain of ``ckks-n16384-l7-v2`` (docs/PROTOCOL.md,
     "Levels"): the uploads at ``h``, ``w`` and ``m``, the downloads at the ``*_download``
-    levels, and the masked refresh of h'' at ``h_prime``."""
+    levels, and the masked refresh of h'' at ``refresh``."""
 
     h: int = 7  # layer input (TOKEN, REFRESHED): clean and replicated
     w: int = 6  # softmax weights (WEIGHTS)
     kv: int = 5  # values (multiplied by the expanded weights at 5)
     m: int = 4  # SwiGLU output (MLP_IN)
-    h_prime: int = 2  # h' and h'' (the refresh mask's level)
+    h_prime: int = 2  # h' and h''
+    refresh: int = 1  # h'' masked for its refresh, at the largest scale whose mask this level holds
     scores_download: int = 0
     mlp_download: int = 0
     final_download: int = 1

@@ -336,7 +336,7 @@ class ProtectedExecutor:
         if st.layer + 1 < self.last:
             payloads, masks = [], {}
             for i, down in downs.items():
-                masked, masks[i] = c.be.mask_for_refresh(c.residual(st.h[i], down))  # re-randomized
+                masked, masks[i] = c.be.mask_for_refresh(c.to_refresh(c.residual(st.h[i], down)))  # re-randomized
                 payloads.append(CtPayload(Tag.MASKED_H, c.be.level(masked), c.masked_download(masked), i))
             return _Advance(self._reply(MsgKind.REFRESH, msg, st.layer, payloads),
                             replace(st, h={}, shuffled_down={}, refresh_mask=masks, expect=EXPECT[MsgKind.REFRESH]))
@@ -351,8 +351,9 @@ class ProtectedExecutor:
     def on_refreshed(self, s: ProtectedSession, msg: ProtectedMessage, c: Circuit) -> _Advance:
         """REFRESHED -> SCORES: h'' unmasked at 7 starts the next layer."""
         st = s.state
-        hs = self._load(c, msg, dict.fromkeys(sorted(st.refresh_mask), Tag.H_REFRESHED), self.levels.h)
-        hs = {i: c.be.unmask_refresh(h, st.refresh_mask[i]) for i, h in hs.items()}
+        hs = self._load(c, msg, dict.fromkeys(sorted(st.refresh_mask), Tag.H_REFRESHED), self.levels.h,
+                        c.refresh_scale())
+        hs = {i: c.from_refresh(c.be.unmask_refresh(h, st.refresh_mask[i])) for i, h in hs.items()}
         return self._start_layer(s, c, st.layer + 1, msg, hs, st.length, {}, 0, st.undo, st.verify)
 
     def _start_layer(self, s: ProtectedSession, c: Circuit, index: int, msg: ProtectedMessage,
@@ -411,17 +412,20 @@ class ProtectedExecutor:
             return gus[0], downs[0]
         return stack_matrices(be, gus), stack_matrices(be, downs)
 
-    def _load(self, c: Circuit, msg: ProtectedMessage, tags: dict[int, str], level: int) -> dict[int, Ciphertext]:
+    def _load(self, c: Circuit, msg: ProtectedMessage, tags: dict[int, str], level: int,
+              scale: float | None = None) -> dict[int, Ciphertext]:
         """The span's ciphertexts, exactly one per expected position with its tag, each
-        deserialized and validated before any work (a batch's rows by their own sessions)."""
+        deserialized and validated (level, and scale: Δ unless named) before any work (a batch's
+        rows by their own sessions)."""
         if isinstance(msg, BatchMessage):
-            loaded = [self._load(Circuit(s.be, self.dims, self.levels, self.consts), m, tags, level) for s, m in msg.rows]
+            loaded = [self._load(Circuit(s.be, self.dims, self.levels, self.consts), m, tags, level, scale)
+                      for s, m in msg.rows]
             return {i: c.be.stack([row[i] for row in loaded]) for i in tags}
         out = {}
         for p in msg.payloads(tags):
             if p.level != level:
                 raise MessageError(f"{p.tag}: level {p.level}, expected {level}")
-            out[p.token] = c.be.deserialize(p.data, level=level, scale=c.be.params.scale)
+            out[p.token] = c.be.deserialize(p.data, level=level, scale=c.be.params.scale if scale is None else scale)
         return out
 
     def _reply(self, kind: str, msg: ProtectedMessage, layer: int, payloads: list[CtPayload]) -> ProtectedMessage:

@@ -8,6 +8,7 @@ from veil.crypto.params import (
     DEFAULT_PARAMS,
     DEFAULT_PARAMS_ID,
     HE_STANDARD_MAX_LOG_Q_128,
+    PROTECTED_PARAMS,
     TEST_PARAMS,
     TEST_PARAMS_ID,
     CkksParams,
@@ -89,12 +90,27 @@ def test_mask_room():
         p.level_log_q(7)
 
 
+def test_max_mask_scale_is_min_mask_level_read_the_other_way():
+    """A value at ``max_mask_scale(l)`` (or a float rounding step above it, as a rescale leaves
+    it) is masked at ``l`` and no lower; twice the scale needs a higher level. The protected set's
+    refresh: 2^27 at level 1, with a 109-bit mask and statistical distance <= 2^-51 as before."""
+    for p in (DEFAULT_PARAMS, PROTECTED_PARAMS, TEST_PARAMS):
+        for level in range(p.top_level + 1):
+            s = p.max_mask_scale(level)
+            if s < 1:
+                continue
+            assert p.min_mask_level(s) == p.min_mask_level(s * (1 + 1e-13)) == level
+            assert p.min_mask_level(2 * s) > level if level < p.top_level else True
+    assert PROTECTED_PARAMS.max_mask_scale(1) == 2.0**27 and PROTECTED_PARAMS.mask_bits(2.0**27) == 109
+    assert PROTECTED_PARAMS.poly_modulus_degree * 2.0 ** -(PROTECTED_PARAMS.mask_lambda + 1) == 2.0**-51
+
+
 def test_primes_are_pinned_and_match_seal():
     """Every set pins its primes: NTT-friendly (q ≡ 1 mod 2N), of the stated sizes, the ones
     SEAL's CoeffModulus::Create picks (so every backend builds the same chain)."""
     import tenseal.sealapi as sealapi
 
-    from veil.crypto.params import PROTECTED_PARAMS, is_prime, ntt_primes
+    from veil.crypto.params import is_prime, ntt_primes
 
     for p in (DEFAULT_PARAMS, PROTECTED_PARAMS, TEST_PARAMS):
         n = p.poly_modulus_degree

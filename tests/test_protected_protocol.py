@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from veil.crypto.backend import HEError
+from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import HeadroomExceeded, ProtectedClientState
 from veil.protected.layouts import dims_of, score_slot, unpack_mlp
 from veil.protected.protocol import (
     ALLOWED_KINDS,
+    LEVELS,
     MAX_SPAN,
     CapacityExceeded,
     CtPayload,
@@ -364,8 +365,9 @@ def test_kv_limits_are_refused_without_changing_state(ckpt, keys, executor, plai
 
 
 def test_refresh_upload_is_validated_and_the_session_goes_on(ckpt, keys, executor, plain):
-    """The re-encrypted h'' (REFRESHED) at a wrong level or replayed is refused (400 / 409), the
-    refresh mask is kept, and the correct upload then starts the next layer."""
+    """h'' goes down at level 1 on 2^27 with a 109-bit mask (its 118-bit mask on Δ would need
+    level 2); the re-encrypted h'' (REFRESHED) at a wrong level or scale, or replayed, is refused
+    (400 / 409), the refresh mask is kept, and the correct upload then starts the next layer."""
     h_in, _ = plain
     s = executor.new_session()
     c = ProtectedClientState(keys[0], ckpt.config, FIRST, LAST, s.id)
@@ -376,11 +378,17 @@ def test_refresh_upload_is_validated_and_the_session_goes_on(ckpt, keys, executo
         if msg.kind == MsgKind.REFRESHED:
             break
     assert reply.kind == MsgKind.REFRESH and s.state.refresh_mask
+    (down,) = reply.payloads({0: Tag.MASKED_H})
+    mask = s.state.refresh_mask[0]
+    assert (down.level, LEVELS.refresh, mask.bits, mask.scale) == (1, 1, 109, 2.0**27)
+    assert c.be.scale(c.be.deserialize(down.data, level=down.level)) == pytest.approx(2.0**27, rel=1e-12)
     (p,) = msg.payloads({0: Tag.H_REFRESHED})
-    wrong = dataclasses.replace(msg, cts=(CtPayload(p.tag, p.level - 1, p.data, p.token),))
+    on_delta = c.be.encrypt_to_bytes(np.zeros(c.be.params.slot_count), LEVELS.h)  # Δ, not the refresh's scale
     with pytest.raises(MessageError) as e:
-        executor.handle(wrong)
+        executor.handle(dataclasses.replace(msg, cts=(CtPayload(p.tag, p.level - 1, p.data, p.token),)))
     assert e.value.status == 400
+    with pytest.raises(CiphertextError, match="scale"):  # the app answers it 400 bad_ciphertext
+        executor.handle(dataclasses.replace(msg, cts=(CtPayload(p.tag, p.level, on_delta, p.token),)))
     stale = dataclasses.replace(msg, step=s.step)
     with pytest.raises(ProtocolError) as e:
         executor.handle(stale)
