@@ -16,7 +16,7 @@ depends on the ciphertexts' fresh randomness, not on the weights). The scores an
 carry σ/(8d) and σ'/(8d) in every slot by design, so their residues are measured against slot
 d and slot 2F. Separately,
 for every 0/1 mask (by its key: ``first_2f`` cleans the MLP download), the mask's own residue
-|ε_k · x_k| over the slots it zeroes, from its decoded encoding error ε (SEAL decodes the
+|ε_k · x_k| over the slots it zeroes, from its decoded encoding error ε (the backend decodes the
 plaintext) and the decrypted input x, and its margin under the flooding noise.
 """
 
@@ -69,7 +69,7 @@ def flood_std(dims) -> float:
 def recording_downloads(client_be, seen: list, masks: dict | None = None):
     """Benchmark and test hook: every ciphertext the executor prepares for download is also
     decrypted, before it is flooded, into ``seen`` (needs the client's secret key). With
-    ``masks`` (SEAL only: it decodes plaintexts), every 0/1 mask's residue is recorded per mask
+    ``masks`` (SEAL and native: they decode plaintexts), every 0/1 mask's residue is recorded per mask
     key: the largest |ε_k · x_k| over the slots k the mask zeroes, with ε the mask plaintext's
     encoding error (decoded minus intended) and x the decrypted input it multiplies: what the
     mask leaves of the values it was meant to clean, apart from CKKS noise, in the units of the

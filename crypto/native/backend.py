@@ -305,6 +305,16 @@ class NativeBackend(Evaluator, HEBackend):
         y, c = self._decrypt_digits(ct)
         return rns.digits_to_ints(y, self._ctx.data_primes[: c.level + 1])
 
+    def decode_plaintext(self, pt: Plaintext) -> np.ndarray:
+        """The slots an encoded plaintext holds, decoded (its values plus their encoding error),
+        as SEAL's: for measurements of encoding error (``benchmarks/flooding_margin.py``)."""
+        if not isinstance(pt, Plaintext) or pt.params_id != self.params.id or pt._obj.dim() != 2:
+            raise HEError("expected a Plaintext of this parameter set (one row)")
+        _, ntt = self._ctx.data(pt.level)
+        y = rns.balanced_digits(ntt.inverse(pt._obj), self._ctx, pt.level)
+        return self._encoder.decode(rns.digits_to_float(y, self._ctx.data_primes[: pt.level + 1]).cpu().numpy(),
+                                    pt.scale)
+
     # ------------------------------------------------------------------ refresh (client side)
     def _refresh_plain(self, ct: Ciphertext, level: int | None) -> tuple[torch.Tensor, int, float]:
         y, c = self._decrypt_digits(ct)
