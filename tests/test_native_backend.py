@@ -212,3 +212,22 @@ def test_encode_many_equals_encode_one_by_one(pair, rng, monkeypatch):
         assert torch.equal(pt._obj, one._obj)
     with pytest.raises(HEError, match="exceed"):
         server.encode_many([np.ones(SLOTS + 1)], 1)
+
+
+def test_decode_plaintext_gives_the_values_with_their_encoding_error(pair, rng):
+    """``decode_plaintext`` (as SEAL's, for the flooding-margin measurements) returns the encoded
+    values up to the encoding's rounding (~2^5 / scale), and a 0/1 mask's exact zeros and ones
+    up to it; a plaintext of another parameter set is refused."""
+    from veil.crypto.backend import Plaintext
+
+    _, server = pair
+    v = rng.standard_normal(SLOTS)
+    for level, scale in ((0, 2.0**30), (2, 2.0**40)):
+        got = server.decode_plaintext(server.encode(v, level, scale))
+        err = np.abs(got - v).max()
+        assert 0 < err < 2.0**8 / scale, (level, err)
+    mask = (np.arange(SLOTS) % 3 == 0).astype(float)
+    assert np.abs(server.decode_plaintext(server.encode(mask, 1, 2.0**20)) - mask).max() < 2.0**-12
+    pt = server.encode(v, 0)
+    with pytest.raises(HEError, match="parameter set"):
+        server.decode_plaintext(Plaintext(pt._obj, "ckks-n16384-l7-v2", 0, pt.scale, pt.nbytes))
