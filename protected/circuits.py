@@ -70,8 +70,8 @@ SCORE_MASK_SCALE = 2.0**62
 #: flood_log2_sigma = 18 at scale 2^36).
 FLOOD_BELOW_SCALE = 18.0
 #: The masked refresh is not flooded; it is sent rounded to 2^-REFRESH_ROUND_BELOW_SCALE of its
-#: scale (rounding error std under 2^-26 of the scale: below the noise h'' already holds, the
-#: layer's key switches' ~2^-22 of Δ and the rescale's ~30 units on the refresh's 2^27).
+#: scale (rounding error std under 2^-26 of the scale, below the noise h'' already holds). On
+#: the refresh's 2^27 that is finer than the coefficients' unit, so they travel whole (112 bits).
 REFRESH_ROUND_BELOW_SCALE = 24.0
 
 
