@@ -472,8 +472,8 @@ class Circuit:
 
     def from_refresh(self, h: Ciphertext) -> Ciphertext:
         """The unmasked re-encryption (7, at the refresh scale) back on Δ: times the power of two
-        between them as an integer plaintext, no level spent (its rescale rounding, ~2^-15 of a
-        slot, rides along: far under the flooding noise the client's next download carries)."""
+        between them as an integer plaintext, no level spent. The rescale onto 2^27 left ~2^-15
+        of rounding noise per slot in h; it stays (docs/PROTOCOL.md, "Refresh": what it costs)."""
         be = self.be
         lift = be.params.scale / be.scale(h)
         if lift == 1.0:
