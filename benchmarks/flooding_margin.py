@@ -1,12 +1,12 @@
 """How far the flooding noise sits above what the computation leaves in each download:
-``python -m veil.benchmarks.flooding_margin [--layers 2,12,28] [--positions 9]``.
+``python -m veil.benchmarks.flooding_margin [--layers 2,12,28] [--positions 9] [--he-backend seal|native]``.
 
 Every ciphertext that leaves the server is re-randomized and flooded with Gaussian noise of std
 ``2^-FLOOD_BELOW_SCALE`` × sqrt(N/2) ≈ 2^-11.5 absolute per slot. What it must hide is what the
 computation leaves where the client looks: in the *masked-out* slots of a download (the slots a
 0/1 mask cleaned), the mask's encoding error times the partial sums it cleaned away, plus key
 switching and rescale noise — a function of the server's weights. This benchmark runs the real
-protocol on SEAL for two-layer ranges starting at each ``--layers`` entry (one session each,
+protocol on SEAL (or ``--he-backend native``) for two-layer ranges starting at each ``--layers`` entry (one session each,
 ``--positions`` decode positions), decrypts every download *before* it is flooded (a hook on
 ``Circuit.download``, benchmark only: it needs the client's secret key), and prints per download
 kind and layer the largest magnitude in the masked-out slots and the margin
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="2,12,28", help="first layer of each two-layer range")
     ap.add_argument("--positions", type=int, default=9)
     ap.add_argument("--params", default=PROTECTED_PARAMS.id, help="a production parameter set with the same levels")
+    ap.add_argument("--he-backend", choices=("seal", "native"), default="seal")
     ap.add_argument("--out", type=Path, default=Path("bench_out/flooding_margin.json"))
     args = ap.parse_args(argv)
 
@@ -138,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     model, cfg = build_model(ckpt), ckpt.config
     params = get_params(args.params)
     dims = dims_of(cfg, params.slot_count)
-    client_be = make_backend(params, "seal")
+    client_be = make_backend(params, args.he_backend)
     client_be.generate_keys(rotation_key_levels(dims), relin_key_level())
-    server_be = make_backend(params, "seal")
+    server_be = make_backend(params, args.he_backend)
     server_be.import_public_material(client_be.export_public_material())
     std = flood_std(dims)
     ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.positions]
@@ -160,12 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         r["margin_bits"] = math.log2(std / max(r["max_residue"], 1e-300))
         print(f"figure flooding.{key}.max_residue {r['max_residue']:.6g}")
         print(f"figure flooding.{key}.margin_bits {r['margin_bits']:.6g}")
-    mask_margins = {k: math.log2(std / max(v, 1e-300)) for k, v in masks.items()}
+    # a mask that zeroes no slot (a constant, the ones of the refresh) leaves no residue: no margin
+    mask_margins = {k: math.log2(std / v) if v > 0 else None for k, v in masks.items()}
     for key in sorted(masks):
         print(f"figure flooding.mask.{key}.residue {masks[key]:.6g}")
-        print(f"figure flooding.mask.{key}.margin_bits {mask_margins[key]:.6g}")
+        if mask_margins[key] is not None:
+            print(f"figure flooding.mask.{key}.margin_bits {mask_margins[key]:.6g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"params": params.id, "flood_std": std, "downloads": results,
+    args.out.write_text(json.dumps({"params": params.id, "he_backend": args.he_backend, "flood_std": std, "downloads": results,
                                     "mask_residues": masks, "mask_margin_bits": mask_margins}, indent=2))
     return 0
 
