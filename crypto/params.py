@@ -193,23 +193,24 @@ class CkksParams:
         """Bits of the refresh mask: ``b + lambda``; mask uniform in ``[-2^bits, 2^bits)``."""
         return self.mask_coeff_bits(scale) + self.mask_lambda
 
-    def min_mask_level(self, scale: float | None = None) -> int:
-        """Lowest level whose modulus holds ``x + rho`` without wrap-around.
+    def mask_room(self, level: int) -> int:
+        """Bits of the largest refresh mask ``level`` holds: ``x + rho`` must not wrap around, so
+        ``log2 Q_level`` less 1 (the primes are slightly below 2^bits) and less 2 (sign bit plus
+        one bit of margin so that the centred lift of ``x + rho`` is exact)."""
+        return self.level_log_q(level) - 3
 
-        Needs ``log2 Q_level >= mask_bits + 2`` (sign bit plus one bit of margin so that the
-        centred lift of ``x + rho`` is exact).
-        """
-        need = self.mask_bits(scale) + 2
+    def min_mask_level(self, scale: float | None = None) -> int:
+        """Lowest level whose ``mask_room`` holds the mask of a value at ``scale``."""
+        bits = self.mask_bits(scale)
         for level in range(self.top_level + 1):
-            if self.level_log_q(level) - 1 >= need:  # primes are slightly below 2^bits
+            if bits <= self.mask_room(level):
                 return level
-        raise ParamsError(f"{self.id}: no level can carry a {need}-bit refresh mask")
+        raise ParamsError(f"{self.id}: no level can carry a {bits}-bit refresh mask")
 
     def max_mask_scale(self, level: int) -> float:
         """The largest power-of-two scale whose refresh mask ``level`` holds (``min_mask_level``
-        read the other way): a value moved to that scale can be masked at ``level``."""
-        bits = self.level_log_q(level) - 1 - 2 - self.mask_lambda - self.mask_value_bits - 2
-        return float(2.0**bits)
+        read the other way: the mask grows by a bit per bit of scale)."""
+        return float(2.0 ** (self.mask_room(level) - self.mask_bits(1.0)))
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:

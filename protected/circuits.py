@@ -466,14 +466,12 @@ class Circuit:
 
     def to_refresh(self, h: Ciphertext) -> Ciphertext:
         """h'' (2) at the refresh level and scale (1): a plaintext of ones lands it there."""
-        be, level = self.be, self.levels.refresh
-        h = be.mod_switch_to(h, level + 1) if be.level(h) > level + 1 else h
         return self.select(h, "ones", self._ones, self.refresh_scale())
 
     def from_refresh(self, h: Ciphertext) -> Ciphertext:
         """The unmasked re-encryption (7, at the refresh scale) back on Δ: times the power of two
-        between them as an integer plaintext, no level spent. The rescale onto 2^27 left ~2^-15
-        of rounding noise per slot in h; it stays (docs/PROTOCOL.md, "Refresh": what it costs)."""
+        between them as an integer plaintext, no level spent. The rounding noise of the rescale
+        onto 2^27 stays in h (docs/PROTOCOL.md, "Refresh and circuit privacy": what it costs)."""
         be = self.be
         lift = be.params.scale / be.scale(h)
         if lift == 1.0:

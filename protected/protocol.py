@@ -99,10 +99,15 @@ class Levels:
     kv: int = 5  # values (multiplied by the expanded weights at 5)
     m: int = 4  # SwiGLU output (MLP_IN)
     h_prime: int = 2  # h' and h''
-    refresh: int = 1  # h'' masked for its refresh, at the largest scale whose mask this level holds
     scores_download: int = 0
     mlp_download: int = 0
     final_download: int = 1
+
+    @property
+    def refresh(self) -> int:
+        """h'' masked for its refresh: one product under ``h_prime`` (``Circuit.to_refresh``),
+        on the largest scale whose mask this level holds."""
+        return self.h_prime - 1
 
     @property
     def keys(self) -> int:

@@ -100,7 +100,11 @@ def test_max_mask_scale_is_min_mask_level_read_the_other_way():
             if s < 1:
                 continue
             assert p.min_mask_level(s) == p.min_mask_level(s * (1 + 1e-13)) == level
-            assert p.min_mask_level(2 * s) > level if level < p.top_level else True
+            if level < p.top_level:
+                assert p.min_mask_level(2 * s) == level + 1
+            else:
+                with pytest.raises(ParamsError, match="no level"):
+                    p.min_mask_level(2 * s)
     assert PROTECTED_PARAMS.max_mask_scale(1) == 2.0**27 and PROTECTED_PARAMS.mask_bits(2.0**27) == 109
     assert PROTECTED_PARAMS.poly_modulus_degree * 2.0 ** -(PROTECTED_PARAMS.mask_lambda + 1) == 2.0**-51
 

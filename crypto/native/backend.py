@@ -290,14 +290,19 @@ class NativeBackend(Evaluator, HEBackend):
         c = self._unwrap(ct)
         if c.data.shape[0] != 2:
             raise HEError("decrypt expects a relinearized (size 2) ciphertext")
-        _, ntt = self._ctx.data(c.level)
-        m = ntt.inverse(K.decrypt_ntt(self._ctx, self._sk, c.data, c.level))
-        return rns.balanced_digits(m, self._ctx, c.level), c
+        return self._digits(K.decrypt_ntt(self._ctx, self._sk, c.data, c.level), c.level), c
+
+    def _digits(self, m: torch.Tensor, level: int) -> torch.Tensor:
+        """Balanced mixed-radix digits of a plaintext polynomial held in NTT form at ``level``."""
+        _, ntt = self._ctx.data(level)
+        return rns.balanced_digits(ntt.inverse(m), self._ctx, level)
+
+    def _decode(self, y: torch.Tensor, level: int, scale: float) -> np.ndarray:
+        return self._encoder.decode(rns.digits_to_float(y, self._ctx.data_primes[: level + 1]).cpu().numpy(), scale)
 
     def decrypt(self, ct: Ciphertext, length: int | None = None) -> np.ndarray:
         y, c = self._decrypt_digits(ct)
-        m = rns.digits_to_float(y, self._ctx.data_primes[: c.level + 1]).cpu().numpy()
-        out = self._encoder.decode(m, c.scale)
+        out = self._decode(y, c.level, c.scale)
         return out if length is None else out[:length]
 
     def decrypt_poly(self, ct: Ciphertext) -> np.ndarray:
@@ -310,10 +315,7 @@ class NativeBackend(Evaluator, HEBackend):
         as SEAL's: for measurements of encoding error (``benchmarks/flooding_margin.py``)."""
         if not isinstance(pt, Plaintext) or pt.params_id != self.params.id or pt._obj.dim() != 2:
             raise HEError("expected a Plaintext of this parameter set (one row)")
-        _, ntt = self._ctx.data(pt.level)
-        y = rns.balanced_digits(ntt.inverse(pt._obj), self._ctx, pt.level)
-        return self._encoder.decode(rns.digits_to_float(y, self._ctx.data_primes[: pt.level + 1]).cpu().numpy(),
-                                    pt.scale)
+        return self._decode(self._digits(pt._obj, pt.level), pt.level, pt.scale)
 
     # ------------------------------------------------------------------ refresh (client side)
     def _refresh_plain(self, ct: Ciphertext, level: int | None) -> tuple[torch.Tensor, int, float]:
