@@ -14,7 +14,9 @@ kind and layer the largest magnitude in the masked-out slots and the margin
 rescale that lands a download at scale 2^36 leaves ~2^-21 of rounding noise in every slot, which
 depends on the ciphertexts' fresh randomness, not on the weights). The scores and MLP downloads
 carry σ/(8d) and σ'/(8d) in every slot by design, so their residues are measured against slot
-d and slot 2F. Separately,
+d and slot 2F. A folded download (the MLP one, whose client sent a fold key:
+``crypto/ring_switch.py``) is recorded as the client decrypts it, slot j plus slot j + S/2, its
+flooding noise per slot the same. Separately,
 for every 0/1 mask (by its key: ``first_2f`` cleans the MLP download), the mask's own residue
 |ε_k · x_k| over the slots it zeroes, from its decoded encoding error ε (the backend decodes the
 plaintext) and the decrypted input x, and its margin under the flooding noise.
@@ -76,9 +78,11 @@ def recording_downloads(client_be, seen: list, masks: dict | None = None):
     download (``AFTER_MASK``)."""
 
     class Recording(circuits.Circuit):
-        def download(self, ct, level):
-            seen.append(client_be.decrypt(ct))
-            return super().download(ct, level)
+        def download(self, ct, level, fold=False):
+            v = client_be.decrypt(ct)
+            half = v.size // 2
+            seen.append(v[:half] + v[half:] if fold else v)  # what the client decrypts, less the noise
+            return super().download(ct, level, fold)
 
         def select(self, ct, key, make, target=None):
             out = super().select(ct, key, make, target)

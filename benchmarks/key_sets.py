@@ -34,7 +34,7 @@ def measure(backend: str, key_set: str, dims) -> dict:
     seconds = time.perf_counter() - t
     return {"setup_bytes": len(public_material_to_bytes(material)), "public_key_bytes": len(material.public_key),
             "relin_key_bytes": len(material.relin_keys), "galois_key_bytes": len(material.galois_keys),
-            "galois_keys": len(steps), "keygen_s": seconds}
+            "fold_key_bytes": len(material.fold_key), "galois_keys": len(steps), "keygen_s": seconds}
 
 
 def main(argv: list[str] | None = None) -> None:

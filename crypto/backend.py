@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from veil.crypto import ring_switch
 from veil.crypto.params import CkksParams
 
 __all__ = [
@@ -114,6 +115,9 @@ class PublicMaterial:
     rotation_levels: tuple[int, ...] = ()
     #: the highest level the relinearization key serves (None: all)
     relin_level: int | None = None
+    #: the key that folds level-0 downloads into the ring of N/2 (``crypto/ring_switch.py``;
+    #: empty: none, the downloads stay whole)
+    fold_key: bytes = b""
 
     def key_levels(self, top_level: int) -> dict[int, int]:
         """``{step: highest level its key serves}``."""
@@ -122,7 +126,7 @@ class PublicMaterial:
 
     @property
     def nbytes(self) -> int:
-        return len(self.public_key) + len(self.relin_keys) + len(self.galois_keys)
+        return len(self.public_key) + len(self.relin_keys) + len(self.galois_keys) + len(self.fold_key)
 
 
 class HEBackend(abc.ABC):
@@ -386,6 +390,56 @@ class HEBackend(abc.ABC):
         """Load and validate (parameter set, level, size, scale, well-formedness); anything off
         raises ``CiphertextError`` and nothing of the input is trusted before that."""
 
+    # ---- folded downloads (``veil.crypto.ring_switch``) --------------------------------------
+    #: client: the small ring's secret (``_new_fold_key``); server: the client's fold key
+    _fold_secret: ring_switch.FoldSecret | None = None
+    _fold_key: ring_switch.FoldKey | None = None
+    _fold_key_bytes: bytes = b""
+
+    def _new_fold_key(self) -> None:
+        """Client (end of ``generate_keys``): a fresh secret of the ring of N/2 and the key that
+        switches level-0 ciphertexts to it, exported as ``PublicMaterial.fold_key``."""
+        self._fold_secret, self._fold_key_bytes = ring_switch.make_key(self.params, self._secret_coefficients())
+
+    def _import_fold_key(self, data: bytes) -> None:
+        """Server: the client's fold key (empty: none). Raises ``ring_switch.FoldError``."""
+        self._fold_key = ring_switch.load_key(self.params, data) if data else None
+
+    @property
+    def can_fold(self) -> bool:
+        """Server: whether ``serialize_folded`` can run (the client sent a fold key)."""
+        return self._fold_key is not None
+
+    def serialize_folded(self, ct: Ciphertext, noise_log2: float) -> bytes:
+        """Server: ``ct`` at level 0, folded into the ring of N/2 (slot j holds slots j and
+        j + S/2 summed), re-randomized and flooded there with the noise per slot a download
+        flooded at ``2^noise_log2`` coefficient units holds, rounded: ready to leave."""
+        if self._fold_key is None:
+            raise HEError("no fold key: the client's public material holds none")
+        ct = self.mod_switch_to(ct, 0) if self.level(ct) > 0 else ct
+        return ring_switch.fold(self.params, self._fold_key, self._level0_coefficients(ct), self.scale(ct), noise_log2)
+
+    def is_folded(self, data: bytes) -> bool:
+        """Client: whether a download's bytes are a folded one (``decrypt_folded``)."""
+        return ring_switch.is_folded(data)
+
+    def decrypt_folded(self, data: bytes) -> tuple[np.ndarray, float]:
+        """Client: a folded download's S/2 slots and its scale; ``CiphertextError`` if malformed."""
+        if self._fold_secret is None:
+            raise HEError("no fold secret: this backend made no keys")
+        try:
+            return ring_switch.decrypt(self.params, self._fold_secret, data)
+        except ring_switch.FoldError as e:
+            raise CiphertextError(str(e)) from None
+
+    def _secret_coefficients(self) -> np.ndarray:
+        """Client: the secret key's N ternary coefficients (int64), for the fold key only."""
+        raise HEError(f"the {self.name} backend cannot make a fold key")
+
+    def _level0_coefficients(self, ct: Ciphertext) -> np.ndarray:
+        """Server: a level-0 ciphertext's two polynomials' coefficients mod q0, ``[2, N]``."""
+        raise HEError(f"the {self.name} backend cannot fold")
+
 
 #: name -> (module, class, production?). Modules are imported on first use: SEAL's bindings
 #: load only where the SEAL backend is asked for.
@@ -503,6 +557,14 @@ class RowBatch:
         """One serialized ciphertext per row, in row order."""
         one = super().serialize  # bound here: zero-argument super() fails inside a comprehension
         return [one(row, noise_log2) for row in self.unstack(ct)]
+
+    @property
+    def can_fold(self) -> bool:
+        return all(r.can_fold for r in self.row_backends)
+
+    def serialize_folded(self, ct: Ciphertext, noise_log2: float) -> list[bytes]:
+        """One folded download per row, each under its row's fold key."""
+        return [be.serialize_folded(row, noise_log2) for be, row in zip(self.row_backends, self.unstack(ct), strict=True)]
 
     def deserialize(self, data, **kw) -> Ciphertext:
         raise HEError("a batch loads each row with its session's backend, then stacks")

@@ -51,6 +51,7 @@ _MAGIC = b"VPLN"
 _HEADER = struct.Struct("<4s8sBBd")  # magic, parameter-set tag, level, size, scale
 _ENC_SIGMA = 3.2  # coefficient units, as SEAL's encryption error
 _MASK_SLOT_BITS = 20  # the slot-domain mask: uniform in [-2^20, 2^20)
+_FOLD_KEY, _FOLD_MAGIC = b"plain-fold-key", b"VPLF"  # a fold "key" and download (slot vectors)
 
 
 class _Slots:
@@ -87,6 +88,7 @@ class PlainBackend(HEBackend):
         if any(s == 0 or abs(s) >= self._slots for s in steps):
             raise ValueError(f"rotation steps must be non-zero and in (-{self._slots}, {self._slots})")
         self._secret = self._public = self._relin = True
+        self._fold_key_bytes = _FOLD_KEY
 
     @property
     def has_secret_key(self) -> bool:
@@ -97,7 +99,7 @@ class PlainBackend(HEBackend):
             raise HEError("no keys generated")
         steps = self.rotation_steps
         return PublicMaterial(self.params.id, b"plain-public-key", b"plain-relin-keys", b"plain-galois-keys",
-                              steps, tuple(self._key_levels[s] for s in steps), self.relin_level)
+                              steps, tuple(self._key_levels[s] for s in steps), self.relin_level, self._fold_key_bytes)
 
     def import_public_material(self, material: PublicMaterial) -> None:
         if not isinstance(material, PublicMaterial) or material.params_id != self.params.id:
@@ -111,7 +113,34 @@ class PlainBackend(HEBackend):
             self._set_relin_level(material.relin_level)
         except (TypeError, ValueError, HEError) as e:
             raise KeyMaterialError(f"rotation or relinearization levels are invalid: {e}") from None
+        if material.fold_key not in (b"", _FOLD_KEY):
+            raise KeyMaterialError("not a plain-backend fold key")
         self._public = self._relin = True
+        self._fold_key_bytes = material.fold_key
+
+    # ---- folded downloads: slot j + S/2 added to slot j, as the ring of N/2 does ------------------
+    @property
+    def can_fold(self) -> bool:
+        return not self._secret and self._fold_key_bytes == _FOLD_KEY
+
+    def serialize_folded(self, ct, noise_log2: float) -> bytes:
+        if not self.can_fold:
+            raise HEError("no fold key: the client's public material holds none")
+        # each half flooded at 2^-1/2 of the std, so that their sum holds the noise the ring of N/2 gives it
+        x = self._unwrap(self.rerandomize(self.mod_switch_to(ct, 0) if self.level(ct) else ct, noise_log2 - 0.5))
+        half = self._slots // 2
+        return _HEADER.pack(_FOLD_MAGIC, self._tag, 0, 2, x.scale) + (x.values[:half] + x.values[half:]).astype("<f8").tobytes()
+
+    def is_folded(self, data: bytes) -> bool:
+        return bytes(data[:4]) == _FOLD_MAGIC
+
+    def decrypt_folded(self, data: bytes) -> tuple[np.ndarray, float]:
+        if not self._secret:
+            raise HEError("no secret key: this backend cannot decrypt")
+        data = bytes(data)
+        if len(data) != _HEADER.size + 4 * self._slots or _HEADER.unpack_from(data)[:2] != (_FOLD_MAGIC, self._tag):
+            raise CiphertextError(f"not a folded plain download of {self.params.id}")
+        return np.frombuffer(data, dtype="<f8", offset=_HEADER.size).astype(np.float64), _HEADER.unpack_from(data)[4]
 
     # ---- helpers -----------------------------------------------------------------------------
     def _wrap(self, values: np.ndarray, level: int, scale: float, size: int = 2) -> Ciphertext:

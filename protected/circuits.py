@@ -218,13 +218,29 @@ class Circuit:
             st *= 2
         return ct
 
-    def download(self, ct: Ciphertext, level: int) -> bytes:
-        """Switched to ``level``, re-randomized and flooded, serialized: ready to leave."""
+    def download(self, ct: Ciphertext, level: int, fold: bool = False) -> bytes:
+        """Switched to ``level``, re-randomized and flooded, serialized: ready to leave. ``fold``
+        (level 0): folded into the ring of N/2 first, and flooded there (``crypto/ring_switch.py``)."""
         be = self.be
         ct = be.mod_switch_to(ct, level) if be.level(ct) > level else ct
         flood = float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE
+        if fold:
+            return be.serialize_folded(ct, flood)
         # the flooding noise is the floor: the coefficients travel rounded to the bits above it
         return be.serialize(be.rerandomize(ct, flood), noise_log2=flood)
+
+    def folds_mlp(self) -> bool:
+        """Whether the MLP download leaves folded into the ring of N/2 (``crypto/ring_switch.py``,
+        half the bytes): the client sent a fold key, the download is at level 0, and its slots
+        ``[0, 2F]`` lie in the first half, so that the fold adds only σ' slots onto them."""
+        return self.be.can_fold and self.levels.mlp_download == 0 and 2 * self.dims.ffn < self.dims.slots // 2
+
+    def mlp_download(self, u: Ciphertext, h_prime: Ciphertext) -> bytes:
+        """The MLP download (``mlp_statistics``), folded where ``folds_mlp``: then σ' rides in every
+        slot at half its value, so that the fold's sum of slot j and j + S/2 gives the client the
+        same [û + σ'/(8d), σ'/(8d)] as the whole download."""
+        fold = self.folds_mlp()
+        return self.download(self.mlp_statistics(u, h_prime, 0.5 if fold else 1.0), self.levels.mlp_download, fold)
 
     def masked_download(self, masked: Ciphertext) -> bytes:
         """A masked refresh (already re-randomized), rounded as ``REFRESH_ROUND_BELOW_SCALE`` says."""
@@ -361,8 +377,8 @@ class Circuit:
         out = self.norm_statistic(self.be.mod_switch_to(h, self.levels.scores_download + 2))
         return out if scores is None else self.be.add(scores, out)
 
-    def norm_statistic(self, x: Ciphertext) -> Ciphertext:
-        """Σ x² / (d * SIGMA_DIV) in every slot from x clean and replicated at 2 (0): a cyclic sum
+    def norm_statistic(self, x: Ciphertext, share: float = 1.0) -> Ciphertext:
+        """share · Σ x² / (d * SIGMA_DIV) in every slot from x clean and replicated at 2 (0): a cyclic sum
         of all slots (13 rotations, no partial sums anywhere) times a constant. A window sum of one
         period (10 rotations) needs a 0/1 mask to keep one slot, and that mask's encoding error
         times the partial sums it cleans (up to σ ~ 2^29 at the massive-activation layers)
@@ -371,7 +387,8 @@ class Circuit:
         slots clean."""
         be = self.be
         sq = self.sum_all(be.relinearize(be.rescale(be.multiply(x, x, rescale=False, relinearize=False))))  # 1
-        return self.select(sq, "norm", lambda: np.full(self.dims.slots, 1.0 / (self.dims.d * self.dims.copies * SIGMA_DIV)))
+        return self.select(sq, ("norm", share),
+                           lambda: np.full(self.dims.slots, share / (self.dims.d * self.dims.copies * SIGMA_DIV)))
 
     # ---- WEIGHTS -> MLP ------------------------------------------------------------------------
     def expand_weights(self, w: Ciphertext, t) -> list[Ciphertext]:
@@ -445,11 +462,11 @@ class Circuit:
         o = replicate(be, self.select(o, "first_d", self.first(d)), d, self.dims.copies)  # 2
         return be.add(be.mod_switch_to(h, be.level(o)), o)
 
-    def mlp_statistics(self, u: Ciphertext, h_prime: Ciphertext) -> Ciphertext:
+    def mlp_statistics(self, u: Ciphertext, h_prime: Ciphertext, share: float = 1.0) -> Ciphertext:
         """The MLP download from ``u = W_gate|up h'`` (1, folded; the first protected layer's under
         the position's shuffle): [û + σ'/(8d), σ'/(8d) in every other slot] at 0 (the client
-        subtracts slot 2F from û)."""
-        return self.be.add(self.select(u, "first_2f", self.first(2 * self.dims.ffn)), self.norm_statistic(h_prime))
+        subtracts slot 2F from û); σ' times ``share`` (``mlp_download``)."""
+        return self.be.add(self.select(u, "first_2f", self.first(2 * self.dims.ffn)), self.norm_statistic(h_prime, share))
 
     # ---- MLP_IN -> REFRESH / FINAL (after W_down m: 3, wide, partial sums outside [0, d)) -----
     def residual(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:

@@ -220,10 +220,13 @@ class ProtectedClientState:
     def _decrypt(self, p: CtPayload, layer: int) -> np.ndarray:
         if p.tag not in DECRYPTED or p.tag == Tag.MASKED_H:
             raise ProtocolError(f"the client does not decrypt {p.tag!r}")
-        ct = self.be.deserialize(p.data, level=p.level)
-        vec = self.be.decrypt(ct)
+        if p.level == 0 and self.be.is_folded(p.data):  # the ring of N/2: S/2 slots (``ring_switch``)
+            vec, scale = self.be.decrypt_folded(p.data)
+        else:
+            ct = self.be.deserialize(p.data, level=p.level)
+            vec, scale = self.be.decrypt(ct), self.be.scale(ct)
         if p.level == 0:
-            ceiling = self.be.prime(0) / (2 * self.be.scale(ct))
+            ceiling = self.be.prime(0) / (2 * scale)
             top = float(np.abs(vec).max())
             if top >= ceiling * 2.0 ** -LEVEL0_MARGIN_BITS:
                 raise HeadroomExceeded(

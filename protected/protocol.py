@@ -263,7 +263,8 @@ def public_material_to_bytes(material: PublicMaterial) -> bytes:
     return pack({"v": PROTOCOL_VERSION, "kind": "public_material", "params": material.params_id,
                  "public_key": material.public_key, "relin_keys": material.relin_keys,
                  "galois_keys": material.galois_keys, "rotation_steps": list(material.rotation_steps),
-                 "rotation_levels": list(material.rotation_levels), "relin_level": material.relin_level})
+                 "rotation_levels": list(material.rotation_levels), "relin_level": material.relin_level,
+                 "fold_key": material.fold_key})
 
 
 def public_material_from_bytes(data: bytes, *, max_bytes: int) -> PublicMaterial:
@@ -285,5 +286,8 @@ def public_material_from_bytes(data: bytes, *, max_bytes: int) -> PublicMaterial
     relin_level = msg.get("relin_level")
     if relin_level is not None and (not isinstance(relin_level, int) or isinstance(relin_level, bool)):
         raise WireError("'relin_level' must be an integer")
+    fold_key = msg.get("fold_key", b"")
+    if not isinstance(fold_key, bytes | bytearray):
+        raise WireError("'fold_key' must be bytes")
     return PublicMaterial(params, bytes(blobs[0]), bytes(blobs[1]), bytes(blobs[2]), tuple(steps), tuple(levels),
-                          relin_level)
+                          relin_level, bytes(fold_key))

@@ -319,8 +319,7 @@ class ProtectedExecutor:
                     w_i, shuffled_down[i] = self._shuffled(c.be.inner, layer, s.rows)
                 wgu.append(w_i)
         us = c.matvecs(wgu, list(h_primes.values()))
-        payloads = [CtPayload(Tag.U_SIGMA2, self.levels.mlp_download,
-                              c.download(c.mlp_statistics(u, h_primes[i]), self.levels.mlp_download), i)
+        payloads = [CtPayload(Tag.U_SIGMA2, self.levels.mlp_download, c.mlp_download(u, h_primes[i]), i)
                     for i, u in zip(h_primes, us, strict=True)]
         return _Advance(self._reply(MsgKind.MLP, msg, st.layer, payloads),
                         replace(st, h=h_primes, shuffled_down=shuffled_down, expect=EXPECT[MsgKind.MLP]))

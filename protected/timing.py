@@ -34,6 +34,7 @@ _OP_KIND = {
     "unmask_refresh": "refresh",
     "rerandomize": "flooding",
     "serialize": "serialization",
+    "serialize_folded": "serialization",  # a level-0 key switch, re-randomization, flooding, rounding
     "deserialize": "serialization",
 }
 

@@ -214,9 +214,10 @@ def test_public_material_has_no_secret_key(pair):
         "rotation_steps",
         "rotation_levels",
         "relin_level",
+        "fold_key",
     }
     assert mat.params_id == P.id and mat.rotation_steps == (-1, 1, 3)
-    blobs = [mat.public_key, mat.relin_keys, mat.galois_keys]
+    blobs = [mat.public_key, mat.relin_keys, mat.galois_keys, mat.fold_key]
     assert seal_packing.is_packed(mat.public_key)
     assert seal_packing.is_packed_keys(mat.relin_keys) and seal_packing.is_packed_keys(mat.galois_keys)
     export = b"".join(blobs)

@@ -1,7 +1,7 @@
 """The native backend's randomness comes from the OS CSPRNG only.
 
 Two checks: (1) with every torch and numpy random generator made to raise, key generation,
-encryption (both kinds), masking, re-encryption and re-randomization still work: none of them
+encryption (both kinds), masking, re-encryption, re-randomization and folded downloads still work: none of them
 draws from those generators; (2) with ``os.urandom`` replaced by a fixed byte stream, two
 independent runs produce bit-identical keys and ciphertexts: ``os.urandom`` is the only source
 of entropy (a time- or generator-seeded draw anywhere would make them differ).
@@ -39,7 +39,8 @@ def _exercise(x):
     masked, mask = server.mask_for_refresh(ct)
     fresh = server.deserialize(client.refresh_reencrypt_to_bytes(masked), level=P.top_level)
     out = server.rerandomize(server.unmask_refresh(fresh, mask))
-    return client, server, [up, server.serialize(pk_ct), server.serialize(masked), server.serialize(out)]
+    folded = server.serialize_folded(out, 20.0)  # the fold key's secret, the small ring's noise
+    return client, server, [up, server.serialize(pk_ct), server.serialize(masked), server.serialize(out), folded]
 
 
 def test_no_torch_or_numpy_generator_makes_key_noise_mask_or_seed_material(monkeypatch):

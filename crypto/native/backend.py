@@ -131,6 +131,7 @@ class NativeBackend(Evaluator, HEBackend):
         self._rlk = K.gen_switch_key(ctx, sk, basis.mul(sk.s, sk.s))
         self._gks = {g: K.rotation_key(ctx, g, K.gen_switch_key(ctx, sk, sk.s.index_select(-1, ctx.galois_index(g))))
                      for g in elements}
+        self._new_fold_key()
         self._export = None
 
     @property
@@ -155,7 +156,7 @@ class NativeBackend(Evaluator, HEBackend):
                                           master, elements, tuple(level_of[g] for g in elements))
             steps = self.rotation_steps
             self._export = PublicMaterial(self.params.id, pk, rk, gk, steps, tuple(self._key_levels[st] for st in steps),
-                                          self.relin_level)
+                                          self.relin_level, self._fold_key_bytes)
         return self._export
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -191,6 +192,7 @@ class NativeBackend(Evaluator, HEBackend):
                 gks = {g: K.rotation_key(ctx, g, self._switch_key(seed, b)) for g, (seed, b) in zip(got, raw, strict=True)}
             elif material.galois_keys:
                 raise ValueError("Galois keys without rotation steps")
+            self._import_fold_key(material.fold_key)
         except (ValueError, TypeError) as e:  # serial.SerialError is a ValueError
             raise KeyMaterialError(f"invalid public material: {e}") from e
         pk_a = K.expand_a(ctx, pk_seed, ctx.top, K.TAG_PK)
@@ -309,6 +311,17 @@ class NativeBackend(Evaluator, HEBackend):
         """Client: the decrypted plaintext polynomial as centred Python ints (no decoding)."""
         y, c = self._decrypt_digits(ct)
         return rns.digits_to_ints(y, self._ctx.data_primes[: c.level + 1])
+
+    def _secret_coefficients(self) -> np.ndarray:
+        _, ntt = self._ctx.data(0)
+        return ntt.inverse_centred(self._sk.s[1:2])[0].cpu().numpy()
+
+    def _level0_coefficients(self, ct: Ciphertext) -> np.ndarray:
+        c = self._unwrap(ct)
+        if c.level != 0 or c.data.dim() != 3 or c.data.shape[0] != 2:
+            raise HEError("folding takes one size-2 ciphertext at level 0")
+        _, ntt = self._ctx.data(0)
+        return ntt.inverse(c.data)[:, 0].cpu().numpy()
 
     def decode_plaintext(self, pt: Plaintext) -> np.ndarray:
         """The slots an encoded plaintext holds, decoded (its values plus their encoding error),

@@ -97,6 +97,7 @@ class SealBackend(HEBackend):
         self._encryptor_sk = sealapi.Encryptor(self._c.ctx, self._pk, self._sk)
         self._encryptor_pk = self._encryptor_sk
         self._decryptor = sealapi.Decryptor(self._c.ctx, self._sk)
+        self._new_fold_key()
         self._export_cache = None
 
     @property
@@ -134,7 +135,7 @@ class SealBackend(HEBackend):
                 gk_bytes = b""
             levels = tuple(self._key_levels[s] for s in steps)
             self._export_cache = PublicMaterial(self.params.id, pk_bytes, rk_bytes, gk_bytes, steps, levels,
-                                                self.relin_level)
+                                                self.relin_level, self._fold_key_bytes)
         return self._export_cache
 
     def import_public_material(self, material: PublicMaterial) -> None:
@@ -205,6 +206,10 @@ class SealBackend(HEBackend):
             held = top if held == seal_packing.FULL else held
             if not 0 <= key_levels[s] <= held:
                 raise KeyMaterialError(f"the key of rotation step {s} holds level {held}, declared {key_levels[s]}")
+        try:
+            self._import_fold_key(material.fold_key)
+        except ValueError as e:
+            raise KeyMaterialError(f"invalid fold key: {e}") from None
         self._pk, self._rk, self._gk = pk, rk, gk
         self._key_levels, self._relin_level = key_levels, relin_level
         if self._sk is not None:
@@ -391,6 +396,16 @@ class SealBackend(HEBackend):
         out = self._c.new_ct()
         self._c.ev.mod_switch_to(obj, target.parms_id, out)
         return self._wrap(out)
+
+    # ------------------------------------------------------------------ folded downloads
+    def _secret_coefficients(self) -> np.ndarray:
+        lvl = self._c.levels[0]  # the secret's first residue run is mod q0 (NTT form)
+        ntt = read_flat(self._sk.data(), 0, self._c.n).reshape(1, self._c.n)
+        s = self._c.ntt_to_coeff(ntt, lvl)[0].astype(np.int64)
+        return np.where(s > lvl.primes[0] // 2, s - lvl.primes[0], s)
+
+    def _level0_coefficients(self, ct) -> np.ndarray:
+        return self._c.coeff_residues(self._unwrap(ct))[:2, 0]
 
     # ------------------------------------------------------------------ integer polynomials
     def decrypt_poly(self, ct: Ciphertext) -> np.ndarray:

@@ -1,0 +1,132 @@
+"""Folded downloads (``veil.crypto.ring_switch``): a level-0 ciphertext sent in the ring of N/2.
+
+On SEAL and native at the protected parameter set: the client decrypts slot j plus slot j + S/2
+of what the server held, with the noise per slot a whole download carries, in half the bytes;
+the test-only N=8192 set folds as well (the ring's degree is the parameter's). Malformed fold
+keys are refused on import (a 400 on ``POST /v1/keys``), malformed folded downloads on the
+client, and a server without the client's fold key does not fold. ``plain`` mirrors the slots.
+"""
+
+import dataclasses
+
+import msgpack
+import numpy as np
+import pytest
+
+from veil.crypto import ring_switch
+from veil.crypto.backend import CiphertextError, HEError, KeyMaterialError, make_backend
+from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
+from veil.protected.protocol import WireError, public_material_from_bytes, public_material_to_bytes
+
+FLOOD = 18.0  # coefficient units, log2: the protected downloads' flooding at scale 2^36
+
+
+@pytest.fixture(scope="module", params=["seal", "native"])
+def pair(request, he_pair):
+    return he_pair(request.param, PROTECTED_PARAMS, {1: 0}, relin_level=0)
+
+
+def _values(params, seed=5):
+    return np.random.default_rng(seed).uniform(-1000.0, 1000.0, params.slot_count)
+
+
+def test_a_folded_download_holds_both_halves_summed_with_the_whole_downloads_noise(pair):
+    client, server = pair
+    p = server.params
+    v = _values(p)
+    ct = server.deserialize(client.encrypt_to_bytes(v, 0))
+    half = p.slot_count // 2
+    folded = server.serialize_folded(ct, FLOOD)
+    whole = server.serialize(server.rerandomize(ct, FLOOD), noise_log2=FLOOD)
+    got, scale = client.decrypt_folded(folded)
+    assert client.is_folded(folded) and not client.is_folded(whole)
+    assert got.shape == (half,) and scale == p.scale
+    err_fold = got - (v[:half] + v[half:])
+    err_whole = client.decrypt(client.deserialize(whole)) - v
+    # flooding of std 2^18 coefficient units: 2^18 * sqrt(N/2) / 2^36 ~ 2^-11.5 per slot either way
+    expect = 2.0**FLOOD * np.sqrt(p.slot_count) / p.scale
+    assert 0.8 < np.std(err_fold) / expect < 1.25 and 0.8 < np.std(err_whole) / expect < 1.25
+    assert abs(np.mean(err_fold)) < 4 * expect / np.sqrt(half)
+    assert len(folded) - 4 <= len(whole) // 2 + 16  # half the coefficients, the same bits each
+    # a level above 0 is switched down first; the sum is what the client reads
+    ct2 = server.deserialize(client.encrypt_to_bytes(v, 2), level=2)
+    got2, _ = client.decrypt_folded(server.serialize_folded(ct2, FLOOD))
+    assert np.abs(got2 - (v[:half] + v[half:])).max() < 0.05
+
+
+def test_folding_runs_on_the_test_ring_too(he_pair):
+    p = get_params(TEST_PARAMS_ID, allow_test_params=True)
+    client, server = he_pair("native", p, [1])
+    v = _values(p, 7)
+    got, _ = client.decrypt_folded(server.serialize_folded(server.deserialize(client.encrypt_to_bytes(v, 0)), 20.0))
+    half = p.slot_count // 2
+    assert np.abs(got - (v[:half] + v[half:])).max() < 0.05
+
+
+def test_each_backend_exports_a_fold_key_that_travels_in_the_public_material(pair):
+    client, server = pair
+    material = client.export_public_material()
+    assert len(material.fold_key) == ring_switch.key_bytes(PROTECTED_PARAMS)
+    assert material.nbytes == (len(material.public_key) + len(material.relin_keys) + len(material.galois_keys)
+                               + len(material.fold_key))
+    back = public_material_from_bytes(public_material_to_bytes(material), max_bytes=1 << 30)
+    assert back == material and server.can_fold and not client.can_fold
+    raw = msgpack.unpackb(public_material_to_bytes(material))
+    raw["fold_key"] = "text"
+    with pytest.raises(WireError, match="fold_key"):
+        public_material_from_bytes(msgpack.packb(raw), max_bytes=1 << 30)
+
+
+@pytest.mark.parametrize("damage", ["short", "magic", "residue"])
+def test_a_malformed_fold_key_is_refused_and_the_backend_keeps_what_it_held(pair, damage):
+    client, server = pair
+    material = client.export_public_material()
+    key = bytearray(material.fold_key)
+    if damage == "short":
+        key = key[:-1]
+    elif damage == "magic":
+        key[:4] = b"XXXX"
+    else:  # the first residue mod p set to all ones: 2^57 - 1 >= p
+        bits = PROTECTED_PARAMS.primes[-1].bit_length()
+        start = 4 + 32
+        for i in range(bits):
+            key[start + i // 8] |= 1 << (i % 8)
+    fresh = make_backend(PROTECTED_PARAMS, server.name)
+    with pytest.raises(KeyMaterialError, match="fold key"):
+        fresh.import_public_material(dataclasses.replace(material, fold_key=bytes(key)))
+    assert not fresh.can_fold
+    v = _values(PROTECTED_PARAMS, 3)
+    ct = server.deserialize(client.encrypt_to_bytes(v, 0))
+    got, _ = client.decrypt_folded(server.serialize_folded(ct, FLOOD))  # the server's own key is untouched
+    assert np.abs(got - (v[:4096] + v[4096:])).max() < 0.05
+
+
+def test_a_malformed_folded_download_is_refused_by_the_client(pair):
+    client, server = pair
+    ct = server.deserialize(client.encrypt_to_bytes(_values(PROTECTED_PARAMS), 0))
+    good = server.serialize_folded(ct, FLOOD)
+    for bad in (good[:-1], good + b"\0", b"VFD1" + b"\0" * 20, ring_switch.MAGIC + good[8:]):
+        with pytest.raises(CiphertextError):
+            client.decrypt_folded(bad)
+
+
+def test_without_a_fold_key_the_server_does_not_fold(pair):
+    client, _ = pair
+    server = make_backend(PROTECTED_PARAMS, client.name)
+    server.import_public_material(dataclasses.replace(client.export_public_material(), fold_key=b""))
+    assert not server.can_fold
+    with pytest.raises(HEError, match="fold key"):
+        server.serialize_folded(server.deserialize(client.encrypt_to_bytes(_values(PROTECTED_PARAMS), 0)), FLOOD)
+
+
+def test_plain_mirrors_the_fold_in_slots(he_pair):
+    p = get_params(TEST_PARAMS_ID, allow_test_params=True)
+    client, server = he_pair("plain", p, [1])
+    v = _values(p, 11)
+    folded = server.serialize_folded(server.deserialize(client.encrypt_to_bytes(v, 1), level=1), 20.0)
+    got, scale = client.decrypt_folded(folded)
+    half = p.slot_count // 2
+    assert client.is_folded(folded) and scale == p.scale
+    assert np.abs(got - (v[:half] + v[half:])).max() < 0.05
+    with pytest.raises(CiphertextError):
+        client.decrypt_folded(folded[:-8])
