@@ -8,7 +8,10 @@ ct x ct + relinearize (no rescale), rescale, rotate, hoisted rotate x k (``rotat
 and per rotation), the NTT of one polynomial's limbs (SEAL: ``transform_to_ntt`` of a
 two-polynomial ciphertext, halved), and a download's rounded wire form (``crypto/rounding.py``:
 ``round_download``, the server's ``serialize`` of a flooded level-1 ciphertext, and
-``unround_download``, the client's ``deserialize`` of it). Median wall-clock milliseconds of ``--repeat`` runs after one
+``unround_download``, the client's ``deserialize`` of it), and a level-0 download whole
+(``download_level0``: re-randomize, flood, round) and folded into the ring of N/2
+(``download_level0_folded``, ``crypto/ring_switch.py``; ``decrypt_level0_folded``, the
+client's side). Median wall-clock milliseconds of ``--repeat`` runs after one
 warm-up; one ``figure he.<op>_ms.<backend>.<device> <value>`` line each, and JSON to ``--out``.
 SEAL runs on the CPU whatever ``--device`` says (its figures say ``cpu``). ``--compile`` adds a
 ``native_compiled`` run (``torch.compile`` of the hot loops; the warm-up compiles, minutes from
@@ -121,6 +124,13 @@ def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile
     blob = server.serialize(down, noise_log2=floor)
     out["round_download"] = _median_ms(lambda: server.serialize(down, noise_log2=floor), repeat, sync)
     out["unround_download"] = _median_ms(lambda: client.deserialize(blob), repeat, sync)
+    low = server.mod_switch_to(ct, 0)  # like the MLP download: whole, and folded (``crypto/ring_switch.py``)
+    floor = float(np.log2(server.scale(low))) - 18
+    out["download_level0"] = _median_ms(lambda: server.serialize(server.rerandomize(low, floor), noise_log2=floor),
+                                        repeat, sync)
+    out["download_level0_folded"] = _median_ms(lambda: server.serialize_folded(low, floor), repeat, sync)
+    folded = server.serialize_folded(low, floor)
+    out["decrypt_level0_folded"] = _median_ms(lambda: client.decrypt_folded(folded), repeat, sync)
     return out
 
 
