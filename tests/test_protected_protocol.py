@@ -321,6 +321,44 @@ def test_circuit_privacy_same_computation_differs(ckpt, keys, executor, plain):
     assert np.abs(x - y).max() < 5e-3 and np.abs(x).max() > 1.0
 
 
+def test_the_mlp_download_is_folded_only_for_a_client_that_sent_a_fold_key(ckpt, keys, executor, plain, he_backend):
+    """With the client's fold key the MLP download leaves in the ring of N/2 (half the bytes,
+    ``crypto/ring_switch.py``); a server given the same keys without it sends the download whole.
+    The client reads the same û and σ' from either, and both sessions reach the same h_L."""
+    from veil.crypto.backend import make_backend
+
+    h_in, ref = plain
+    client_be, _ = keys
+    whole_be = make_backend(PROTECTED_PARAMS, he_backend, allow_test_backends=True,
+                            **({"noise": True} if he_backend == "plain" else {}))
+    whole_be.import_public_material(dataclasses.replace(client_be.export_public_material(), fold_key=b""))
+    runs = []
+    for be in (None, whole_be):
+        s = executor.new_session(backend=be)
+        c = ProtectedClientState(client_be, ckpt.config, FIRST, LAST, s.id)
+        out, msgs = run_token(executor, c, h_in[0])
+        executor.drop_session(s.id)
+        mlp = [p for _, reply in msgs if reply.kind == MsgKind.MLP for p in reply.cts]
+        mlp_vecs = [d.values for d in c.transcript if d.tag == Tag.U_SIGMA2]
+        runs.append((out, mlp, mlp_vecs))
+    (out_f, mlp_f, vec_f), (out_w, mlp_w, vec_w) = runs
+    assert len(mlp_f) == len(mlp_w) == LAST - FIRST
+    assert all(client_be.is_folded(p.data) for p in mlp_f) and not any(client_be.is_folded(p.data) for p in mlp_w)
+    if he_backend != "plain":  # plain's slot vectors are not sized like ciphertexts
+        assert all(len(a.data) < 0.51 * len(b.data) for a, b in zip(mlp_f, mlp_w, strict=True))
+    dims = executor.dims
+    for layer, (a, b) in enumerate(zip(vec_f, vec_w, strict=True)):
+        assert a.size == dims.slots // 2 and b.size == dims.slots
+        (sf, gf, uf), (sw, gw, uw) = unpack_mlp(dims, a), unpack_mlp(dims, b)
+        if layer == 0:  # the first protected layer's û comes in each session's own secret order
+            gf, gw, uf, uw = np.sort(gf), np.sort(gw), np.sort(uf), np.sort(uw)
+        # the sessions' flooding differs, and through the client's softmax so does h': close, not equal
+        assert np.isclose(sf, sw, rtol=2e-3)
+        assert np.allclose(gf, gw, rtol=2e-3, atol=0.1) and np.allclose(uf, uw, rtol=2e-3, atol=0.1)
+    for out in (out_f, out_w):
+        assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
+
+
 def test_protocol_rejects_replay_and_wrong_kind(ckpt, keys, executor, plain):
     h_in, _ = plain
     s = executor.new_session()
