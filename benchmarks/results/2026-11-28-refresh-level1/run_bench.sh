@@ -1,11 +1,6 @@
 # The two-layer output error (and the per-layer time and bytes) before and after, alternated,
 # three rounds, on the backend named (native by default):
 #   cd benchmarks/results/2026-11-28-refresh-level1 && flock /tmp/veil-quiet.lock bash run_bench.sh [native|seal]
-be=${1:-native}
 commits="a4a1ecd 79443eb"
 source ../2026-11-27-rotations/commits.sh
-for rep in 1 2 3; do
-  for c in $commits; do
-    run $c -m veil.benchmarks.protected_bench --contexts 16 --he-backend $be > $here/pb_ctx16_${be}_${c}_run$rep.txt 2>&1
-  done
-done
+bench_rounds ${1:-native}
