@@ -92,7 +92,8 @@ def test_server_holds_no_secret_key(server, client, generations):
     assert svc.keys, "the client's keys were uploaded"
     for ks in svc.keys.values():
         assert not ks.backend.has_secret_key
-        assert ks.backend._sk is None and ks.backend._decryptor is None
+        assert ks.backend._sk is None and ks.backend._decryptor is None and ks.backend._fold_secret is None
+        assert ks.backend.can_fold  # the client's fold key (``crypto/ring_switch.py``): public
     # the executor's own backend (weights encoding) has no key at all
     ex = svc.executor()
     assert not ex.be.inner.has_secret_key
@@ -101,7 +102,7 @@ def test_server_holds_no_secret_key(server, client, generations):
 
     sent = unpack(client._material, max_bytes=len(client._material))
     assert set(sent) == {"v", "kind", "params", "public_key", "relin_keys", "galois_keys", "rotation_steps",
-                         "rotation_levels", "relin_level"}
+                         "rotation_levels", "relin_level", "fold_key"}
     assert sent["params"] == PROTECTED_PARAMS.id
 
 
