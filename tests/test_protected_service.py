@@ -185,3 +185,21 @@ def test_auto_backend_is_native_where_its_kernels_run(monkeypatch):
     assert ServerConfig().he_backend == "seal"
     assert ServerConfig(device="cuda").he_backend == "native"
     assert ServerConfig(he_backend="native").he_backend == "native"
+
+
+def test_a_malformed_fold_key_is_refused_with_400_and_an_empty_one_accepted(ckpt, upload):
+    """``PublicMaterial.fold_key`` (``crypto/ring_switch.py``): a damaged key is refused with 400
+    ``bad_keys`` and leaves nothing behind; material without one imports (the server then sends
+    the MLP download whole)."""
+    import dataclasses
+
+    from veil.protected.protocol import public_material_from_bytes
+
+    svc = _service(ckpt, None)
+    material = public_material_from_bytes(upload, max_bytes=len(upload))
+    with pytest.raises(KeysError) as e:  # a byte short (tests/test_ring_switch.py damages it other ways)
+        svc.add_keys("bob", public_material_to_bytes(dataclasses.replace(material, fold_key=material.fold_key[:-1])))
+    assert (e.value.status, e.value.code) == (400, "bad_keys") and "fold key" in str(e.value)
+    assert not svc.keys
+    ks = svc.add_keys("alice", public_material_to_bytes(dataclasses.replace(material, fold_key=b"")))
+    assert not ks.backend.can_fold and svc.add_keys("carol", upload).backend.can_fold
