@@ -91,7 +91,6 @@ class FoldKey:
 
     switch: torch.Tensor
     public: torch.Tensor
-    data: bytes  # as received (what the key bytes count)
 
 
 def _key_len(r: _Rings) -> int:
@@ -148,7 +147,7 @@ def load_key(params: CkksParams, data: bytes) -> FoldKey:
         raise FoldError(f"fold key: {e}") from None
     a = torch.from_numpy(expand_uniform(data[4:pos], (r.p, r.q), (0, 1), r.n, _TAG_KEY))
     a2 = torch.from_numpy(expand_uniform(data[pos + big : pos + big + SEED_BYTES], (r.q,), (0,), r.n // 2, _TAG_PK))
-    return FoldKey(torch.stack((b, a)), torch.stack((b2, a2)), data)
+    return FoldKey(torch.stack((b, a)), torch.stack((b2, a2)))
 
 
 def is_folded(data: bytes) -> bool:
@@ -165,9 +164,10 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, scale: float, noi
     c1 = r.big.lift(torch.where(c[1] > q // 2, c[1] - q, c[1]))
     t = r.big.inverse(basis.mul(c1.unsqueeze(0), key.switch))  # [2, 2, N]
     t_p = torch.where(t[:, 0] > r.p // 2, t[:, 0] - r.p, t[:, 0])
-    down = _mulmod(r, torch.remainder(t[:, 1] - t_p, q), pow(r.p, -1, q))  # [2, N]
-    u = torch.stack((torch.remainder(c[0] + down[0], q), down[1]))
-    folded = _mulmod(r, u[:, 0::2].contiguous(), 2)  # m(X) + m(-X) = 2 m_e(X²)
+    diff = torch.remainder(t[:, 1] - t_p, q).reshape(1, -1)
+    down = r.small.basis.mul(diff, torch.full_like(diff, pow(r.p, -1, q))).reshape(2, r.n)  # times p^-1 mod q0
+    even = torch.stack((c[0, 0::2] + down[0, 0::2], down[1, 0::2]))
+    folded = torch.remainder(2 * even, q)  # m(X) + m(-X) = 2 m_e(X²)
     # a fresh encryption of zero under s', and the flooding, in the small ring
     stream, half = Stream(), r.n // 2
     v = r.small.lift(torch.from_numpy(stream.ternary(half)))
@@ -177,12 +177,6 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, scale: float, noi
     out = torch.remainder(folded + zero + noise, q)
     bits = rounding.bits_for((q,), noise_log2 + 0.5)
     return MAGIC + rounding.round_to_bytes(out.numpy().astype(np.uint64).reshape(2, 1, half), (q,), 0, scale, bits)
-
-
-def _mulmod(r: _Rings, x: torch.Tensor, k: int) -> torch.Tensor:
-    """``x * k mod q0`` for ``x`` in ``[0, q0)``."""
-    flat = x.reshape(1, -1)
-    return r.small.basis.mul(flat, torch.full_like(flat, k % r.q)).reshape(x.shape)
 
 
 def decrypt(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.ndarray, float]:

@@ -401,8 +401,7 @@ class SealBackend(HEBackend):
     def _secret_coefficients(self) -> np.ndarray:
         lvl = self._c.levels[0]  # the secret's first residue run is mod q0 (NTT form)
         ntt = read_flat(self._sk.data(), 0, self._c.n).reshape(1, self._c.n)
-        s = self._c.ntt_to_coeff(ntt, lvl)[0].astype(np.int64)
-        return np.where(s > lvl.primes[0] // 2, s - lvl.primes[0], s)
+        return self._c.centered_ints(self._c.ntt_to_coeff(ntt, lvl), lvl).astype(np.int64)
 
     def _level0_coefficients(self, ct) -> np.ndarray:
         return self._c.coeff_residues(self._unwrap(ct))[:2, 0]
