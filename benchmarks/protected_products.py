@@ -58,7 +58,7 @@ from veil.crypto.linear import (
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.engine.loader import load_checkpoint
 from veil.protected.circuits import KEY_SETS
-from veil.protected.layouts import LayoutDims, dims_of
+from veil.protected.layouts import LayoutDims, dims_of, hidden_layout
 from veil.protected.protocol import LEVELS
 from veil.protected.weights import MATRIX_LAYOUTS, input_spans, matrix_shapes
 
@@ -66,15 +66,23 @@ from veil.protected.weights import MATRIX_LAYOUTS, input_spans, matrix_shapes
 def _plans(dims: LayoutDims, n1s: list[int], packs: list[int] = (1,)) -> dict[tuple[str, int, int], MatvecPlan]:
     """Each product's plan for every ``n1`` and positions per ciphertext (``pack``: frames of
     S/pack slots, ``encode_matrices``); a product too tall or wide for a frame is left out."""
-    spans, out = input_spans(dims), {}
+    out = {}
     for name, (rows, cols) in matrix_shapes(dims).items():
         for n1 in n1s:
             for pack in packs:
                 try:
-                    out[name, n1, pack] = plan_packed(rows, cols, dims.slots, MATRIX_LAYOUTS[name], n1, spans[name], pack)
+                    out[name, n1, pack] = plan_packed(rows, cols, dims.slots, MATRIX_LAYOUTS[name], n1,
+                                                      *_input(dims, name, pack))
                 except ValueError:
                     print(f"# {name} ({rows}x{cols}) does not fit frames of {dims.slots // pack} slots", flush=True)
     return out
+
+
+def _input(dims: LayoutDims, name: str, pack: int) -> tuple[int, int, int]:
+    """(span, pack, frames): one position per ciphertext reads the protocol's own layout (the
+    hidden layout's frames for W_qkv and W_gate|up); P positions read one period per frame."""
+    span, frames = input_spans(dims)[name]
+    return (span, 1, frames) if pack == 1 else (span, pack, 1)
 
 
 def _key_levels(plans, key_set: str) -> dict[int, int]:
@@ -140,9 +148,11 @@ def run(dims: LayoutDims, backend: str, device: str, n1s: list[int], repeat: int
         level = LEVELS.matrices[name]
         w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
         xs = rng.standard_normal((pack, cols))
-        ct = server.mod_switch_to(client.encrypt(pack_inputs(xs, PROTECTED_PARAMS.slot_count, pack)), level)
-        m = encode_matrix(server, w, level, n1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name],
-                          pack=pack)
+        span, _, frames = _input(dims, name, pack)
+        slots = PROTECTED_PARAMS.slot_count
+        vec = hidden_layout(xs[0], slots) if frames > 1 else pack_inputs(xs, slots, pack)
+        ct = server.mod_switch_to(client.encrypt(vec), level)
+        m = encode_matrix(server, w, level, n1, MATRIX_LAYOUTS[name], max_input_span=span, pack=pack, frames=frames)
         switches[0] = 0
         matvec(server, m, ct)  # warm-up
         rotations = switches[0]

@@ -83,6 +83,17 @@ class MatvecPlan:
     reaches 192 there), with the same output layout (partial sums outside ``[0, rows)``).
 
     The input must be periodic (``x[k % cols]``) on slots ``[0, input_span)``.
+
+    *Framed* input (``frames > 1``, "folded" only): the input repeats every ``input_frame``
+    slots and is periodic with period ``cols`` on the first ``input_span`` slots of each frame
+    (the hidden layout, ``veil.protected.layouts``). The blocks are then ``frame_blocks`` per
+    frame at ``stride``, frame ``f``'s starting ``f * frame_stride`` (``frame_stride =
+    input_frame + delta``: the later frames' blocks sit ``delta`` slots further into their
+    frame, so that they see other diagonals than frame 0's), and ``log2(frames)`` more
+    rotations by ``frame_stride`` add the frames. A block at slot ``p`` sees the diagonals from
+    ``(p mod input_frame) mod cols`` on. 960x576 on two frames of 4032 whole copies takes 3
+    blocks per frame at stride 960, the second frame's 96 slots further in: 96 plaintexts, the
+    same as 7 blocks over 6978 slots of one period.
     """
 
     layout: str
@@ -94,6 +105,9 @@ class MatvecPlan:
     per_block: int = 0
     stride: int = 0
     row_period: int = 0  # "wide" only
+    frames: int = 1  # framed input: frames (a power of two), the slots of one, and the frame stride
+    input_frame: int = 0
+    frame_stride: int = 0
 
     @property
     def diag_len(self) -> int:
@@ -116,20 +130,38 @@ class MatvecPlan:
         return out
 
     @property
+    def frame_blocks(self) -> int:
+        return self.blocks // self.frames
+
+    @property
+    def block_starts(self) -> list[int]:
+        """First slot of each block, frame by frame."""
+        return [f * self.frame_stride + t * self.stride for f in range(self.frames) for t in range(self.frame_blocks)]
+
+    def _local(self, slot: int) -> int:
+        return slot % self.input_frame if self.frames > 1 else slot
+
+    @property
     def input_span(self) -> int:
-        return (self.blocks - 1) * self.stride + self.diag_len + self.n1 * self.n2
+        """Slots (of each frame, for a framed input) on which the input must be periodic."""
+        return max(self._local(p) for p in self.block_starts) + self.diag_len + self.n1 * self.n2
 
     @property
     def fold_blocks(self) -> int:
-        """``blocks`` rounded up to a power of two: the fold adds this many block frames."""
-        return 1 << (self.blocks - 1).bit_length()
+        """``frame_blocks`` rounded up to a power of two: the fold adds this many block frames."""
+        return 1 << (self.frame_blocks - 1).bit_length()
+
+    @property
+    def frame_folds(self) -> list[int]:
+        """Rotation steps adding the frames of a framed input (largest first)."""
+        return [h * self.frame_stride for h in _halvings(self.frames)]
 
     @property
     def block_offsets(self) -> list[int]:
         """First diagonal each block sees (``wide``: consecutive groups of ``per_block``)."""
         if self.layout == "wide":
             return [t * self.per_block for t in range(self.blocks)]
-        return [t * self.stride % self.cols for t in range(self.blocks)]
+        return [self._local(p) % self.cols for p in self.block_starts]
 
     def diagonal_owners(self) -> list[list[int]]:
         """``owners[t][u]``: the diagonal block ``t`` carries in its ``u``-th plaintext, or -1.
@@ -154,11 +186,8 @@ class MatvecPlan:
     @property
     def rotation_steps(self) -> list[int]:
         steps = set(range(1, self.n1)) | ({self.n1} if self.n2 > 1 else set())  # giant steps: Horner
-        h = self.fold_blocks // 2
-        while h >= 1:
-            steps.add(h * self.stride)
-            h //= 2
-        steps.update(self.row_folds)
+        steps.update(h * self.stride for h in _halvings(self.fold_blocks))
+        steps.update(self.row_folds, self.frame_folds)
         return sorted(steps)
 
     def key_levels(self, level: int, chained: bool = False, composed_folds: bool = False) -> dict[int, int]:
@@ -174,19 +203,35 @@ class MatvecPlan:
     @property
     def rotations(self) -> int:
         """Key switches per product (baby steps included)."""
-        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.fold_blocks)) + len(self.row_folds)
+        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.fold_blocks)) + len(self.row_folds) + len(self.frame_folds)
 
     @property
     def diagonals_per_block(self) -> int:
         return self.per_block if self.layout in ("folded", "wide") else self.cols
 
 
+def _halvings(n: int) -> list[int]:
+    """``[n/2, n/4, ..., 1]`` for a power of two ``n`` (empty for 1)."""
+    return [n >> i for i in range(1, n.bit_length())]
+
+
 def plan_matvec(
-    rows: int, cols: int, slot_count: int, layout: str = "bsgs", n1: int | None = None
+    rows: int, cols: int, slot_count: int, layout: str = "bsgs", n1: int | None = None, frames: int = 1,
+    frame_slots: int = 0,
 ) -> MatvecPlan:
-    """Choose the slot layout of a product (see ``MatvecPlan``)."""
+    """Choose the slot layout of a product (see ``MatvecPlan``) for an input periodic on
+    ``slot_count`` slots; ``frames > 1``: on ``slot_count`` slots of each of ``frames`` frames of
+    ``frame_slots`` (a framed input, "folded" only)."""
     if rows < 1 or cols < 1:
         raise ValueError("empty matrix")
+    if frames > 1:
+        if layout != "folded" or frames & (frames - 1) or slot_count > frame_slots:
+            raise ValueError(f"a framed input needs the folded layout, a power-of-two frame count and "
+                             f"a span within the frame ({layout!r}, {frames}, {slot_count} > {frame_slots})")
+        plan = _plan_framed(rows, cols, slot_count, frames, frame_slots, n1)
+        if plan is None:
+            raise ValueError(f"{rows}x{cols} does not fit {frames} frames of {slot_count} slots")
+        return plan
     if layout == "bsgs":
         a, b = bsgs_split(cols, n1)
         plan = MatvecPlan("bsgs", rows, cols, a, b, 1, cols, 0)
@@ -235,6 +280,50 @@ def _plan_folded(rows: int, cols: int, slot_count: int, n1: int | None) -> Matve
         if best is None or cost[i] < best[0]:
             plan = MatvecPlan("folded", rows, cols, int(a[i]), int(b[i]), blocks, int(k[i]), int(strides[i]))
             best = (int(cost[i]), plan)
+    return None if best is None else best[1]
+
+
+def _bsgs_counts(k: np.ndarray, n1: int | None) -> tuple[np.ndarray, np.ndarray]:
+    a = np.where(k >= n1, n1, np.ceil(np.sqrt(k))) if n1 is not None else np.ceil(np.sqrt(k))
+    a = a.astype(np.int64)
+    return a, -(-k // a)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan_framed(rows: int, cols: int, span: int, frames: int, frame_slots: int, n1: int | None) -> MatvecPlan | None:
+    """Every block count per frame, stride and frame offset ``delta``. Offsets depend on stride
+    and delta modulo ``cols`` only and the span grows with both, so each runs over one period
+    (vectorized: a ``cols x cols`` grid per block count)."""
+    best = None
+    for per in range(1, min(cols, span // rows) + 1):
+        fold = 1 << (per - 1).bit_length()
+        strides = np.arange(rows, rows + cols) if per > 1 else np.array([rows])
+        deltas = np.arange(cols)
+        s, dl = strides[:, None, None], deltas[None, :, None]
+        f = np.arange(frames)[:, None].repeat(per, 1).ravel()
+        t = np.tile(np.arange(per), frames)
+        offs = np.sort((f * dl + t * s) % cols, axis=-1)
+        gaps = np.diff(np.concatenate([offs, offs[..., :1] + cols], axis=-1), axis=-1)
+        k = gaps.max(axis=-1)  # (strides, deltas)
+        a, b = _bsgs_counts(k, n1)
+        s2, d2 = strides[:, None], deltas[None, :]
+        local_span = (frames - 1) * d2 + (per - 1) * s2 + rows + a * b
+        # the fold's empty block frames read zero slots: before the next frame's blocks, and
+        # in the last frame without wrapping onto block 0
+        zero_ok = ((fold - 1) * s2 + rows <= frame_slots + d2) & (
+            (frames - 1) * (frame_slots + d2) + (fold - 1) * s2 + rows <= frames * frame_slots)
+        ok = (local_span <= span) & zero_ok & ((frames - 1) * d2 < frame_slots)
+        if not ok.any():
+            continue
+        cost = _cost((a - 1) + (b - 1) + (fold.bit_length() - 1) + (frames.bit_length() - 1), k)
+        cand = np.flatnonzero(ok.ravel())
+        i = cand[np.lexsort((local_span.ravel()[cand], cost.ravel()[cand]))[0]]
+        si, di = np.unravel_index(i, k.shape)
+        if best is None or cost.ravel()[i] < best[0]:
+            plan = MatvecPlan("folded", rows, cols, int(a[si, di]), int(b[si, di]), frames * per, int(k[si, di]),
+                              int(strides[si]), frames=frames, input_frame=frame_slots,
+                              frame_stride=frame_slots + int(deltas[di]))
+            best = (int(cost.ravel()[i]), plan)
     return None if best is None else best[1]
 
 
@@ -349,9 +438,9 @@ def _diagonal_index(plan: MatvecPlan, slots: int) -> tuple[tuple[int, ...], np.n
     for u in range(plan.diagonals_per_block):
         g = u // plan.n1
         buf = np.zeros(slots)
-        for t, row in enumerate(owners):
-            if row[u] >= 0:  # block t at t*stride, pre-rotated by -g*n1 for its giant step
-                start = t * plan.stride + g * plan.n1
+        for start, row in zip(plan.block_starts, owners, strict=True):
+            if row[u] >= 0:  # the block pre-rotated by -g*n1 for its giant step
+                start += g * plan.n1
                 buf[start : start + plan.diag_len] = diags[row[u]]
         if np.any(buf):
             keys.append(u)
@@ -360,18 +449,18 @@ def _diagonal_index(plan: MatvecPlan, slots: int) -> tuple[tuple[int, ...], np.n
 
 
 def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
-                  max_input_span: int | None = None, pack: int = 1) -> EncodedMatrix:
+                  max_input_span: int | None = None, pack: int = 1, frames: int = 1) -> EncodedMatrix:
     """Encode the diagonals of ``weight`` for inputs at ``level``, giant-step rotations
     pre-applied. ``max_input_span``: the input is periodic on fewer slots than all of them
-    (the plan must read no further). ``pack``: see ``encode_matrices``."""
+    (the plan must read no further). ``pack``, ``frames``: see ``encode_matrices``."""
     w = np.asarray(weight, dtype=np.float64)
     if w.ndim != 2:
         raise HEError("weight must be a 2-D matrix")
-    return encode_matrices(be, w[None], level, n1, layout, max_input_span, pack)[0]
+    return encode_matrices(be, w[None], level, n1, layout, max_input_span, pack, frames)[0]
 
 
 def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, layout: str = "bsgs",
-                    max_input_span: int | None = None, pack: int = 1) -> list[EncodedMatrix]:
+                    max_input_span: int | None = None, pack: int = 1, frames: int = 1) -> list[EncodedMatrix]:
     """``encode_matrix`` for B matrices of one shape ``[B, rows, cols]`` (numpy, or a torch
     tensor where the backend encodes tensors: ``HEBackend.encodable``) in one ``encode_many``:
     the slots are gathered from each matrix by one index, and every result holds the same
@@ -382,12 +471,15 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     plaintext is its S/P-slot diagonal vector repeated P times. Every output slot of frame p
     reads input slots of frame p only (the plan never reads past its input span, at most S/P),
     so ``matvec`` runs unchanged and one product serves P positions with the rotations of one. The plaintexts are P-periodic, i.e. polynomials in X^P (a backend may
-    store them in N/P coefficients)."""
+    store them in N/P coefficients).
+
+    ``frames = F`` (pack 1): a framed input, the same vector in each of F frames of S/F slots,
+    periodic on the first ``max_input_span`` of each (``MatvecPlan``)."""
     if weights.ndim != 3:
         raise HEError("weights must be a stack of 2-D matrices")
     batch, rows, cols = weights.shape
     try:
-        plan = plan_packed(rows, cols, be.params.slot_count, layout, n1, max_input_span, pack)
+        plan = plan_packed(rows, cols, be.params.slot_count, layout, n1, max_input_span, pack, frames)
     except ValueError as e:
         raise HEError(str(e)) from e
     if level == 0:
@@ -414,12 +506,18 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
 
 
 def plan_packed(rows: int, cols: int, slot_count: int, layout: str = "bsgs", n1: int | None = None,
-                max_input_span: int | None = None, pack: int = 1) -> MatvecPlan:
+                max_input_span: int | None = None, pack: int = 1, frames: int = 1) -> MatvecPlan:
     """The plan of a product whose ciphertexts hold ``pack`` positions (a power of two), each on
     a frame of ``slot_count / pack`` slots, for an input periodic on at most ``max_input_span``
-    of them (``encode_matrices``); ValueError where the product does not fit a frame."""
+    of them (``encode_matrices``); ValueError where the product does not fit a frame.
+    ``frames``: the one position's input repeats every ``slot_count / frames`` slots."""
     if pack < 1 or pack & (pack - 1) or pack > slot_count:
         raise ValueError(f"pack must be a power of two up to {slot_count}, got {pack}")
+    if frames > 1:
+        if pack > 1:
+            raise ValueError("a framed input holds one position")
+        frame = slot_count // frames
+        return plan_matvec(rows, cols, frame if max_input_span is None else max_input_span, layout, n1, frames, frame)
     frame = slot_count // pack
     span = frame if max_input_span is None else min(max_input_span, frame)
     return plan_matvec(rows, cols, span, layout, n1)
@@ -470,11 +568,9 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
         # NTTs, so rotating one level lower is cheaper than the extra rescales
         inner = be.rescale(inners.pop(g))
         acc = inner if acc is None else be.add(acc, inner)
-    half = plan.fold_blocks // 2
-    while half >= 1:  # fold the blocks onto block 0 (composed from smaller folds where a key set lacks one)
+    for half in _halvings(plan.fold_blocks):  # fold the blocks onto block 0 (composed from smaller folds where a key set lacks one)
         acc = be.add(acc, rotate(be, acc, half * plan.stride))
-        half //= 2
-    for step in plan.row_folds:  # "wide": add the row groups
+    for step in plan.row_folds + plan.frame_folds:  # "wide": add the row groups; framed: the frames
         acc = be.add(acc, be.rotate(acc, step))
     return acc
 

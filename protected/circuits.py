@@ -32,7 +32,6 @@ from veil.crypto.linear import (
     baby_steps,
     broadcast_lane,
     matvec,
-    plan_matvec,
     replicate,
     replicate_rotation_steps,
     rotate,
@@ -50,10 +49,8 @@ from veil.protected.layouts import (
 from veil.protected.protocol import LEVELS, MAX_SPAN, Levels
 from veil.protected.timing import TimedBackend
 from veil.protected.weights import (
-    MATRIX_LAYOUTS,
-    N1,
-    input_spans,
     matrix_shapes,
+    product_plan,
     rope_cos_sin,
 )
 
@@ -459,8 +456,15 @@ class Circuit:
         """h' = h + W_o â, with ``o = W_o â`` (3, folded) cleaned and replicated: at 2, the input of
         W_gate|up and of the MLP's residual."""
         be, d = self.be, self.dims.d
-        o = replicate(be, self.select(o, "first_d", self.first(d)), d, self.dims.copies)  # 2
+        o = self.replicate_hidden(self.select(o, "first_d", self.first(d)))  # 2
         return be.add(be.mod_switch_to(h, be.level(o)), o)
+
+    def replicate_hidden(self, x: Ciphertext) -> Ciphertext:
+        """A vector in ``[0, d)`` (zero elsewhere) -> the hidden layout: into the second frame by
+        one rotation, then replicated in both frames at once (their copies never cross)."""
+        be, dims = self.be, self.dims
+        x = be.add(x, rotate(be, x, -dims.frame))
+        return replicate(be, x, dims.d, dims.frame_copies)
 
     def mlp_statistics(self, u: Ciphertext, h_prime: Ciphertext, share: float = 1.0) -> Ciphertext:
         """The MLP download from ``u = W_gate|up h'`` (1, folded; the first protected layer's under
@@ -471,8 +475,7 @@ class Circuit:
     # ---- MLP_IN -> REFRESH / FINAL (after W_down m: 3, wide, partial sums outside [0, d)) -----
     def residual(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:
         """h'' = h' + W_down m, clean and replicated (2): the next layer's input once refreshed."""
-        d = self.dims.d
-        return self.be.add(h_prime, replicate(self.be, self.select(down, "first_d", self.first(d)), d, self.dims.copies))
+        return self.be.add(h_prime, self.replicate_hidden(self.select(down, "first_d", self.first(self.dims.d))))
 
     def refresh_scale(self) -> float:
         """The scale h'' travels at in its masked refresh: the largest power of two (at most Δ)
@@ -593,9 +596,8 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
         for st in rotation_steps_of(list(steps), dims.slots):
             need[st] = max(need.get(st, 0), level)
 
-    spans = input_spans(dims)
-    for name, (rows, cols) in matrix_shapes(dims).items():
-        plan = plan_matvec(rows, cols, spans[name], MATRIX_LAYOUTS[name], N1)
+    for name in matrix_shapes(dims):
+        plan = product_plan(dims, name)
         for st, level in plan.key_levels(lv.matrices[name], chained=chained, composed_folds=minimal).items():
             use({st}, level)
     hd = dims.head_dim
@@ -610,7 +612,7 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
     for st, level in lane_sum_key_levels(log_hd, lv).items():
         use({st}, level)
     use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)
-    use(replicate_rotation_steps(dims.d, dims.copies), lv.h_prime)  # o and W_down m replicated
+    use([*replicate_rotation_steps(dims.d, dims.frame_copies), -dims.frame], lv.h_prime)  # o and W_down m replicated
     use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
     if minimal:  # the largest key-block step from the next (q̂ copies, key blocks, σ sums)
         for st in rotation_steps_of([-BLOCK * (dims.per_chunk // 2)], dims.slots):

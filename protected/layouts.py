@@ -6,10 +6,13 @@ query heads of ``hd`` lanes, ``F`` MLP width, ``S`` slot count (8192 at N=16384)
 
 Layouts (slot indices of one ciphertext):
 
-* **hidden** (the residual stream): ``x`` replicated with period ``d``, ``S // d`` whole
-  copies (14 for d=576), zeros in the tail. This is the matrix-input layout of
-  ``veil.crypto.linear`` restricted to whole copies, so the server can rebuild it from a
-  vector in ``[0, d)`` with ``linear.replicate`` (no level).
+* **hidden** (the residual stream): two frames of ``S/2`` slots, each holding ``x`` replicated
+  with period ``d``, ``(S/2) // d`` whole copies (7 for d=576, 14 in all), zeros in each
+  frame's tail. The slots repeat every ``S/2``, so the plaintext is a polynomial in X^2: the
+  shape a refresh folded into the ring of N/2 needs (``veil.crypto.ring_switch``). The products that read it (W_qkv, W_gate|up) use the framed
+  plans of ``veil.crypto.linear`` (``MatvecPlan``: as many plaintexts and rotations as over one
+  period of 14 copies), and the server rebuilds it from a vector in ``[0, d)`` with one rotation
+  by ``S/2`` and ``linear.replicate`` (no level).
 * **position blocks**: the key cache and the query replicas use blocks of ``BLOCK = 1024``
   slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j`` lives in chunk
   ``j // 8``, block ``j % 8``; inside a block, slot ``g*hd + i`` holds lane ``i`` of the head
@@ -60,6 +63,7 @@ import numpy as np
 
 __all__ = [
     "BLOCK",
+    "HIDDEN_FRAMES",
     "SCORES_DIV",
     "SIGMA_DIV",
     "LayoutDims",
@@ -78,6 +82,8 @@ __all__ = [
 ]
 
 BLOCK = 1024
+#: Frames of the hidden layout: its slots repeat every ``S / HIDDEN_FRAMES``.
+HIDDEN_FRAMES = 2
 # The scores and MLP downloads sit at level 0, which holds |value| < 2^20 at scale 2^36 (q0 has
 # 57 bits). On the shipped SmolLM2 the unnormalized values reach 2^22.1 (ŝ/sqrt(hd), layer 28)
 # and 2^20.2 (σ/d, layers 12-28: massive activations); divided as below each stays under 2^17.2
@@ -136,6 +142,16 @@ class LayoutDims:
 
     @property
     def copies(self) -> int:
+        """Copies of x in the hidden layout, all frames together."""
+        return HIDDEN_FRAMES * self.frame_copies
+
+    @property
+    def frame(self) -> int:
+        """Slots of one frame of the hidden layout."""
+        return self.slots // HIDDEN_FRAMES
+
+    @property
+    def frame_copies(self) -> int:
         return hidden_copies(self.d, self.slots)
 
     @property
@@ -210,16 +226,17 @@ def dims_of(cfg, slots: int) -> LayoutDims:
 
 
 def hidden_copies(d: int, slots: int) -> int:
-    return slots // d
+    """Whole copies of a ``d``-vector in one frame of the hidden layout."""
+    return slots // HIDDEN_FRAMES // d
 
 
 def hidden_layout(x: np.ndarray, slots: int) -> np.ndarray:
-    """``x`` replicated with period ``len(x)``, whole copies only, zero tail."""
+    """``x`` replicated with period ``len(x)`` in each frame, whole copies only, zero tails."""
     x = np.asarray(x, dtype=np.float64).ravel()
     copies = hidden_copies(x.size, slots)
-    out = np.zeros(slots)
-    out[: copies * x.size] = np.tile(x, copies)
-    return out
+    frame = np.zeros(slots // HIDDEN_FRAMES)
+    frame[: copies * x.size] = np.tile(x, copies)
+    return np.tile(frame, HIDDEN_FRAMES)
 
 
 def periodic_layout(x: np.ndarray, slots: int) -> np.ndarray:

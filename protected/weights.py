@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from veil.crypto.backend import HEBackend
-from veil.crypto.linear import EncodedMatrix, encode_matrices
-from veil.protected.layouts import LayoutDims
+from veil.crypto.linear import EncodedMatrix, MatvecPlan, encode_matrices, plan_packed
+from veil.protected.layouts import HIDDEN_FRAMES, LayoutDims
 from veil.protected.protocol import LEVELS, Levels
 
 __all__ = ["N1", "MATRIX_LAYOUTS", "LayerWeights", "EncodedLayer", "layer_weights_from_tensors", "matrix_shapes",
-           "input_spans", "rope_cos_sin", "ffn_permutation"]
+           "input_spans", "product_plan", "rope_cos_sin", "ffn_permutation"]
 
 #: Baby-step count of every product: the baby steps 1..15 rotate a product's input (hoisted
 #: where the backend can), their keys are shared by the four products; the giant steps all
@@ -71,17 +71,26 @@ def matrix_shapes(dims: LayoutDims) -> dict[str, tuple[int, int]]:
             "wdown": (dims.d, dims.ffn)}
 
 
-def input_spans(dims: LayoutDims) -> dict[str, int]:
-    """Slots over which each product's input is periodic: W_o's input (the weighted values)
-    is exact on ``value_span`` slots only (``veil.protected.layouts``), and the inputs the
-    server replicates itself (h for W_qkv, h' for W_gate|up) hold whole copies only."""
-    whole = dims.copies * dims.d
-    return {"wqkv": whole, "wo": dims.value_span, "wgu": whole, "wdown": dims.slots}
+def input_spans(dims: LayoutDims) -> dict[str, tuple[int, int]]:
+    """(span, frames) of each product's input: periodic on ``span`` slots of each of
+    ``frames`` frames. W_o's input (the weighted values) is exact on ``value_span`` slots only
+    (``veil.protected.layouts``); h for W_qkv and h' for W_gate|up are in the hidden layout,
+    whole copies in each of its frames."""
+    hidden = (dims.frame_copies * dims.d, HIDDEN_FRAMES)
+    return {"wqkv": hidden, "wo": (dims.value_span, 1), "wgu": hidden, "wdown": (dims.slots, 1)}
+
+
+def product_plan(dims: LayoutDims, name: str) -> MatvecPlan:
+    """The slot layout of product ``name`` (``veil.crypto.linear.MatvecPlan``)."""
+    rows, cols = matrix_shapes(dims)[name]
+    span, frames = input_spans(dims)[name]
+    return plan_packed(rows, cols, dims.slots, MATRIX_LAYOUTS[name], N1, span, 1, frames)
 
 
 def _encode(be: HEBackend, name: str, ws, dims: LayoutDims, levels: Levels) -> list[EncodedMatrix]:
     """Product ``name``'s matrices ``[B, rows, cols]`` (an array, or ``be.encodable``'s tensor)."""
-    return encode_matrices(be, ws, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=input_spans(dims)[name])
+    span, frames = input_spans(dims)[name]
+    return encode_matrices(be, ws, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=span, frames=frames)
 
 
 class EncodedLayer:

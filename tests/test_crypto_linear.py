@@ -35,6 +35,19 @@ FOLDED_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (40, 7), (500
 WIDE_SHAPES = [(576, 1536), (100, 512), (3, 16)]
 BSGS_SHAPES = [(576, 576, 2), (192, 576, 2), (1536, 576, 1), (40, 7, 1), (576, 1536, 1)]
 PACKED = [("folded", 192, 576, 2), ("folded", 500, 288, 4), ("wide", 100, 512, 2), ("bsgs", 40, 7, 4)]
+FRAMED = [(192, 576), (500, 288), (40, 7)]  # inputs repeated in 2 frames of SLOTS/2, whole copies
+
+
+def _framed(x: np.ndarray) -> np.ndarray:
+    """``x`` in whole copies in each of two frames of SLOTS/2 slots, zero tails (the hidden layout)."""
+    frame = np.zeros(SLOTS // 2)
+    copies = frame.size // x.size
+    frame[: copies * x.size] = np.tile(x, copies)
+    return np.tile(frame, 2)
+
+
+def _framed_plan(rows: int, cols: int):
+    return plan_matvec(rows, cols, SLOTS // 2 // cols * cols, "folded", None, 2, SLOTS // 2)
 
 
 def _steps() -> list[int]:
@@ -46,6 +59,8 @@ def _steps() -> list[int]:
             steps |= set(plan_matvec(r, c, SLOTS, layout).rotation_steps)
     for layout, r, c, pack in PACKED:
         steps |= set(plan_matvec(r, c, SLOTS // pack, layout).rotation_steps)
+    for r, c in FRAMED:
+        steps |= set(_framed_plan(r, c).rotation_steps)
     steps |= set(replicate_rotation_steps(100, 11)) | set(replicate_rotation_steps(192, 8))
     steps |= {1, 2, 4, 8, 16, 32, 64, -1, -2, -4}  # window sums and lane broadcasts
     return sorted(s for s in steps if s % SLOTS)
@@ -82,6 +97,18 @@ def test_plan_matvec():
     assert p.rotations < plan_matvec(576, 576, 8192).rotations
     b = plan_matvec(576, 576, 8192)
     assert (b.n1, b.n2, b.blocks, b.rotations) == (24, 24, 1, 46)
+    # the hidden layout's two frames of 7 copies: W_qkv's and W_gate|up's framed plans take the
+    # plaintexts (n1*n2) and rotations of the one-period plans over 14 copies
+    f = plan_matvec(960, 576, 4032, "folded", 16, 2, 4096)
+    assert (f.blocks, f.per_block, f.stride, f.frame_stride, f.n1 * f.n2) == (6, 96, 960, 4192, q.n1 * q.n2)
+    assert f.rotations == q.rotations and f.frame_folds == [4192] and f.input_span <= 4032
+    assert sorted(f.block_offsets) == [0, 96, 192, 288, 384, 480]
+    g, g1 = plan_matvec(3072, 576, 4032, "folded", 16, 2, 4096), plan_matvec(3072, 576, 8064, "folded", 16)
+    assert (g.per_block, g.rotations, g.frame_stride) == (g1.per_block, g1.rotations, 4096 + 288)
+    with pytest.raises(ValueError, match="framed"):
+        plan_matvec(100, 512, 2048, "wide", None, 2, 4096)
+    with pytest.raises(ValueError, match="framed"):
+        plan_matvec(960, 576, 4096 + 576, "folded", 16, 2, 4096)
     with pytest.raises(ValueError):
         plan_matvec(4000, 600, 4096)
     with pytest.raises(ValueError):
@@ -145,6 +172,31 @@ def test_packed_positions_share_one_product(pair, rng, layout, rows, cols, pack)
     assert np.abs(out[-1]).max() < 1e-5
     with pytest.raises(HEError, match="power of two"):
         encode_matrix(server, w, 2, layout=layout, pack=3)
+
+
+@pytest.mark.parametrize("rows,cols", FRAMED)
+def test_framed_input_products(pair, rng, rows, cols):
+    """An input repeated in two frames (whole copies, zero tails): blocks in both frames, the
+    second frame's ``delta`` slots further in so that its blocks see other diagonals, summed by
+    one more rotation. W x in [0, rows); every diagonal in exactly one block; no block reads
+    past its frame's copies; never more plaintexts than a one-frame plan over the same span."""
+    client, server = pair
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    x = rng.standard_normal(cols)
+    span = SLOTS // 2 // cols * cols
+    m = encode_matrix(server, w, 2, layout="folded", max_input_span=span, frames=2)
+    plan = m.plan
+    assert plan == _framed_plan(rows, cols) and plan.frames == 2 and plan.input_span <= span
+    assert plan.frame_stride >= SLOTS // 2 and plan.frame_folds == [plan.frame_stride]
+    owned = [k for row in plan.diagonal_owners() for k in row if k >= 0]
+    assert sorted(owned) == list(range(cols))
+    for start in plan.block_starts:  # inside a frame's copies, input span included
+        assert start % (SLOTS // 2) + rows + plan.n1 * plan.n2 <= span
+    assert len(m.plaintexts) <= len(encode_matrix(server, w, 2, layout="folded", max_input_span=span).plaintexts)
+    y = matvec(server, m, client.encrypt(_framed(x), level=2))
+    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+    with pytest.raises(HEError, match="one position"):
+        encode_matrix(server, w, 2, layout="folded", max_input_span=span, pack=2, frames=2)
 
 
 @pytest.mark.parametrize("layout,rows,cols", [("folded", r, c) for r, c in FOLDED_SHAPES]

@@ -9,10 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from veil.crypto.backend import make_backend
+from veil.crypto.linear import rotation_steps_of
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import public_material_to_bytes
+from veil.protected.weights import product_plan
 from veil.server.config import ServerConfig
 from veil.server.protected_service import KeysError, ProtectedService
 
@@ -90,7 +92,10 @@ def test_every_key_set_is_accepted_and_a_set_short_of_the_minimal_one_is_refused
     for big, small in ((full, compact), (compact, minimal)):
         assert all(big.get(st, -1) >= lv for st, lv in small.items()) and len(small) < len(big)
     assert compact[1] == PROTECTED_PARAMS.top_level and 3 not in compact
-    assert 987 in minimal and 2 * 987 in compact and 2 * 987 not in minimal and -4096 not in minimal
+    qkv = product_plan(dims, "wqkv")  # its in-frame folds compose from its stride; the frame fold has a key
+    stride, frame_fold = qkv.stride, rotation_steps_of(qkv.frame_folds, dims.slots)[0]
+    assert stride in minimal and 2 * stride in compact and 2 * stride not in minimal and -4096 not in minimal
+    assert frame_fold in minimal
     with pytest.raises(ValueError, match="unknown key set"):
         rotation_key_levels(dims, key_set="tiny")
     svc = _service(ckpt, None)
