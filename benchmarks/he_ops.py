@@ -11,7 +11,9 @@ two-polynomial ciphertext, halved), and a download's rounded wire form (``crypto
 ``unround_download``, the client's ``deserialize`` of it), and a level-0 download whole
 (``download_level0``: re-randomize, flood, round) and folded into the ring of N/2
 (``download_level0_folded``, ``crypto/ring_switch.py``; ``decrypt_level0_folded``, the
-client's side). Median wall-clock milliseconds of ``--repeat`` runs after one
+client's side), and a masked refresh at level 1 sent whole and folded (``refresh``,
+``refresh_folded``: mask, fold, round) with the client's re-encryption of each
+(``reencrypt_refresh``, ``reencrypt_refresh_folded``). Median wall-clock milliseconds of ``--repeat`` runs after one
 warm-up; one ``figure he.<op>_ms.<backend>.<device> <value>`` line each, and JSON to ``--out``.
 SEAL runs on the CPU whatever ``--device`` says (its figures say ``cpu``). ``--compile`` adds a
 ``native_compiled`` run (``torch.compile`` of the hot loops; the warm-up compiles, minutes from
@@ -131,6 +133,17 @@ def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile
     out["download_level0_folded"] = _median_ms(lambda: server.serialize_folded(low, floor), repeat, sync)
     folded = server.serialize_folded(low, floor)
     out["decrypt_level0_folded"] = _median_ms(lambda: client.decrypt_folded(folded), repeat, sync)
+    # like the masked refresh of h'' (level 1 on 2^27; in X², as the hidden layout makes it):
+    # mask and send whole or folded, and the client's re-encryption at the top level
+    h = np.tile(x[: params.slot_count // 2], 2)
+    ref = server.deserialize(client.encrypt_to_bytes(h, 1, 2.0**27), level=1, scale=2.0**27)
+    out["refresh"] = _median_ms(lambda: server.serialize(server.mask_for_refresh(ref)[0], noise_log2=3.0), repeat, sync)
+    out["refresh_folded"] = _median_ms(
+        lambda: server.serialize_folded_refresh(server.mask_for_refresh(ref, fold=True)[0], 3.0), repeat, sync)
+    whole = client.deserialize(server.serialize(server.mask_for_refresh(ref)[0], noise_log2=3.0), level=1)
+    folded = server.serialize_folded_refresh(server.mask_for_refresh(ref, fold=True)[0], 3.0)
+    out["reencrypt_refresh"] = _median_ms(lambda: client.refresh_reencrypt_to_bytes(whole), repeat, sync)
+    out["reencrypt_refresh_folded"] = _median_ms(lambda: client.refresh_reencrypt_folded_to_bytes(folded), repeat, sync)
     return out
 
 

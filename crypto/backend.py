@@ -362,9 +362,12 @@ class HEBackend(abc.ABC):
 
     # ---- server: refresh and circuit privacy -------------------------------------------------
     @abc.abstractmethod
-    def mask_for_refresh(self, ct: Ciphertext) -> tuple[Ciphertext, RefreshMask]:
+    def mask_for_refresh(self, ct: Ciphertext, fold: bool = False) -> tuple[Ciphertext, RefreshMask]:
         """Server: add a fresh uniform integer mask polynomial (``params.mask_bits`` bits, from
-        the OS CSPRNG) to the plaintext of ``ct`` and re-randomize it: the result may leave."""
+        the OS CSPRNG) to the plaintext of ``ct`` and re-randomize it: the result may leave.
+        ``fold``: it leaves folded (``serialize_folded_refresh``, which re-randomizes in the ring
+        of N/2 and drops the odd coefficients): the mask is a polynomial in X² and the big
+        ring's re-randomization, whose noise would only add to h'', is left out."""
 
     @abc.abstractmethod
     def unmask_refresh(self, ct: Ciphertext, mask: RefreshMask) -> Ciphertext:
@@ -398,7 +401,8 @@ class HEBackend(abc.ABC):
 
     def _new_fold_key(self) -> None:
         """Client (end of ``generate_keys``): a fresh secret of the ring of N/2 and the key that
-        switches level-0 ciphertexts to it, exported as ``PublicMaterial.fold_key``."""
+        switches ciphertexts at levels 0..``ring_switch.TOP_LEVEL`` to it, exported as
+        ``PublicMaterial.fold_key``."""
         self._fold_secret, self._fold_key_bytes = ring_switch.make_key(self.params, self._secret_coefficients())
 
     def _import_fold_key(self, data: bytes) -> None:
@@ -410,35 +414,71 @@ class HEBackend(abc.ABC):
         """Server: whether ``serialize_folded`` can run (the client sent a fold key)."""
         return self._fold_key is not None
 
-    def serialize_folded(self, ct: Ciphertext, noise_log2: float) -> bytes:
-        """Server: ``ct`` at level 0, folded into the ring of N/2 (slot j holds slots j and
-        j + S/2 summed), re-randomized and flooded there with the noise per slot a download
-        flooded at ``2^noise_log2`` coefficient units holds, rounded: ready to leave."""
+    def _fold(self, ct: Ciphertext, noise_log2: float | None, round_log2: float | None = None) -> bytes:
         if self._fold_key is None:
             raise HEError("no fold key: the client's public material holds none")
-        ct = self.mod_switch_to(ct, 0) if self.level(ct) > 0 else ct
-        return ring_switch.fold(self.params, self._fold_key, self._level0_coefficients(ct), self.scale(ct), noise_log2)
+        if self.level(ct) > ring_switch.TOP_LEVEL:
+            ct = self.mod_switch_to(ct, ring_switch.TOP_LEVEL)
+        return ring_switch.fold(self.params, self._fold_key, self._fold_coefficients(ct), self.level(ct),
+                                self.scale(ct), noise_log2, round_log2)
+
+    def serialize_folded(self, ct: Ciphertext, noise_log2: float) -> bytes:
+        """Server: a download (at level ``ring_switch.TOP_LEVEL`` or below, switched there
+        otherwise) folded into the ring of N/2 (slot j holds slots j and j + S/2 summed),
+        re-randomized and flooded there with the noise per slot a download flooded at
+        ``2^noise_log2`` coefficient units holds, rounded: ready to leave."""
+        return self._fold(ct, noise_log2)
+
+    def serialize_folded_refresh(self, ct: Ciphertext, round_log2: float) -> bytes:
+        """Server: a masked refresh (``mask_for_refresh(fold=True)``: a polynomial in X²) folded
+        into the ring of N/2 as the polynomial itself (slot j holds the mean of slots j and
+        j + S/2, which are equal), re-randomized there, not flooded (the mask hides it), rounded
+        above ``2^round_log2`` coefficient units: ready to leave."""
+        return self._fold(ct, None, round_log2)
 
     def is_folded(self, data: bytes) -> bool:
         """Client: whether a download's bytes are a folded one (``decrypt_folded``)."""
         return ring_switch.is_folded(data)
 
-    def decrypt_folded(self, data: bytes) -> tuple[np.ndarray, float]:
-        """Client: a folded download's S/2 slots and its scale; ``CiphertextError`` if malformed."""
+    def _fold_secret_or_raise(self) -> ring_switch.FoldSecret:
         if self._fold_secret is None:
             raise HEError("no fold secret: this backend made no keys")
+        return self._fold_secret
+
+    def decrypt_folded(self, data: bytes) -> tuple[np.ndarray, float]:
+        """Client: a folded download's S/2 slots and its scale; ``CiphertextError`` if malformed."""
         try:
-            return ring_switch.decrypt(self.params, self._fold_secret, data)
+            return ring_switch.decrypt(self.params, self._fold_secret_or_raise(), data)
         except ring_switch.FoldError as e:
             raise CiphertextError(str(e)) from None
+
+    def refresh_reencrypt_folded_to_bytes(self, data: bytes, level: int | None = None) -> bytes:
+        """Client: a folded masked refresh -> its polynomial g(Y), exactly, re-encrypted as g(X²)
+        at ``level`` (default top) and the same scale, in the upload form (the counterpart of
+        ``refresh_reencrypt_to_bytes``); ``CiphertextError`` if malformed."""
+        try:
+            g, from_level, scale = ring_switch.decrypt_residues(self.params, self._fold_secret_or_raise(), data)
+        except ring_switch.FoldError as e:
+            raise CiphertextError(str(e)) from None
+        residues = np.zeros((g.shape[0], self.params.poly_modulus_degree), dtype=np.int64)
+        residues[:, 0::2] = g
+        return self._encrypt_residues_to_bytes(residues, from_level, self._top_or(level), scale)
+
+    def _top_or(self, level: int | None) -> int:
+        return self.params.top_level if level is None else level
 
     def _secret_coefficients(self) -> np.ndarray:
         """Client: the secret key's N ternary coefficients (int64), for the fold key only."""
         raise HEError(f"the {self.name} backend cannot make a fold key")
 
-    def _level0_coefficients(self, ct: Ciphertext) -> np.ndarray:
-        """Server: a level-0 ciphertext's two polynomials' coefficients mod q0, ``[2, N]``."""
+    def _fold_coefficients(self, ct: Ciphertext) -> np.ndarray:
+        """Server: a size-2 ciphertext's coefficient residues ``[2, level + 1, N]``."""
         raise HEError(f"the {self.name} backend cannot fold")
+
+    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:
+        """Client: the integer polynomial with these coefficient residues ``[from_level + 1, N]``
+        (centred mod the level's modulus) encrypted at ``level``, ``scale``, in the upload form."""
+        raise HEError(f"the {self.name} backend cannot re-encrypt a folded refresh")
 
 
 #: name -> (module, class, production?). Modules are imported on first use: SEAL's bindings
@@ -565,6 +605,11 @@ class RowBatch:
     def serialize_folded(self, ct: Ciphertext, noise_log2: float) -> list[bytes]:
         """One folded download per row, each under its row's fold key."""
         return [be.serialize_folded(row, noise_log2) for be, row in zip(self.row_backends, self.unstack(ct), strict=True)]
+
+    def serialize_folded_refresh(self, ct: Ciphertext, round_log2: float) -> list[bytes]:
+        """One folded masked refresh per row, each under its row's fold key."""
+        return [be.serialize_folded_refresh(row, round_log2)
+                for be, row in zip(self.row_backends, self.unstack(ct), strict=True)]
 
     def deserialize(self, data, **kw) -> Ciphertext:
         raise HEError("a batch loads each row with its session's backend, then stacks")

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from veil.crypto import ring_switch
 from veil.crypto.backend import (
     Ciphertext,
     CiphertextError,
@@ -123,13 +124,30 @@ class PlainBackend(HEBackend):
     def can_fold(self) -> bool:
         return not self._secret and self._fold_key_bytes == _FOLD_KEY
 
-    def serialize_folded(self, ct, noise_log2: float) -> bytes:
+    def _folded(self, ct, noise_log2: float | None) -> bytes:
         if not self.can_fold:
             raise HEError("no fold key: the client's public material holds none")
-        # each half flooded at 2^-1/2 of the std, so that their sum holds the noise the ring of N/2 gives it
-        x = self._unwrap(self.rerandomize(self.mod_switch_to(ct, 0) if self.level(ct) else ct, noise_log2 - 0.5))
-        half = self._slots // 2
-        return _HEADER.pack(_FOLD_MAGIC, self._tag, 0, 2, x.scale) + (x.values[:half] + x.values[half:]).astype("<f8").tobytes()
+        if self.level(ct) > ring_switch.TOP_LEVEL:
+            ct = self.mod_switch_to(ct, ring_switch.TOP_LEVEL)
+        if noise_log2 is None:  # a masked refresh: the halves' mean, i.e. the X²-polynomial itself
+            x = self._unwrap(ct)
+            half = self._slots // 2
+            out = (x.values[:half] + x.values[half:]) / 2
+        else:  # each half flooded at 2^-1/2 of the std: their sum holds the noise the ring of N/2 gives it
+            x = self._unwrap(self.rerandomize(ct, noise_log2 - 0.5))
+            half = self._slots // 2
+            out = x.values[:half] + x.values[half:]
+        return _HEADER.pack(_FOLD_MAGIC, self._tag, x.level, 2, x.scale) + out.astype("<f8").tobytes()
+
+    def serialize_folded(self, ct, noise_log2: float) -> bytes:
+        return self._folded(ct, noise_log2)
+
+    def serialize_folded_refresh(self, ct, round_log2: float) -> bytes:
+        return self._folded(ct, None)
+
+    def refresh_reencrypt_folded_to_bytes(self, data: bytes, level=None) -> bytes:
+        values, scale = self.decrypt_folded(data)
+        return self.encrypt_to_bytes(np.tile(values, 2), level, scale)
 
     def is_folded(self, data: bytes) -> bool:
         return bytes(data[:4]) == _FOLD_MAGIC
@@ -284,8 +302,8 @@ class PlainBackend(HEBackend):
         return self._wrap(np.roll(x.values, -step, axis=-1), x.level, x.scale, x.size)
 
     # ---- server: refresh and circuit privacy -------------------------------------------------
-    def mask_for_refresh(self, ct) -> tuple[Ciphertext, RefreshMask]:
-        ct = self.rerandomize(ct, float("-inf"))
+    def mask_for_refresh(self, ct, fold: bool = False) -> tuple[Ciphertext, RefreshMask]:
+        ct = ct if fold else self.rerandomize(ct, float("-inf"))
         x = self._unwrap(ct)
         need = self.params.min_mask_level(x.scale)
         if x.level < need:
@@ -293,6 +311,8 @@ class PlainBackend(HEBackend):
         raw = (urandom_u64(self._slots * math.prod(self._rows)) >> np.uint64(64 - _MASK_SLOT_BITS - 1)).astype(np.float64)
         raw = raw.reshape(self._rows + (self._slots,))
         mask = raw - 2.0**_MASK_SLOT_BITS
+        if fold:  # a polynomial in X²: slots that repeat every S/2
+            mask[..., self._slots // 2 :] = mask[..., : self._slots // 2]
         return (self._wrap(x.values + mask, x.level, x.scale),
                 RefreshMask(self.params.id, self.params.mask_bits(x.scale), mask, x.scale))
 

@@ -1,34 +1,41 @@
-"""Folded downloads: a level-0 ciphertext sent in the ring of N/2, its two slot halves summed.
+"""Folded downloads: a ciphertext at level 0 or 1 sent in the ring of N/2, its two slot halves summed.
 
 Why: a download whose values fit ``S/2`` slots (the MLP download: û in ``[0, 2F)``, 3072 of
-8192 slots) still travels as two polynomials of N coefficients. Its fold, the polynomial
-``m(X) + m(-X)``, has only even coefficients: it is ``2·m_e(X²)``, a polynomial of the ring of
-N/2 in ``Y = X²``, and its slots are ``v_j + v_{j + S/2}``. Slot ``j`` of the big ring is
-``m(ζ^(3^j))`` and ``3^(N/4) = 1 + N (mod 2N)``, so slot ``j + S/2`` sits at ``-ζ^(3^j)``;
-slot ``j`` of the small ring, at ``ζ^(2·3^j)``, is ``m_e`` there, the mean of the two.
+8192 slots; the final h_L in ``[0, d)``) or repeat every ``S/2`` slots (the masked refresh of
+h'', in the hidden layout's two frames) still travels as two polynomials of N coefficients.
+Its fold, the polynomial ``m(X) + m(-X)``, has only even coefficients: it is ``2·m_e(X²)``, a
+polynomial of the ring of N/2 in ``Y = X²``, and its slots are ``v_j + v_{j + S/2}``. Slot ``j``
+of the big ring is ``m(ζ^(3^j))`` and ``3^(N/4) = 1 + N (mod 2N)``, so slot ``j + S/2`` sits at
+``-ζ^(3^j)``; slot ``j`` of the small ring, at ``ζ^(2·3^j)``, is ``m_e`` there, the mean of the
+two. A download sends ``2·m_e`` (the sum); a masked refresh sends ``m_e`` itself, which for a
+polynomial in X² is the polynomial: the client re-encrypts ``m_e(X²)``, exactly what the server
+masked.
 
 The client keeps a second secret ``s'`` of the small ring and gives the server a key that
-switches a level-0 ciphertext from ``s`` to ``s'(X²)`` (``(b, a)`` over ``p·q0`` with
-``b = -a·s'(X²) + e + p·s``: one digit, the level-0 key switch). The server switches
-``(c0, c1)``, keeps the even coefficients of both components, doubles them (the fold), and
-re-randomizes and floods the result in the small ring under ``s'`` (a public key
-``(-a'·s' + e', a')`` mod q0 that comes with the switching key), then rounds it as every
-flooded download is rounded (``crypto/rounding.py``). The client decrypts with ``s'`` and
-decodes N/4 slots. What the server computed is a public function of its ciphertext and the
-client's key, followed by a fresh encryption of zero and flooding: circuit privacy holds as for
-the full ring's download. The flooding std is ``2^(noise_log2 + 1/2)``: a slot of the small ring
-sums N/2 coefficients' noise, so that keeps the noise per slot of the full ring's download.
+switches a ciphertext at level ``l <= TOP_LEVEL`` from ``s`` to ``s'(X²)``: one digit per prime
+(``(b_i, a_i)`` over ``[p, q0, q1]`` with ``b_i = -a_i·s'(X²) + e_i + p·s·[q_i]``, where ``[q_i]``
+is 1 mod q_i and 0 mod the other primes: the hybrid key switch of the backends with single-prime
+digits; at level 0 digit 0 over ``[p, q0]`` alone). The server switches ``(c0, c1)``, keeps the
+even coefficients of both components, doubles them for a download, and re-randomizes the
+result in the small ring under ``s'`` (a public key ``(-a'·s' + e', a')`` mod ``p·q0·q1`` that
+comes with the switching key; the encryption of zero joins the key switch before its division by
+``p``, which divides its noise too), flooding a download and rounding it as every flooded download is
+rounded (``crypto/rounding.py``). The client decrypts with ``s'``. What the server computed is a
+public function of its ciphertext and the client's key, followed by a fresh encryption of zero
+(and flooding, or the refresh's mask): circuit privacy holds as for the full ring's download. The
+flooding std is ``2^(noise_log2 + 1/2)``: a slot of the small ring sums N/2 coefficients' noise,
+so that keeps the noise per slot of the full ring's download.
 
-Security: the switching key is two RLWE samples of the ring of N/2 in ``s'`` (its even and odd
-coefficients) over ``p·q0`` (114 bits for ckks-n16384-l7-v2), the public key one over ``q0``;
-the HE Standard allows 218 bits at N = 8192. ``s'``, ``e``, ``e'``, the seeds and all
-re-randomization and flooding noise come from the OS CSPRNG (``native.sampling``).
+Security: the switching key is, per digit, two RLWE samples of the ring of N/2 in ``s'`` (its
+even and odd coefficients) over ``p·q0·q1`` (169 bits for ckks-n16384-l7-v2), the public key one
+over the same modulus; the HE Standard allows 218 bits at N = 8192. ``s'``, the ``e``, the
+seeds and all re-randomization and flooding noise come from the OS CSPRNG (``native.sampling``).
 
-Wire forms (little endian)::
+Wire forms (little endian; ``L = TOP_LEVEL``)::
 
-    key:      b"VFK1" | 32-byte seed of a | b over [p, q0] (N each, bit-packed)
-              | 32-byte seed of a' | b' over [q0] (N/2, bit-packed)
-    download: b"VFD1" | a rounded ciphertext of the ring of N/2 at level 0 (rounding's form)
+    key:      b"VFK2" | 32-byte seed of the a_i | b_0 .. b_L, each over [p, q0..qL] (N each,
+              bit-packed) | 32-byte seed of a' | b' over [p, q0..qL] (N/2, bit-packed)
+    download: b"VFD1" | a rounded ciphertext of the ring of N/2 at its level (rounding's form)
 """
 
 from __future__ import annotations
@@ -47,11 +54,13 @@ from veil.crypto.native.sampling import SEED_BYTES, Stream, expand_uniform, new_
 from veil.crypto.native.serial import SerialError, pack, unpack
 from veil.crypto.params import CkksParams
 
-__all__ = ["KEY_MAGIC", "MAGIC", "FoldKey", "FoldSecret", "FoldError", "is_folded", "make_key", "load_key",
-           "fold", "decrypt", "key_bytes"]
+__all__ = ["KEY_MAGIC", "MAGIC", "TOP_LEVEL", "FoldKey", "FoldSecret", "FoldError", "is_folded", "make_key",
+           "load_key", "fold", "decrypt", "decrypt_residues", "centred_ints", "key_bytes"]
 
-KEY_MAGIC, MAGIC = b"VFK1", b"VFD1"
-_TAG_KEY, _TAG_PK = 0x464B, 0x4650  # stream nonces of the two seeds' expansions
+KEY_MAGIC, MAGIC = b"VFK2", b"VFD1"
+#: The highest level the key switches from: the masked refresh's and the final download's.
+TOP_LEVEL = 1
+_TAG_KEY, _TAG_PK = 0x464B, 0x4650  # stream nonces of the two seeds' expansions (+ digit)
 
 
 class FoldError(ValueError):
@@ -61,40 +70,53 @@ class FoldError(ValueError):
 @dataclass(frozen=True)
 class _Rings:
     n: int
-    q: int  # q0: the only prime of level 0
+    qs: tuple[int, ...]  # q0 .. q_level
     p: int  # the special prime
-    big: NttTables  # [p, q0] at N
-    small: NttTables  # [q0] at N/2
+    big: NttTables  # [p, *qs] at N
+    small: NttTables  # qs at N/2
+    small_p: NttTables  # [p, *qs] at N/2: the public key's
     encoder: Encoder  # the ring of N/2
 
+    @property
+    def primes(self) -> tuple[int, ...]:
+        return (self.p, *self.qs)
 
-@functools.lru_cache(maxsize=4)
-def _rings(n: int, q: int, p: int) -> _Rings:
-    return _Rings(n, q, p, NttTables(Basis.of((p, q)), n), NttTables(Basis.of((q,)), n // 2), Encoder(n // 2))
+
+@functools.lru_cache(maxsize=8)
+def _rings(n: int, qs: tuple[int, ...], p: int) -> _Rings:
+    return _Rings(n, qs, p, NttTables(Basis.of((p, *qs)), n), NttTables(Basis.of(qs), n // 2),
+                  NttTables(Basis.of((p, *qs)), n // 2), Encoder(n // 2))
 
 
-def _of(params: CkksParams) -> _Rings:
-    return _rings(params.poly_modulus_degree, int(params.primes[0]), int(params.primes[-1]))
+def _of(params: CkksParams, level: int = TOP_LEVEL) -> _Rings:
+    if not 0 <= level <= TOP_LEVEL:
+        raise FoldError(f"a fold switches levels 0..{TOP_LEVEL}, not {level}")
+    return _rings(params.poly_modulus_degree, tuple(int(q) for q in params.primes[: level + 1]), int(params.primes[-1]))
 
 
 @dataclass(frozen=True)
 class FoldSecret:
-    """Client: ``s'`` in NTT form of the small ring ``[1, N/2]``."""
+    """Client: ``s'`` in NTT form of the small ring ``[TOP_LEVEL + 1, N/2]``."""
 
     s: torch.Tensor
 
 
 @dataclass(frozen=True)
 class FoldKey:
-    """Server: the switching key ``(b, a)`` ``[2, 2 limbs (p, q0), N]`` and the small ring's public
-    key ``(b', a')`` ``[2, 1, N/2]``, both in NTT form."""
+    """Server: the switching key, digit by digit, ``[TOP_LEVEL + 1, 2 (b, a), TOP_LEVEL + 2 limbs
+    (p, q0..), N]``, and the small ring's public key ``(b', a')`` ``[2, TOP_LEVEL + 1, N/2]``,
+    over ``[p, q0..]`` too, all in NTT form."""
 
     switch: torch.Tensor
     public: torch.Tensor
 
 
+def _bits(primes) -> int:
+    return sum(q.bit_length() for q in primes)
+
+
 def _key_len(r: _Rings) -> int:
-    return 4 + 2 * SEED_BYTES + (r.n * (r.p.bit_length() + r.q.bit_length()) + r.n // 2 * r.q.bit_length()) // 8
+    return 4 + 2 * SEED_BYTES + (len(r.qs) * r.n + r.n // 2) * _bits(r.primes) // 8
 
 
 def key_bytes(params: CkksParams) -> int:
@@ -104,6 +126,10 @@ def key_bytes(params: CkksParams) -> int:
 
 def _error(stream: Stream, n: int) -> torch.Tensor:
     return torch.from_numpy(stream.cbd(n))
+
+
+def _digit_a(seed: bytes, r: _Rings, digit: int) -> torch.Tensor:
+    return torch.from_numpy(expand_uniform(seed, r.primes, tuple(range(len(r.primes))), r.n, _TAG_KEY + digit))
 
 
 def make_key(params: CkksParams, s_coeffs: np.ndarray) -> tuple[FoldSecret, bytes]:
@@ -118,18 +144,24 @@ def make_key(params: CkksParams, s_coeffs: np.ndarray) -> tuple[FoldSecret, byte
     s_even = torch.zeros(r.n, dtype=torch.int64)
     s_even[0::2] = s_small  # s'(X²)
     basis = r.big.basis
-    seed = new_seed()
-    a = torch.from_numpy(expand_uniform(seed, (r.p, r.q), (0, 1), r.n, _TAG_KEY))
-    gadget = torch.tensor([[0], [r.p % r.q]], dtype=torch.int64)  # p·s: zero mod p
-    ps = basis.mul(r.big.lift(s), gadget.expand(2, r.n))
-    b = basis.add(basis.sub(r.big.lift(_error(stream, r.n)), basis.mul(a, r.big.lift(s_even))), ps)
+    seed, s_big, s_x2 = new_seed(), r.big.lift(s), r.big.lift(s_even)
+    parts = [KEY_MAGIC, seed]
+    for i, q in enumerate(r.qs):
+        gadget = torch.zeros(len(r.primes), 1, dtype=torch.int64)
+        gadget[1 + i] = r.p % q  # p·s in digit i's own residue only
+        a = _digit_a(seed, r, i)
+        b = basis.add(basis.sub(r.big.lift(_error(stream, r.n)), basis.mul(a, s_x2)),
+                      basis.mul(s_big, gadget.expand(-1, r.n)))
+        parts.append(pack(b, r.primes))
     pk_seed = new_seed()
-    a2 = torch.from_numpy(expand_uniform(pk_seed, (r.q,), (0,), r.n // 2, _TAG_PK))
-    sb = r.small.basis
-    s_ntt = r.small.lift(s_small)
-    b2 = sb.sub(r.small.lift(_error(stream, r.n // 2)), sb.mul(a2, s_ntt))
-    data = KEY_MAGIC + seed + pack(b, (r.p, r.q)) + pk_seed + pack(b2, (r.q,))
-    return FoldSecret(s_ntt), data
+    sp = r.small_p
+    b2 = sp.basis.sub(sp.lift(_error(stream, r.n // 2)), sp.basis.mul(_public_a(pk_seed, r), sp.lift(s_small)))
+    parts += [pk_seed, pack(b2, r.primes)]
+    return FoldSecret(r.small.lift(s_small)), b"".join(parts)
+
+
+def _public_a(seed: bytes, r: _Rings) -> torch.Tensor:
+    return torch.from_numpy(expand_uniform(seed, r.primes, tuple(range(len(r.primes))), r.n // 2, _TAG_PK))
 
 
 def load_key(params: CkksParams, data: bytes) -> FoldKey:
@@ -138,60 +170,104 @@ def load_key(params: CkksParams, data: bytes) -> FoldKey:
     data = bytes(data)
     if len(data) != _key_len(r) or data[:4] != KEY_MAGIC:
         raise FoldError(f"a fold key of {params.id} is {_key_len(r)} bytes starting {KEY_MAGIC!r}")
-    big = r.n * (r.p.bit_length() + r.q.bit_length()) // 8
-    pos = 4 + SEED_BYTES
+    digit = r.n * _bits(r.primes) // 8
+    seed, pos = data[4 : 4 + SEED_BYTES], 4 + SEED_BYTES
+    keys = []
     try:
-        b = unpack(data[pos : pos + big], 1, (r.p, r.q), r.n, torch.device("cpu"))[0]
-        b2 = unpack(data[pos + big + SEED_BYTES :], 1, (r.q,), r.n // 2, torch.device("cpu"))[0]
+        for i in range(len(r.qs)):
+            b = unpack(data[pos : pos + digit], 1, r.primes, r.n, torch.device("cpu"))[0]
+            keys.append(torch.stack((b, _digit_a(seed, r, i))))
+            pos += digit
+        b2 = unpack(data[pos + SEED_BYTES :], 1, r.primes, r.n // 2, torch.device("cpu"))[0]
     except SerialError as e:
         raise FoldError(f"fold key: {e}") from None
-    a = torch.from_numpy(expand_uniform(data[4:pos], (r.p, r.q), (0, 1), r.n, _TAG_KEY))
-    a2 = torch.from_numpy(expand_uniform(data[pos + big : pos + big + SEED_BYTES], (r.q,), (0,), r.n // 2, _TAG_PK))
-    return FoldKey(torch.stack((b, a)), torch.stack((b2, a2)))
+    return FoldKey(torch.stack(keys), torch.stack((b2, _public_a(data[pos : pos + SEED_BYTES], r))))
 
 
 def is_folded(data: bytes) -> bool:
     return bytes(data[:4]) == MAGIC
 
 
-def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, scale: float, noise_log2: float) -> bytes:
-    """Server: a level-0 ciphertext's coefficient residues ``[2, N]`` (mod q0, in ``[0, q0)``) ->
-    the folded download (see the module docstring)."""
-    r = _of(params)
-    c = torch.as_tensor(np.asarray(coeffs, dtype=np.int64)).reshape(2, r.n)
-    basis, q = r.big.basis, r.q
-    # c1 centred, lifted to [p, q0]; times (b, a); back to coefficients; ModDown by p
-    c1 = r.big.lift(torch.where(c[1] > q // 2, c[1] - q, c[1]))
-    t = r.big.inverse(basis.mul(c1.unsqueeze(0), key.switch))  # [2, 2, N]
-    t_p = torch.where(t[:, 0] > r.p // 2, t[:, 0] - r.p, t[:, 0])
-    diff = torch.remainder(t[:, 1] - t_p, q).reshape(1, -1)
-    down = r.small.basis.mul(diff, torch.full_like(diff, pow(r.p, -1, q))).reshape(2, r.n)  # times p^-1 mod q0
-    even = torch.stack((c[0, 0::2] + down[0, 0::2], down[1, 0::2]))
-    folded = torch.remainder(2 * even, q)  # m(X) + m(-X) = 2 m_e(X²)
-    # a fresh encryption of zero under s', and the flooding, in the small ring
-    stream, half = Stream(), r.n // 2
-    v = r.small.lift(torch.from_numpy(stream.ternary(half)))
-    zero = r.small.inverse(r.small.basis.mul(v.unsqueeze(0), key.public))[:, 0]  # [2, N/2]
-    noise = torch.from_numpy(np.stack((stream.cbd(half) + stream.gaussian(half, 2.0 ** (noise_log2 + 0.5)),
-                                       stream.cbd(half))))
-    out = torch.remainder(folded + zero + noise, q)
-    bits = rounding.bits_for((q,), noise_log2 + 0.5)
-    return MAGIC + rounding.round_to_bytes(out.numpy().astype(np.uint64).reshape(2, 1, half), (q,), 0, scale, bits)
+def _centre(x: torch.Tensor, q: int) -> torch.Tensor:
+    return torch.where(x > q // 2, x - q, x)
+
+
+def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale: float,
+         noise_log2: float | None, round_log2: float | None = None) -> bytes:
+    """Server: a ciphertext's coefficient residues ``[2, level + 1, N]`` (in ``[0, q)``) -> the
+    folded download. ``noise_log2`` (a download): the even part doubled (the slot halves'
+    sum), flooded at ``2^(noise_log2 + 1/2)`` and rounded above that floor; ``None`` (a masked
+    refresh): the even part itself, not flooded, rounded above ``2^round_log2``."""
+    if noise_log2 is None and round_log2 is None:
+        raise ValueError("an unflooded fold needs the floor to round to")
+    r = _of(params, level)
+    c = torch.as_tensor(np.asarray(coeffs, dtype=np.int64)).reshape(2, level + 1, r.n)
+    basis, limbs, half = r.big.basis, level + 2, r.n // 2
+    # each digit c1 mod q_i, centred, lifted to [p, q0..] and times its key; back to coefficients
+    acc = None
+    for i, qi in enumerate(r.qs):
+        term = basis.mul(r.big.lift(_centre(c[1, i], qi)).unsqueeze(0), key.switch[i, :, :limbs])
+        acc = term if acc is None else basis.add(acc, term)
+    t = r.big.inverse(acc)  # [2, level + 2, N]
+    # a fresh encryption of zero under s'(X²) (the small ring's, on the even coefficients), over
+    # p·Q like the key switch, so that the ModDown divides its noise by p (as SEAL encrypts at
+    # the key level and switches down): it re-randomizes c1 and adds almost no noise
+    stream, sp = Stream(), r.small_p
+    v = sp.lift(torch.from_numpy(stream.ternary(half)))
+    zero = sp.inverse(sp.basis.mul(v.unsqueeze(0), key.public[:, :limbs]))  # [2, level + 2, N/2]
+    errors = torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))).unsqueeze(1)
+    t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, _col(r.primes))
+    # ModDown by p, then keep the even coefficients of c0 + ks0 and ks1
+    q = _col(r.qs)
+    diff = torch.remainder(t[:, 1:, 0::2] - _centre(t[:, :1, 0::2], r.p), q)
+    down = r.small.basis.mul(diff, torch.tensor([pow(r.p, -1, qi) for qi in r.qs]).view(-1, 1).expand(-1, half))
+    even = torch.stack((c[0, :, 0::2] + down[0], down[1]))  # [2, level + 1, N/2]
+    if noise_log2 is not None:  # a download: m(X) + m(-X) = 2 m_e(X²), flooded
+        even = 2 * even
+        even[0] += torch.from_numpy(stream.gaussian(half, 2.0 ** (noise_log2 + 0.5)))
+    out = torch.remainder(even, q)
+    bits = rounding.bits_for(r.qs, noise_log2 + 0.5 if noise_log2 is not None else round_log2)
+    return MAGIC + rounding.round_to_bytes(out.numpy().astype(np.uint64), r.qs, level, scale, bits)
+
+
+def _col(primes: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(primes, dtype=torch.int64).view(-1, 1)
+
+
+def decrypt_residues(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.ndarray, int, float]:
+    """Client: a folded ciphertext -> (its plaintext polynomial's residues ``[level + 1, N/2]``
+    in coefficient form, ``[0, q)``; its level; its scale). ``FoldError`` if the bytes are not a
+    well-formed folded ciphertext of this parameter set."""
+    data = bytes(data)
+    if not is_folded(data):
+        raise FoldError("not a folded download")
+    half = params.poly_modulus_degree // 2
+    primes_of = lambda lv: _of(params, lv).qs if 0 <= lv <= TOP_LEVEL else None  # noqa: E731
+    try:
+        level, polys, bits, scale, body = rounding.parse(data[4:], half, primes_of)
+    except rounding.RoundedError as e:
+        raise FoldError(str(e)) from None
+    r = _of(params, level)
+    if polys != 2:
+        raise FoldError("a folded ciphertext has two polynomials")
+    c = torch.from_numpy(rounding.unround(body, polys, half, r.qs, bits).astype(np.int64))  # [2, L, N/2]
+    sb = r.small.basis
+    m = sb.add(c[0], r.small.inverse(sb.mul(r.small.forward(c[1]), secret.s[: level + 1])))
+    return m.numpy(), level, scale
+
+
+def centred_ints(residues: np.ndarray, primes: tuple[int, ...]) -> np.ndarray:
+    """Residues ``[L, n]`` -> the centred integers mod their product (numpy object array)."""
+    x, modulus = np.zeros(residues.shape[-1], dtype=object), 1
+    for row, q in zip(residues, primes, strict=True):  # Garner: x += M * ((r - x) / M mod q)
+        t = ((row.astype(object) - x) * pow(modulus, -1, q)) % q
+        x, modulus = x + modulus * t, modulus * q
+    return np.where(x > modulus // 2, x - modulus, x)
 
 
 def decrypt(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.ndarray, float]:
     """Client: a folded download -> (its N/4 slots, decoded; its scale). ``FoldError`` if the bytes
     are not a well-formed folded download of this parameter set."""
-    r = _of(params)
-    data = bytes(data)
-    if not is_folded(data):
-        raise FoldError("not a folded download")
-    half = r.n // 2
-    try:
-        _, polys, bits, scale, body = rounding.parse(data[4:], half, lambda lv: (r.q,) if lv == 0 else None)
-    except rounding.RoundedError as e:
-        raise FoldError(str(e)) from None
-    c = torch.from_numpy(rounding.unround(body, polys, half, (r.q,), bits).astype(np.int64))  # [2, 1, N/2]
-    sb = r.small.basis
-    m = sb.add(c[0], r.small.inverse(sb.mul(r.small.forward(c[1]), secret.s)))
-    return r.encoder.decode(sb.center(m)[0].numpy().astype(np.float64), scale), scale
+    m, level, scale = decrypt_residues(params, secret, data)
+    coeffs = centred_ints(m, _of(params, level).qs).astype(np.float64)
+    return _of(params, level).encoder.decode(coeffs, scale), scale

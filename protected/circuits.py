@@ -26,6 +26,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from veil.crypto import ring_switch
 from veil.crypto.backend import Ciphertext, Plaintext
 from veil.crypto.linear import (
     EncodedMatrix,
@@ -40,6 +41,7 @@ from veil.crypto.linear import (
 from veil.protected.batch import rows_of, stack_matrices
 from veil.protected.layouts import (
     BLOCK,
+    HIDDEN_FRAMES,
     SCORES_DIV,
     SIGMA_DIV,
     LayoutDims,
@@ -217,7 +219,8 @@ class Circuit:
 
     def download(self, ct: Ciphertext, level: int, fold: bool = False) -> bytes:
         """Switched to ``level``, re-randomized and flooded, serialized: ready to leave. ``fold``
-        (level 0): folded into the ring of N/2 first, and flooded there (``crypto/ring_switch.py``)."""
+        (``level <= ring_switch.TOP_LEVEL``): folded into the ring of N/2 first, and flooded there
+        (``crypto/ring_switch.py``)."""
         be = self.be
         ct = be.mod_switch_to(ct, level) if be.level(ct) > level else ct
         flood = float(np.log2(be.scale(ct))) - FLOOD_BELOW_SCALE
@@ -226,11 +229,24 @@ class Circuit:
         # the flooding noise is the floor: the coefficients travel rounded to the bits above it
         return be.serialize(be.rerandomize(ct, flood), noise_log2=flood)
 
+    def _folds(self, level: int) -> bool:
+        return self.be.can_fold and level <= ring_switch.TOP_LEVEL
+
     def folds_mlp(self) -> bool:
         """Whether the MLP download leaves folded into the ring of N/2 (``crypto/ring_switch.py``,
-        half the bytes): the client sent a fold key, the download is at level 0, and its slots
-        ``[0, 2F]`` lie in the first half, so that the fold adds only σ' slots onto them."""
-        return self.be.can_fold and self.levels.mlp_download == 0 and 2 * self.dims.ffn < self.dims.slots // 2
+        half the bytes): the client sent a fold key, the download's level is one the key
+        switches, and its slots ``[0, 2F]`` lie in the first half, so that the fold adds only σ'
+        slots onto them."""
+        return self._folds(self.levels.mlp_download) and 2 * self.dims.ffn < self.dims.slots // 2
+
+    def folds_refresh(self) -> bool:
+        """Whether the masked refresh leaves folded (half the bytes): h'' is in the hidden layout,
+        whose slots repeat every S/2 (a polynomial in X²), so the fold's even part is h'' itself."""
+        return self._folds(self.levels.refresh) and self.dims.frame * HIDDEN_FRAMES == self.dims.slots
+
+    def folds_final(self) -> bool:
+        """Whether h_L leaves folded: it is cleaned to ``[0, d)``, in the first half."""
+        return self._folds(self.levels.final_download) and self.dims.d <= self.dims.slots // 2
 
     def mlp_download(self, u: Ciphertext, h_prime: Ciphertext) -> bytes:
         """The MLP download (``mlp_statistics``), folded where ``folds_mlp``: then σ' rides in every
@@ -239,9 +255,22 @@ class Circuit:
         fold = self.folds_mlp()
         return self.download(self.mlp_statistics(u, h_prime, 0.5 if fold else 1.0), self.levels.mlp_download, fold)
 
+    def mask_for_refresh(self, h: Ciphertext):
+        """h'' (2) -> (h'' + ρ at the refresh level and scale, ρ): ``to_refresh``, then the mask,
+        the one ``masked_download`` needs (a polynomial in X² where the refresh folds)."""
+        return self.be.mask_for_refresh(self.to_refresh(h), fold=self.folds_refresh())
+
     def masked_download(self, masked: Ciphertext) -> bytes:
-        """A masked refresh (already re-randomized), rounded as ``REFRESH_ROUND_BELOW_SCALE`` says."""
-        return self.be.serialize(masked, noise_log2=float(np.log2(self.be.scale(masked))) - REFRESH_ROUND_BELOW_SCALE)
+        """A masked refresh, folded where ``folds_refresh`` (re-randomized there), else already
+        re-randomized; rounded as ``REFRESH_ROUND_BELOW_SCALE`` says."""
+        floor = float(np.log2(self.be.scale(masked))) - REFRESH_ROUND_BELOW_SCALE
+        if self.folds_refresh():
+            return self.be.serialize_folded_refresh(masked, floor)
+        return self.be.serialize(masked, noise_log2=floor)
+
+    def final_download(self, h_prime: Ciphertext, down: Ciphertext) -> bytes:
+        """h_L (``final``) ready to leave, folded where ``folds_final``."""
+        return self.download(self.final(h_prime, down), self.levels.final_download, self.folds_final())
 
     # ---- TOKEN / REFRESHED -> SCORES -----------------------------------------------------------
     def qkv(self, y: Ciphertext, t: int, want_q: bool):

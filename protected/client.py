@@ -172,12 +172,15 @@ class ProtectedClientState:
 
     def on_refresh(self, msg: ProtectedMessage) -> ProtectedMessage:
         """REFRESH -> REFRESHED: h'' + ρ decrypted as an integer polynomial (never decoded) and
-        re-encrypted at the layer-start level; the server subtracts ρ."""
+        re-encrypted at the layer-start level; the server subtracts ρ. A folded refresh is that
+        polynomial's even part g(Y), re-encrypted as g(X²) (h'' + ρ is a polynomial in X²)."""
         cts = []
         for p in self._downloads(msg, dict.fromkeys(range(self.count), Tag.MASKED_H), self.levels.refresh):
-            ct = self.be.deserialize(p.data, level=p.level)
             self.transcript.append(Decryption(DECRYPTED[p.tag], p.tag, msg.layer, self.position + p.token))
-            data = self.be.refresh_reencrypt_to_bytes(ct, self.levels.h)
+            if self.be.is_folded(p.data):
+                data = self.be.refresh_reencrypt_folded_to_bytes(p.data, self.levels.h)
+            else:
+                data = self.be.refresh_reencrypt_to_bytes(self.be.deserialize(p.data, level=p.level), self.levels.h)
             cts.append(CtPayload(Tag.H_REFRESHED, self.levels.h, data, p.token))
         return self._upload(MsgKind.REFRESHED, msg.layer, tuple(cts))
 
@@ -220,7 +223,7 @@ class ProtectedClientState:
     def _decrypt(self, p: CtPayload, layer: int) -> np.ndarray:
         if p.tag not in DECRYPTED or p.tag == Tag.MASKED_H:
             raise ProtocolError(f"the client does not decrypt {p.tag!r}")
-        if p.level == 0 and self.be.is_folded(p.data):  # the ring of N/2: S/2 slots (``ring_switch``)
+        if self.be.is_folded(p.data):  # the ring of N/2: S/2 slots (``ring_switch``)
             vec, scale = self.be.decrypt_folded(p.data)
         else:
             ct = self.be.deserialize(p.data, level=p.level)

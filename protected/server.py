@@ -335,12 +335,11 @@ class ProtectedExecutor:
         if st.layer + 1 < self.last:
             payloads, masks = [], {}
             for i, down in downs.items():
-                masked, masks[i] = c.be.mask_for_refresh(c.to_refresh(c.residual(st.h[i], down)))  # re-randomized
+                masked, masks[i] = c.mask_for_refresh(c.residual(st.h[i], down))
                 payloads.append(CtPayload(Tag.MASKED_H, c.be.level(masked), c.masked_download(masked), i))
             return _Advance(self._reply(MsgKind.REFRESH, msg, st.layer, payloads),
                             replace(st, h={}, shuffled_down={}, refresh_mask=masks, expect=EXPECT[MsgKind.REFRESH]))
-        payloads = [CtPayload(Tag.H_FINAL, self.levels.final_download,
-                              c.download(c.final(st.h[i], down), self.levels.final_download), i)
+        payloads = [CtPayload(Tag.H_FINAL, self.levels.final_download, c.final_download(st.h[i], down), i)
                     for i, down in downs.items()]
         # a verify step keeps its span and undo data: the next TOKEN may take positions back
         return _Advance(self._reply(MsgKind.FINAL, msg, self.last, payloads),

@@ -34,7 +34,8 @@ _OP_KIND = {
     "unmask_refresh": "refresh",
     "rerandomize": "flooding",
     "serialize": "serialization",
-    "serialize_folded": "serialization",  # a level-0 key switch, re-randomization, flooding, rounding
+    "serialize_folded": "serialization",  # a key switch at level 0 or 1, re-randomization, flooding, rounding
+    "serialize_folded_refresh": "serialization",
     "deserialize": "serialization",
 }
 

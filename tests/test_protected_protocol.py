@@ -321,10 +321,12 @@ def test_circuit_privacy_same_computation_differs(ckpt, keys, executor, plain):
     assert np.abs(x - y).max() < 5e-3 and np.abs(x).max() > 1.0
 
 
-def test_the_mlp_download_is_folded_only_for_a_client_that_sent_a_fold_key(ckpt, keys, executor, plain, he_backend):
-    """With the client's fold key the MLP download leaves in the ring of N/2 (half the bytes,
-    ``crypto/ring_switch.py``); a server given the same keys without it sends the download whole.
-    The client reads the same û and σ' from either, and both sessions reach the same h_L."""
+def test_downloads_are_folded_only_for_a_client_that_sent_a_fold_key(ckpt, keys, executor, plain, he_backend):
+    """With the client's fold key the MLP download, the masked refresh and h_L leave in the ring
+    of N/2 (half the bytes, ``crypto/ring_switch.py``; the refresh as the polynomial in X² the
+    hidden layout makes of h'', which the client re-encrypts); a server given the same keys
+    without it sends them whole. The client reads the same û and σ' from either, and both
+    sessions reach the same h_L."""
     from veil.crypto.backend import make_backend
 
     h_in, ref = plain
@@ -338,14 +340,18 @@ def test_the_mlp_download_is_folded_only_for_a_client_that_sent_a_fold_key(ckpt,
         c = ProtectedClientState(client_be, ckpt.config, FIRST, LAST, s.id)
         out, msgs = run_token(executor, c, h_in[0])
         executor.drop_session(s.id)
-        mlp = [p for _, reply in msgs if reply.kind == MsgKind.MLP for p in reply.cts]
+        down = {kind: [p for _, reply in msgs if reply.kind == kind for p in reply.cts]
+                for kind in (MsgKind.MLP, MsgKind.REFRESH, MsgKind.FINAL)}
         mlp_vecs = [d.values for d in c.transcript if d.tag == Tag.U_SIGMA2]
-        runs.append((out, mlp, mlp_vecs))
-    (out_f, mlp_f, vec_f), (out_w, mlp_w, vec_w) = runs
-    assert len(mlp_f) == len(mlp_w) == LAST - FIRST
-    assert all(client_be.is_folded(p.data) for p in mlp_f) and not any(client_be.is_folded(p.data) for p in mlp_w)
-    if he_backend != "plain":  # plain's slot vectors are not sized like ciphertexts
-        assert all(len(a.data) < 0.51 * len(b.data) for a, b in zip(mlp_f, mlp_w, strict=True))
+        runs.append((out, down, mlp_vecs))
+    (out_f, down_f, vec_f), (out_w, down_w, vec_w) = runs
+    counts = {MsgKind.MLP: LAST - FIRST, MsgKind.REFRESH: LAST - FIRST - 1, MsgKind.FINAL: 1}
+    for kind, count in counts.items():
+        folded, whole = down_f[kind], down_w[kind]
+        assert len(folded) == len(whole) == count
+        assert all(client_be.is_folded(p.data) for p in folded) and not any(client_be.is_folded(p.data) for p in whole)
+        if he_backend != "plain":  # plain's slot vectors are not sized like ciphertexts
+            assert all(len(a.data) < 0.51 * len(b.data) for a, b in zip(folded, whole, strict=True))
     dims = executor.dims
     for layer, (a, b) in enumerate(zip(vec_f, vec_w, strict=True)):
         assert a.size == dims.slots // 2 and b.size == dims.slots
@@ -419,7 +425,8 @@ def test_refresh_upload_is_validated_and_the_session_goes_on(ckpt, keys, executo
     (down,) = reply.payloads({0: Tag.MASKED_H})
     mask = s.state.refresh_mask[0]
     assert (down.level, LEVELS.refresh, mask.bits, mask.scale) == (1, 1, 109, 2.0**27)
-    assert c.be.scale(c.be.deserialize(down.data, level=down.level)) == pytest.approx(2.0**27, rel=1e-12)
+    assert c.be.is_folded(down.data)  # h'' in the hidden layout is a polynomial in X²: it folds
+    assert c.be.decrypt_folded(down.data)[1] == pytest.approx(2.0**27, rel=1e-12)
     (p,) = msg.payloads({0: Tag.H_REFRESHED})
     on_delta = c.be.encrypt_to_bytes(np.zeros(c.be.params.slot_count), LEVELS.h)  # Δ, not the refresh's scale
     with pytest.raises(MessageError) as e:

@@ -1,7 +1,8 @@
-"""Folded downloads (``veil.crypto.ring_switch``): a level-0 ciphertext sent in the ring of N/2.
+"""Folded downloads (``veil.crypto.ring_switch``): a ciphertext at level 0 or 1 sent in the ring of N/2.
 
 On SEAL and native at the protected parameter set: the client decrypts slot j plus slot j + S/2
-of what the server held, with the noise per slot a whole download carries, in half the bytes;
+of what the server held, with the noise per slot a whole download carries, in half the bytes; a
+masked refresh of a polynomial in X² comes back re-encrypted as that polynomial;
 the test-only N=8192 set folds as well (the ring's degree is the parameter's). Malformed fold
 keys are refused on import (a 400 on ``POST /v1/keys``), malformed folded downloads on the
 client, and a server without the client's fold key does not fold. ``plain`` mirrors the slots.
@@ -48,10 +49,45 @@ def test_a_folded_download_holds_both_halves_summed_with_the_whole_downloads_noi
     assert 0.8 < np.std(err_fold) / expect < 1.25 and 0.8 < np.std(err_whole) / expect < 1.25
     assert abs(np.mean(err_fold)) < 4 * expect / np.sqrt(half)
     assert len(folded) - 4 <= len(whole) // 2 + 16  # half the coefficients, the same bits each
-    # a level above 0 is switched down first; the sum is what the client reads
+    # level 1 (the final download's) folds with the key's second digit, the same noise per slot;
+    # a level above is switched down to 1 first
+    ct1 = server.deserialize(client.encrypt_to_bytes(v, 1), level=1)
+    folded1 = server.serialize_folded(ct1, FLOOD)
+    got1, _ = client.decrypt_folded(folded1)
+    assert 0.8 < np.std(got1 - (v[:half] + v[half:])) / expect < 1.25
+    assert len(folded1) - 4 <= len(server.serialize(server.rerandomize(ct1, FLOOD), noise_log2=FLOOD)) // 2 + 16
     ct2 = server.deserialize(client.encrypt_to_bytes(v, 2), level=2)
-    got2, _ = client.decrypt_folded(server.serialize_folded(ct2, FLOOD))
-    assert np.abs(got2 - (v[:half] + v[half:])).max() < 0.05
+    folded2 = server.serialize_folded(ct2, FLOOD)
+    assert len(folded2) == len(folded1)
+    assert np.abs(client.decrypt_folded(folded2)[0] - (v[:half] + v[half:])).max() < 0.05
+
+
+def test_a_masked_refresh_folds_to_its_polynomial_which_the_client_reencrypts(pair):
+    """h'' with slots that repeat every S/2 (a polynomial in X², the hidden layout), masked with a
+    mask in X² at the refresh's level and scale: the folded refresh is half the bytes, the
+    client sees the mask (|coefficients| ~ 2^109), re-encrypts g(X²) at the top level, and once
+    the server subtracts the mask it holds h'' with the key switch's noise (~2^-14 per slot,
+    under the big ring's re-randomization noise the whole refresh carries on the native backend)."""
+    client, server = pair
+    p, half = server.params, server.params.slot_count // 2
+    scale = 2.0**27  # the refresh's (Circuit.refresh_scale)
+    w = np.tile(np.random.default_rng(9).normal(0.0, 10.0, half), 2)
+    ct = server.deserialize(client.encrypt_to_bytes(w, 1, scale), level=1, scale=scale)
+    masked, mask = server.mask_for_refresh(ct, fold=True)
+    folded = server.serialize_folded_refresh(masked, 3.0)
+    whole_masked, _ = server.mask_for_refresh(ct)
+    assert client.is_folded(folded) and len(folded) - 4 <= len(server.serialize(whole_masked, noise_log2=3.0)) // 2 + 16
+    g, level, got_scale = ring_switch.decrypt_residues(p, client._fold_secret, folded)
+    assert (level, got_scale) == (1, scale)
+    assert np.abs(ring_switch.centred_ints(g, tuple(p.primes[:2])).astype(np.float64)).max() > 2.0**105
+    up = client.refresh_reencrypt_folded_to_bytes(folded, p.top_level)
+    h = server.unmask_refresh(server.deserialize(up, scale=scale), mask)
+    assert server.level(h) == p.top_level and server.scale(h) == scale
+    err = client.decrypt(h) - w
+    assert np.std(err) < 2.0**-13 and np.abs(err).max() < 2.0**-10
+    for bad in (folded[:-1], folded + b"\0", ring_switch.MAGIC + folded[8:]):
+        with pytest.raises(CiphertextError):
+            client.refresh_reencrypt_folded_to_bytes(bad, p.top_level)
 
 
 def test_folding_runs_on_the_test_ring_too(he_pair):
@@ -130,3 +166,8 @@ def test_plain_mirrors_the_fold_in_slots(he_pair):
     assert np.abs(got - (v[:half] + v[half:])).max() < 0.05
     with pytest.raises(CiphertextError):
         client.decrypt_folded(folded[:-8])
+    w = np.tile(v[:half], 2)  # a masked refresh in X²: the halves' mean is the polynomial itself
+    masked, mask = server.mask_for_refresh(server.deserialize(client.encrypt_to_bytes(w, 1, 2.0**27), level=1,
+                                                              scale=2.0**27), fold=True)
+    up = client.refresh_reencrypt_folded_to_bytes(server.serialize_folded_refresh(masked, 3.0), p.top_level)
+    assert np.abs(client.decrypt(server.unmask_refresh(server.deserialize(up, scale=2.0**27), mask)) - w).max() < 1e-3

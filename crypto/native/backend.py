@@ -316,12 +316,18 @@ class NativeBackend(Evaluator, HEBackend):
         _, ntt = self._ctx.data(0)
         return ntt.inverse_centred(self._sk.s[1:2])[0].cpu().numpy()
 
-    def _level0_coefficients(self, ct: Ciphertext) -> np.ndarray:
+    def _fold_coefficients(self, ct: Ciphertext) -> np.ndarray:
         c = self._unwrap(ct)
-        if c.level != 0 or c.data.dim() != 3 or c.data.shape[0] != 2:
-            raise HEError("folding takes one size-2 ciphertext at level 0")
-        _, ntt = self._ctx.data(0)
-        return ntt.inverse(c.data)[:, 0].cpu().numpy()
+        if c.data.dim() != 3 or c.data.shape[0] != 2:
+            raise HEError("folding takes one size-2 ciphertext")
+        _, ntt = self._ctx.data(c.level)
+        return ntt.inverse(c.data).cpu().numpy()
+
+    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:
+        y = rns.balanced_digits(torch.from_numpy(residues).to(self.device), self._ctx, from_level)
+        m, level = self._reencode(y, self._ctx.data_primes[: from_level + 1], level)
+        c, seed = self._encrypt(m, level)
+        return serial.ct_to_bytes(self._ctx, c, level, scale, seed)
 
     def decode_plaintext(self, pt: Plaintext) -> np.ndarray:
         """The slots an encoded plaintext holds, decoded (its values plus their encoding error),
@@ -333,15 +339,18 @@ class NativeBackend(Evaluator, HEBackend):
     # ------------------------------------------------------------------ refresh (client side)
     def _refresh_plain(self, ct: Ciphertext, level: int | None) -> tuple[torch.Tensor, int, float]:
         y, c = self._decrypt_digits(ct)
-        level = self._level(level)
-        primes = self._ctx.data_primes[: c.level + 1]
+        m, level = self._reencode(y, self._ctx.data_primes[: c.level + 1], self._level(level))
+        return m, level, c.scale
+
+    def _reencode(self, y: torch.Tensor, primes: tuple[int, ...], level: int) -> tuple[torch.Tensor, int]:
+        """Balanced digits of an integer polynomial (over ``primes``) -> its NTT form at ``level``."""
         peak = float(rns.digits_to_float(y, primes).abs().max())
         if peak >= self._ctx.level_modulus(level) / 4:
             raise HEError(f"the plaintext does not fit level {level}")
         radices = tuple(rns.radices(primes))
         basis, ntt = self._ctx.data(level)
         m = rns.digits_to_residues(y, self._ctx.radix_residues(level, radices), basis)
-        return ntt.forward(m), level, c.scale
+        return ntt.forward(m), level
 
     def refresh_reencrypt(self, ct: Ciphertext, level: int | None = None) -> Ciphertext:
         m, level, scale = self._refresh_plain(ct, level)

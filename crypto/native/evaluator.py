@@ -224,19 +224,25 @@ class Evaluator:
         basis, _ = self._ctx.data(level)
         return rns.digits_to_residues(y.to(self.device), self._ctx.radix_residues(level, radices), basis)
 
-    def mask_for_refresh(self, ct: Ciphertext) -> tuple[Ciphertext, RefreshMask]:
+    def mask_for_refresh(self, ct: Ciphertext, fold: bool = False) -> tuple[Ciphertext, RefreshMask]:
         """Server: ``ct + (rho, 0)``, rho uniform on ``[-2^bits, 2^bits)`` per coefficient
         (``bits = params.mask_bits(scale)``), after a re-randomization without flooding (the
         mask hides the plaintext and its noise statistically; the fresh encryption of zero
-        makes ``c1`` independent of the computation). A batch's mask holds one row per session."""
+        makes ``c1`` independent of the computation). A batch's mask holds one row per session.
+        ``fold``: see ``HEBackend.mask_for_refresh`` (rho's odd coefficients zero, their digits
+        spelling 2^bits; no re-randomization here)."""
         c = self._unwrap(ct)
         need = self.params.min_mask_level(c.scale)
         if c.level < need:
             raise HEError(f"level {c.level} cannot carry the refresh mask (needs >= {need})")
-        c = self._unwrap(self.rerandomize(ct, flood_log2_sigma=float("-inf")))
+        if not fold:
+            c = self._unwrap(self.rerandomize(ct, flood_log2_sigma=float("-inf")))
         bits = self.params.mask_bits(c.scale)
         rows = math.prod(self._rows)
         digits = np.stack([Stream().uniform_digits(self._n, bits + 1) for _ in range(rows)])
+        if fold:  # rho = sum_k d_k 2^(40k) - 2^bits is zero where the digits spell 2^bits
+            digits[..., 1::2] = 0
+            digits[:, bits // DIGIT_BITS, 1::2] = 1 << (bits % DIGIT_BITS)
         digits = digits.reshape(self._rows + digits.shape[1:])
         masked = self._add_integer(c.data, c.level, self._mask_residues(digits, bits, c.level))
         return self._wrap(masked, c.level, c.scale), RefreshMask(self.params.id, bits, digits, c.scale)

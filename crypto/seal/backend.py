@@ -403,8 +403,18 @@ class SealBackend(HEBackend):
         ntt = read_flat(self._sk.data(), 0, self._c.n).reshape(1, self._c.n)
         return self._c.centered_ints(self._c.ntt_to_coeff(ntt, lvl), lvl).astype(np.int64)
 
-    def _level0_coefficients(self, ct) -> np.ndarray:
-        return self._c.coeff_residues(self._unwrap(ct))[:2, 0]
+    def _fold_coefficients(self, ct) -> np.ndarray:
+        obj = self._unwrap(ct)
+        if obj.size() != 2:
+            raise HEError("folding takes a size-2 ciphertext")
+        return self._c.coeff_residues(obj)
+
+    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:
+        coeffs = self._c.centered_ints(residues, self._c.levels[from_level])
+        if self._encryptor_sk is None:
+            raise HEError("no secret key")
+        pt = self._c.plaintext_from_coeffs(coeffs, self._c.lvl(level), scale)
+        return self._c.pack(self._c.io.save(self._encryptor_sk.encrypt_symmetric(pt)))
 
     # ------------------------------------------------------------------ integer polynomials
     def decrypt_poly(self, ct: Ciphertext) -> np.ndarray:
@@ -415,13 +425,14 @@ class SealBackend(HEBackend):
         return self._c.centered_ints(self._c.ntt_to_coeff(ntt, lvl), lvl)
 
     # ------------------------------------------------------------------ refresh
-    def mask_for_refresh(self, ct, rerandomize: bool = True) -> tuple[Ciphertext, RefreshMask]:
+    def mask_for_refresh(self, ct, fold: bool = False, rerandomize: bool = True) -> tuple[Ciphertext, RefreshMask]:
         """Server: ``ct + (rho, 0)`` with rho uniform in ``[-2^bits, 2^bits)`` per coefficient,
         ``bits = params.mask_bits(scale)``. The mask hides the plaintext and its noise
         statistically (``<= N 2^-(lambda+1)``), so no flooding is needed; but the ciphertext
         is re-randomized with a fresh public-key encryption of zero (default) so that its
-        ``c1`` carries nothing of the computation."""
-        if rerandomize:
+        ``c1`` carries nothing of the computation. ``fold``: see ``HEBackend.mask_for_refresh``
+        (rho's odd coefficients zero, no re-randomization here)."""
+        if rerandomize and not fold:
             ct = self.rerandomize(ct, flood_log2_sigma=float("-inf"))
         obj = self._unwrap(ct)
         level = self._c.level_of(obj)
@@ -431,6 +442,8 @@ class SealBackend(HEBackend):
             raise HEError(f"level {level} cannot carry the refresh mask (needs >= {need})")
         bits = self.params.mask_bits(scale)
         rho = uniform_int_poly(self._c.n, bits)
+        if fold:
+            rho[1::2] = 0
         masked = self._c.add_int_poly(obj, rho)
         return self._wrap(masked), RefreshMask(self.params.id, bits, rho, scale)
 
