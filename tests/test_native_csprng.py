@@ -1,7 +1,7 @@
 """The native backend's randomness comes from the OS CSPRNG only.
 
 Two checks: (1) with every torch and numpy random generator made to raise, key generation,
-encryption (both kinds), masking, re-encryption, re-randomization and folded downloads still work: none of them
+encryption (both kinds), masking, re-encryption, re-randomization and folded downloads and refreshes still work: none of them
 draws from those generators; (2) with ``os.urandom`` replaced by a fixed byte stream, two
 independent runs produce bit-identical keys and ciphertexts: ``os.urandom`` is the only source
 of entropy (a time- or generator-seeded draw anywhere would make them differ).
@@ -40,7 +40,11 @@ def _exercise(x):
     fresh = server.deserialize(client.refresh_reencrypt_to_bytes(masked), level=P.top_level)
     out = server.rerandomize(server.unmask_refresh(fresh, mask))
     folded = server.serialize_folded(out, 20.0)  # the fold key's secret, the small ring's noise
-    return client, server, [up, server.serialize(pk_ct), server.serialize(masked), server.serialize(out), folded]
+    masked2, _ = server.mask_for_refresh(ct, fold=True)  # a mask in X², folded, re-encrypted as g(X²)
+    folded_refresh = server.serialize_folded_refresh(masked2, 3.0)
+    again = client.refresh_reencrypt_folded_to_bytes(folded_refresh)
+    return client, server, [up, server.serialize(pk_ct), server.serialize(masked), server.serialize(out), folded,
+                            folded_refresh, again]
 
 
 def test_no_torch_or_numpy_generator_makes_key_noise_mask_or_seed_material(monkeypatch):
