@@ -406,8 +406,12 @@ class HEBackend(abc.ABC):
         self._fold_secret, self._fold_key_bytes = ring_switch.make_key(self.params, self._secret_coefficients())
 
     def _import_fold_key(self, data: bytes) -> None:
-        """Server: the client's fold key (empty: none). Raises ``ring_switch.FoldError``."""
-        self._fold_key = ring_switch.load_key(self.params, data) if data else None
+        """Server: the client's fold key (empty: none), on the device the backend computes on.
+        Raises ``ring_switch.FoldError``."""
+        self._fold_key = ring_switch.load_key(self.params, data, self._fold_device) if data else None
+
+    #: where the server's folds run (the native backend: its device)
+    _fold_device = "cpu"
 
     @property
     def can_fold(self) -> bool:
@@ -472,7 +476,8 @@ class HEBackend(abc.ABC):
         raise HEError(f"the {self.name} backend cannot make a fold key")
 
     def _fold_coefficients(self, ct: Ciphertext) -> np.ndarray:
-        """Server: a size-2 ciphertext's coefficient residues ``[2, level + 1, N]``."""
+        """Server: a size-2 ciphertext's coefficient residues ``[2, level + 1, N]`` (numpy, or a
+        tensor on the device the fold runs on, ``_fold_device``)."""
         raise HEError(f"the {self.name} backend cannot fold")
 
     def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:

@@ -83,15 +83,18 @@ class _Rings:
 
 
 @functools.lru_cache(maxsize=8)
-def _rings(n: int, qs: tuple[int, ...], p: int) -> _Rings:
-    return _Rings(n, qs, p, NttTables(Basis.of((p, *qs)), n), NttTables(Basis.of(qs), n // 2),
-                  NttTables(Basis.of((p, *qs)), n // 2), Encoder(n // 2))
+def _rings(n: int, qs: tuple[int, ...], p: int, device: str) -> _Rings:
+    big, small = Basis.of((p, *qs), device), Basis.of(qs, device)
+    return _Rings(n, qs, p, NttTables(big, n), NttTables(small, n // 2), NttTables(big, n // 2), Encoder(n // 2))
 
 
-def _of(params: CkksParams, level: int = TOP_LEVEL) -> _Rings:
+def _of(params: CkksParams, level: int = TOP_LEVEL, device: torch.device | str = "cpu") -> _Rings:
+    """The rings' tables for a fold from ``level``, on ``device`` (the server folds where its
+    ciphertexts live; the client works on the CPU)."""
     if not 0 <= level <= TOP_LEVEL:
         raise FoldError(f"a fold switches levels 0..{TOP_LEVEL}, not {level}")
-    return _rings(params.poly_modulus_degree, tuple(int(q) for q in params.primes[: level + 1]), int(params.primes[-1]))
+    return _rings(params.poly_modulus_degree, tuple(int(q) for q in params.primes[: level + 1]), int(params.primes[-1]),
+                  str(torch.device(device)))
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,9 @@ def _public_a(seed: bytes, r: _Rings) -> torch.Tensor:
     return torch.from_numpy(expand_uniform(seed, r.primes, tuple(range(len(r.primes))), r.n // 2, _TAG_PK))
 
 
-def load_key(params: CkksParams, data: bytes) -> FoldKey:
-    """Server: parse and validate a fold key (exact length, every residue below its prime)."""
+def load_key(params: CkksParams, data: bytes, device: torch.device | str = "cpu") -> FoldKey:
+    """Server: parse and validate a fold key (exact length, every residue below its prime); its
+    tensors on ``device``, where ``fold`` then runs."""
     r = _of(params)
     data = bytes(data)
     if len(data) != _key_len(r) or data[:4] != KEY_MAGIC:
@@ -181,7 +185,8 @@ def load_key(params: CkksParams, data: bytes) -> FoldKey:
         b2 = unpack(data[pos + SEED_BYTES :], 1, r.primes, r.n // 2, torch.device("cpu"))[0]
     except SerialError as e:
         raise FoldError(f"fold key: {e}") from None
-    return FoldKey(torch.stack(keys), torch.stack((b2, _public_a(data[pos : pos + SEED_BYTES], r))))
+    public = torch.stack((b2, _public_a(data[pos : pos + SEED_BYTES], r)))
+    return FoldKey(torch.stack(keys).to(device), public.to(device))
 
 
 def is_folded(data: bytes) -> bool:
@@ -194,44 +199,46 @@ def _centre(x: torch.Tensor, q: int) -> torch.Tensor:
 
 def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale: float,
          noise_log2: float | None, round_log2: float | None = None) -> bytes:
-    """Server: a ciphertext's coefficient residues ``[2, level + 1, N]`` (in ``[0, q)``) -> the
-    folded download. ``noise_log2`` (a download): the even part doubled (the slot halves'
+    """Server: a ciphertext's coefficient residues ``[2, level + 1, N]`` (in ``[0, q)``; numpy, or a
+    tensor, moved to the key's device where the fold runs) -> the folded download. ``noise_log2`` (a download): the even part doubled (the slot halves'
     sum), flooded at ``2^(noise_log2 + 1/2)`` and rounded above that floor; ``None`` (a masked
     refresh): the even part itself, not flooded, rounded above ``2^round_log2``."""
     if noise_log2 is None and round_log2 is None:
         raise ValueError("an unflooded fold needs the floor to round to")
-    r = _of(params, level)
-    c = torch.as_tensor(np.asarray(coeffs, dtype=np.int64)).reshape(2, level + 1, r.n)
+    dev = key.switch.device
+    r = _of(params, level, dev)
+    c = (coeffs if isinstance(coeffs, torch.Tensor) else torch.from_numpy(np.asarray(coeffs, dtype=np.int64)))
+    c = c.to(dev, torch.int64).reshape(2, level + 1, r.n)
     basis, limbs, half = r.big.basis, level + 2, r.n // 2
     # each digit c1 mod q_i, centred, lifted to [p, q0..] and times its key; back to coefficients
     acc = None
     for i, qi in enumerate(r.qs):
-        term = basis.mul(r.big.lift(_centre(c[1, i], qi)).unsqueeze(0), key.switch[i, :, :limbs])
+        term = basis.mul(r.big.lift(_centre(c[1, i], qi)).unsqueeze(0), key.switch[i, :, :limbs].contiguous())
         acc = term if acc is None else basis.add(acc, term)
     t = r.big.inverse(acc)  # [2, level + 2, N]
     # a fresh encryption of zero under s'(X²) (the small ring's, on the even coefficients), over
     # p·Q like the key switch, so that the ModDown divides its noise by p (as SEAL encrypts at
     # the key level and switches down): it re-randomizes c1 and adds almost no noise
     stream, sp = Stream(), r.small_p
-    v = sp.lift(torch.from_numpy(stream.ternary(half)))
-    zero = sp.inverse(sp.basis.mul(v.unsqueeze(0), key.public[:, :limbs]))  # [2, level + 2, N/2]
-    errors = torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))).unsqueeze(1)
-    t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, _col(r.primes))
+    v = sp.lift(torch.from_numpy(stream.ternary(half)).to(dev))
+    zero = sp.inverse(sp.basis.mul(v.unsqueeze(0), key.public[:, :limbs].contiguous()))  # [2, level + 2, N/2]
+    errors = torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))).to(dev).unsqueeze(1)
+    t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, _col(r.primes, dev))
     # ModDown by p, then keep the even coefficients of c0 + ks0 and ks1
-    q = _col(r.qs)
+    q = _col(r.qs, dev)
     diff = torch.remainder(t[:, 1:, 0::2] - _centre(t[:, :1, 0::2], r.p), q)
-    down = r.small.basis.mul(diff, torch.tensor([pow(r.p, -1, qi) for qi in r.qs]).view(-1, 1).expand(-1, half))
+    down = r.small.basis.mul(diff, _col(tuple(pow(r.p, -1, qi) for qi in r.qs), dev).expand(-1, half))
     even = torch.stack((c[0, :, 0::2] + down[0], down[1]))  # [2, level + 1, N/2]
     if noise_log2 is not None:  # a download: m(X) + m(-X) = 2 m_e(X²), flooded
         even = 2 * even
-        even[0] += torch.from_numpy(stream.gaussian(half, 2.0 ** (noise_log2 + 0.5)))
+        even[0] += torch.from_numpy(stream.gaussian(half, 2.0 ** (noise_log2 + 0.5))).to(dev)
     out = torch.remainder(even, q)
     bits = rounding.bits_for(r.qs, noise_log2 + 0.5 if noise_log2 is not None else round_log2)
-    return MAGIC + rounding.round_to_bytes(out.numpy().astype(np.uint64), r.qs, level, scale, bits)
+    return MAGIC + rounding.round_to_bytes(out.cpu().numpy().astype(np.uint64), r.qs, level, scale, bits)
 
 
-def _col(primes: tuple[int, ...]) -> torch.Tensor:
-    return torch.tensor(primes, dtype=torch.int64).view(-1, 1)
+def _col(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device).view(-1, 1)
 
 
 def decrypt_residues(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.ndarray, int, float]:

@@ -218,3 +218,23 @@ def test_cuda_mac_and_rescale_tail_equal_cpu_twins(contexts):
     ext, _ = cpu.ext(level)
     z = _res(ext.primes, (2,), 18)
     assert torch.equal(rns.mod_down(z.cuda(), gpu, level).cpu(), rns.mod_down(z, cpu, level))
+
+
+def test_cuda_folds_downloads_and_refreshes_where_its_ciphertexts_live(servers):
+    """The fold (``crypto/ring_switch.py``) runs on the server's device, its key held there: the
+    CUDA server's folded download (level 1) and folded masked refresh (level 1 on 2^27, a
+    polynomial in X²) decrypt as the CPU server's do (fresh randomness each: equal within the
+    noise), and the refresh comes back exact after the client's re-encryption."""
+    client, cpu, gpu = servers
+    assert gpu._fold_key.switch.device.type == "cuda" and cpu._fold_key.switch.device.type == "cpu"
+    half, scale = SLOTS // 2, 2.0**27
+    v = np.random.default_rng(8).uniform(-10.0, 10.0, SLOTS)
+    w = np.tile(v[:half], 2)
+    for s in (cpu, gpu):
+        down, _ = client.decrypt_folded(s.serialize_folded(s.deserialize(client.encrypt_to_bytes(v, 1), level=1), 18.0))
+        assert np.abs(down - (v[:half] + v[half:])).max() < 0.01
+        ct = s.deserialize(client.encrypt_to_bytes(w, 1, scale), level=1, scale=scale)
+        masked, mask = s.mask_for_refresh(ct, fold=True)
+        up = client.refresh_reencrypt_folded_to_bytes(s.serialize_folded_refresh(masked, 3.0))
+        back = client.decrypt(cpu.deserialize(s.serialize(s.unmask_refresh(s.deserialize(up, scale=scale), mask))))
+        assert np.abs(back - w).max() < 2.0**-10

@@ -321,7 +321,11 @@ class NativeBackend(Evaluator, HEBackend):
         if c.data.dim() != 3 or c.data.shape[0] != 2:
             raise HEError("folding takes one size-2 ciphertext")
         _, ntt = self._ctx.data(c.level)
-        return ntt.inverse(c.data).cpu().numpy()
+        return ntt.inverse(c.data)  # stays on the device: the fold runs there (``_fold_device``)
+
+    @property
+    def _fold_device(self) -> str:
+        return str(self.device)
 
     def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:
         y = rns.balanced_digits(torch.from_numpy(residues).to(self.device), self._ctx, from_level)
