@@ -466,10 +466,7 @@ class HEBackend(abc.ABC):
             raise CiphertextError(str(e)) from None
         residues = np.zeros((g.shape[0], self.params.poly_modulus_degree), dtype=np.int64)
         residues[:, 0::2] = g
-        return self._encrypt_residues_to_bytes(residues, from_level, self._top_or(level), scale)
-
-    def _top_or(self, level: int | None) -> int:
-        return self.params.top_level if level is None else level
+        return self._encrypt_residues_to_bytes(residues, from_level, level, scale)
 
     def _secret_coefficients(self) -> np.ndarray:
         """Client: the secret key's N ternary coefficients (int64), for the fold key only."""
@@ -480,9 +477,11 @@ class HEBackend(abc.ABC):
         tensor on the device the fold runs on, ``_fold_device``)."""
         raise HEError(f"the {self.name} backend cannot fold")
 
-    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:
+    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int | None,
+                                   scale: float) -> bytes:
         """Client: the integer polynomial with these coefficient residues ``[from_level + 1, N]``
-        (centred mod the level's modulus) encrypted at ``level``, ``scale``, in the upload form."""
+        (centred mod the level's modulus) encrypted at ``level`` (default top), ``scale``, in the
+        upload form."""
         raise HEError(f"the {self.name} backend cannot re-encrypt a folded refresh")
 
 

@@ -129,14 +129,13 @@ class PlainBackend(HEBackend):
             raise HEError("no fold key: the client's public material holds none")
         if self.level(ct) > ring_switch.TOP_LEVEL:
             ct = self.mod_switch_to(ct, ring_switch.TOP_LEVEL)
-        if noise_log2 is None:  # a masked refresh: the halves' mean, i.e. the X²-polynomial itself
-            x = self._unwrap(ct)
-            half = self._slots // 2
-            out = (x.values[:half] + x.values[half:]) / 2
-        else:  # each half flooded at 2^-1/2 of the std: their sum holds the noise the ring of N/2 gives it
-            x = self._unwrap(self.rerandomize(ct, noise_log2 - 0.5))
-            half = self._slots // 2
-            out = x.values[:half] + x.values[half:]
+        # a masked refresh: the halves' mean, i.e. the X²-polynomial itself; a download: each half
+        # flooded at 2^-1/2 of the std, so that their sum holds the noise the ring of N/2 gives it
+        x = self._unwrap(ct if noise_log2 is None else self.rerandomize(ct, noise_log2 - 0.5))
+        half = self._slots // 2
+        out = x.values[:half] + x.values[half:]
+        if noise_log2 is None:
+            out = out / 2
         return _HEADER.pack(_FOLD_MAGIC, self._tag, x.level, 2, x.scale) + out.astype("<f8").tobytes()
 
     def serialize_folded(self, ct, noise_log2: float) -> bytes:

@@ -55,7 +55,7 @@ from veil.crypto.native.serial import SerialError, pack, unpack
 from veil.crypto.params import CkksParams
 
 __all__ = ["KEY_MAGIC", "MAGIC", "TOP_LEVEL", "FoldKey", "FoldSecret", "FoldError", "is_folded", "make_key",
-           "load_key", "fold", "decrypt", "decrypt_residues", "centred_ints", "key_bytes"]
+           "load_key", "fold", "decrypt", "decrypt_residues", "key_bytes"]
 
 KEY_MAGIC, MAGIC = b"VFK2", b"VFD1"
 #: The highest level the key switches from: the masked refresh's and the final download's.
@@ -76,6 +76,7 @@ class _Rings:
     small: NttTables  # qs at N/2
     small_p: NttTables  # [p, *qs] at N/2: the public key's
     encoder: Encoder  # the ring of N/2
+    cols: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # [p, *qs], qs and p^-1 mod qs, as [L, 1]
 
     @property
     def primes(self) -> tuple[int, ...]:
@@ -85,7 +86,10 @@ class _Rings:
 @functools.lru_cache(maxsize=8)
 def _rings(n: int, qs: tuple[int, ...], p: int, device: str) -> _Rings:
     big, small = Basis.of((p, *qs), device), Basis.of(qs, device)
-    return _Rings(n, qs, p, NttTables(big, n), NttTables(small, n // 2), NttTables(big, n // 2), Encoder(n // 2))
+    cols = tuple(torch.tensor(v, dtype=torch.int64, device=device).view(-1, 1)
+                 for v in ((p, *qs), qs, tuple(pow(p, -1, q) for q in qs)))
+    return _Rings(n, qs, p, NttTables(big, n), NttTables(small, n // 2), NttTables(big, n // 2), Encoder(n // 2),
+                  cols)
 
 
 def _of(params: CkksParams, level: int = TOP_LEVEL, device: torch.device | str = "cpu") -> _Rings:
@@ -106,12 +110,12 @@ class FoldSecret:
 
 @dataclass(frozen=True)
 class FoldKey:
-    """Server: the switching key, digit by digit, ``[TOP_LEVEL + 1, 2 (b, a), TOP_LEVEL + 2 limbs
-    (p, q0..), N]``, and the small ring's public key ``(b', a')`` ``[2, TOP_LEVEL + 1, N/2]``,
-    over ``[p, q0..]`` too, all in NTT form."""
+    """Server: per level ``l`` (0..TOP_LEVEL) what a fold from ``l`` uses, contiguous on the
+    fold's device and in NTT form: the switching key's digits ``[l + 1, 2 (b, a), l + 2 limbs
+    (p, q0..q_l), N]`` and the small ring's public key ``(b', a')`` ``[2, l + 2, N/2]``."""
 
-    switch: torch.Tensor
-    public: torch.Tensor
+    switch: tuple[torch.Tensor, ...]
+    public: tuple[torch.Tensor, ...]
 
 
 def _bits(primes) -> int:
@@ -185,8 +189,11 @@ def load_key(params: CkksParams, data: bytes, device: torch.device | str = "cpu"
         b2 = unpack(data[pos + SEED_BYTES :], 1, r.primes, r.n // 2, torch.device("cpu"))[0]
     except SerialError as e:
         raise FoldError(f"fold key: {e}") from None
-    public = torch.stack((b2, _public_a(data[pos : pos + SEED_BYTES], r)))
-    return FoldKey(torch.stack(keys).to(device), public.to(device))
+    switch = torch.stack(keys).to(device)
+    public = torch.stack((b2, _public_a(data[pos : pos + SEED_BYTES], r))).to(device)
+    levels = range(TOP_LEVEL + 1)
+    return FoldKey(tuple(switch[: lv + 1, :, : lv + 2].contiguous() for lv in levels),
+                   tuple(public[:, : lv + 2].contiguous() for lv in levels))
 
 
 def is_folded(data: bytes) -> bool:
@@ -205,15 +212,16 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
     refresh): the even part itself, not flooded, rounded above ``2^round_log2``."""
     if noise_log2 is None and round_log2 is None:
         raise ValueError("an unflooded fold needs the floor to round to")
-    dev = key.switch.device
+    dev = key.switch[0].device
     r = _of(params, level, dev)
+    primes_col, q, p_inv = r.cols
     c = (coeffs if isinstance(coeffs, torch.Tensor) else torch.from_numpy(np.asarray(coeffs, dtype=np.int64)))
     c = c.to(dev, torch.int64).reshape(2, level + 1, r.n)
-    basis, limbs, half = r.big.basis, level + 2, r.n // 2
+    basis, half = r.big.basis, r.n // 2
     # each digit c1 mod q_i, centred, lifted to [p, q0..] and times its key; back to coefficients
     acc = None
     for i, qi in enumerate(r.qs):
-        term = basis.mul(r.big.lift(_centre(c[1, i], qi)).unsqueeze(0), key.switch[i, :, :limbs].contiguous())
+        term = basis.mul(r.big.lift(_centre(c[1, i], qi)).unsqueeze(0), key.switch[level][i])
         acc = term if acc is None else basis.add(acc, term)
     t = r.big.inverse(acc)  # [2, level + 2, N]
     # a fresh encryption of zero under s'(X²) (the small ring's, on the even coefficients), over
@@ -221,13 +229,12 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
     # the key level and switches down): it re-randomizes c1 and adds almost no noise
     stream, sp = Stream(), r.small_p
     v = sp.lift(torch.from_numpy(stream.ternary(half)).to(dev))
-    zero = sp.inverse(sp.basis.mul(v.unsqueeze(0), key.public[:, :limbs].contiguous()))  # [2, level + 2, N/2]
+    zero = sp.inverse(sp.basis.mul(v.unsqueeze(0), key.public[level]))  # [2, level + 2, N/2]
     errors = torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))).to(dev).unsqueeze(1)
-    t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, _col(r.primes, dev))
+    t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, primes_col)
     # ModDown by p, then keep the even coefficients of c0 + ks0 and ks1
-    q = _col(r.qs, dev)
     diff = torch.remainder(t[:, 1:, 0::2] - _centre(t[:, :1, 0::2], r.p), q)
-    down = r.small.basis.mul(diff, _col(tuple(pow(r.p, -1, qi) for qi in r.qs), dev).expand(-1, half))
+    down = r.small.basis.mul(diff, p_inv.expand(-1, half))
     even = torch.stack((c[0, :, 0::2] + down[0], down[1]))  # [2, level + 1, N/2]
     if noise_log2 is not None:  # a download: m(X) + m(-X) = 2 m_e(X²), flooded
         even = 2 * even
@@ -235,10 +242,6 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
     out = torch.remainder(even, q)
     bits = rounding.bits_for(r.qs, noise_log2 + 0.5 if noise_log2 is not None else round_log2)
     return MAGIC + rounding.round_to_bytes(out.cpu().numpy().astype(np.uint64), r.qs, level, scale, bits)
-
-
-def _col(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device).view(-1, 1)
 
 
 def decrypt_residues(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.ndarray, int, float]:
@@ -263,18 +266,9 @@ def decrypt_residues(params: CkksParams, secret: FoldSecret, data: bytes) -> tup
     return m.numpy(), level, scale
 
 
-def centred_ints(residues: np.ndarray, primes: tuple[int, ...]) -> np.ndarray:
-    """Residues ``[L, n]`` -> the centred integers mod their product (numpy object array)."""
-    x, modulus = np.zeros(residues.shape[-1], dtype=object), 1
-    for row, q in zip(residues, primes, strict=True):  # Garner: x += M * ((r - x) / M mod q)
-        t = ((row.astype(object) - x) * pow(modulus, -1, q)) % q
-        x, modulus = x + modulus * t, modulus * q
-    return np.where(x > modulus // 2, x - modulus, x)
-
-
 def decrypt(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.ndarray, float]:
     """Client: a folded download -> (its N/4 slots, decoded; its scale). ``FoldError`` if the bytes
     are not a well-formed folded download of this parameter set."""
     m, level, scale = decrypt_residues(params, secret, data)
-    coeffs = centred_ints(m, _of(params, level).qs).astype(np.float64)
+    coeffs = rounding.crt(m, _of(params, level).qs, centered=True).astype(np.float64)
     return _of(params, level).encoder.decode(coeffs, scale), scale

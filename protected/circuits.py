@@ -241,8 +241,9 @@ class Circuit:
 
     def folds_refresh(self) -> bool:
         """Whether the masked refresh leaves folded (half the bytes): h'' is in the hidden layout,
-        whose slots repeat every S/2 (a polynomial in X²), so the fold's even part is h'' itself."""
-        return self._folds(self.levels.refresh) and self.dims.frame * HIDDEN_FRAMES == self.dims.slots
+        whose slots repeat every S/2 for an even frame count (a polynomial in X²), so the fold's
+        even part is h'' itself."""
+        return self._folds(self.levels.refresh) and HIDDEN_FRAMES % 2 == 0
 
     def folds_final(self) -> bool:
         """Whether h_L leaves folded: it is cleaned to ``[0, d)``, in the first half."""
@@ -489,11 +490,10 @@ class Circuit:
         return be.add(be.mod_switch_to(h, be.level(o)), o)
 
     def replicate_hidden(self, x: Ciphertext) -> Ciphertext:
-        """A vector in ``[0, d)`` (zero elsewhere) -> the hidden layout: into the second frame by
-        one rotation, then replicated in both frames at once (their copies never cross)."""
-        be, dims = self.be, self.dims
-        x = be.add(x, rotate(be, x, -dims.frame))
-        return replicate(be, x, dims.d, dims.frame_copies)
+        """A vector in ``[0, d)`` (zero elsewhere) -> the hidden layout: copied into every frame,
+        then replicated in all frames at once (their copies never cross)."""
+        dims = self.dims
+        return replicate(self.be, replicate(self.be, x, dims.frame, HIDDEN_FRAMES), dims.d, dims.frame_copies)
 
     def mlp_statistics(self, u: Ciphertext, h_prime: Ciphertext, share: float = 1.0) -> Ciphertext:
         """The MLP download from ``u = W_gate|up h'`` (1, folded; the first protected layer's under
@@ -641,7 +641,8 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
     for st, level in lane_sum_key_levels(log_hd, lv).items():
         use({st}, level)
     use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)
-    use([*replicate_rotation_steps(dims.d, dims.frame_copies), -dims.frame], lv.h_prime)  # o and W_down m replicated
+    use([*replicate_rotation_steps(dims.frame, HIDDEN_FRAMES), *replicate_rotation_steps(dims.d, dims.frame_copies)],
+        lv.h_prime)  # o and W_down m replicated (``Circuit.replicate_hidden``)
     use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
     if minimal:  # the largest key-block step from the next (q̂ copies, key blocks, σ sums)
         for st in rotation_steps_of([-BLOCK * (dims.per_chunk // 2)], dims.slots):

@@ -9,9 +9,10 @@ Layouts (slot indices of one ciphertext):
 * **hidden** (the residual stream): two frames of ``S/2`` slots, each holding ``x`` replicated
   with period ``d``, ``(S/2) // d`` whole copies (7 for d=576, 14 in all), zeros in each
   frame's tail. The slots repeat every ``S/2``, so the plaintext is a polynomial in X^2: the
-  shape a refresh folded into the ring of N/2 needs (``veil.crypto.ring_switch``). The products that read it (W_qkv, W_gate|up) use the framed
-  plans of ``veil.crypto.linear`` (``MatvecPlan``: as many plaintexts and rotations as over one
-  period of 14 copies), and the server rebuilds it from a vector in ``[0, d)`` with one rotation
+  shape a refresh folded into the ring of N/2 needs (``veil.crypto.ring_switch``). The products
+  that read it (W_qkv, W_gate|up) use the framed plans of ``veil.crypto.linear`` (``MatvecPlan``:
+  the rotations of a plan over one period of 14 copies; W_gate|up its 288 plaintexts, W_qkv 96
+  instead of 84), and the server rebuilds it from a vector in ``[0, d)`` with one rotation
   by ``S/2`` and ``linear.replicate`` (no level).
 * **position blocks**: the key cache and the query replicas use blocks of ``BLOCK = 1024``
   slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j`` lives in chunk

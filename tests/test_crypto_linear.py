@@ -98,9 +98,9 @@ def test_plan_matvec():
     b = plan_matvec(576, 576, 8192)
     assert (b.n1, b.n2, b.blocks, b.rotations) == (24, 24, 1, 46)
     # the hidden layout's two frames of 7 copies: W_qkv's and W_gate|up's framed plans take the
-    # plaintexts (n1*n2) and rotations of the one-period plans over 14 copies
+    # rotations of the one-period plans over 14 copies; W_qkv 96 plaintexts where that took 84
     f = plan_matvec(960, 576, 4032, "folded", 16, 2, 4096)
-    assert (f.blocks, f.per_block, f.stride, f.frame_stride, f.n1 * f.n2) == (6, 96, 960, 4192, q.n1 * q.n2)
+    assert (f.blocks, f.per_block, f.stride, f.frame_stride, q.per_block) == (6, 96, 960, 4192, 84)
     assert f.rotations == q.rotations and f.frame_folds == [4192] and f.input_span <= 4032
     assert sorted(f.block_offsets) == [0, 96, 192, 288, 384, 480]
     g, g1 = plan_matvec(3072, 576, 4032, "folded", 16, 2, 4096), plan_matvec(3072, 576, 8064, "folded", 16)

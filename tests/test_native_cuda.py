@@ -226,7 +226,7 @@ def test_cuda_folds_downloads_and_refreshes_where_its_ciphertexts_live(servers):
     polynomial in X²) decrypt as the CPU server's do (fresh randomness each: equal within the
     noise), and the refresh comes back exact after the client's re-encryption."""
     client, cpu, gpu = servers
-    assert gpu._fold_key.switch.device.type == "cuda" and cpu._fold_key.switch.device.type == "cpu"
+    assert gpu._fold_key.switch[1].device.type == "cuda" and cpu._fold_key.switch[1].device.type == "cpu"
     half, scale = SLOTS // 2, 2.0**27
     v = np.random.default_rng(8).uniform(-10.0, 10.0, SLOTS)
     w = np.tile(v[:half], 2)

@@ -195,7 +195,7 @@ def test_auto_backend_is_native_where_its_kernels_run(monkeypatch):
 def test_a_malformed_fold_key_is_refused_with_400_and_an_empty_one_accepted(ckpt, upload):
     """``PublicMaterial.fold_key`` (``crypto/ring_switch.py``): a damaged key is refused with 400
     ``bad_keys`` and leaves nothing behind; material without one imports (the server then sends
-    the MLP download whole)."""
+    every download whole)."""
     import dataclasses
 
     from veil.protected.protocol import public_material_from_bytes

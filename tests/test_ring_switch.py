@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from veil.crypto import ring_switch
+from veil.crypto import ring_switch, rounding
 from veil.crypto.backend import CiphertextError, HEError, KeyMaterialError, make_backend
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
 from veil.protected.protocol import WireError, public_material_from_bytes, public_material_to_bytes
@@ -79,7 +79,7 @@ def test_a_masked_refresh_folds_to_its_polynomial_which_the_client_reencrypts(pa
     assert client.is_folded(folded) and len(folded) - 4 <= len(server.serialize(whole_masked, noise_log2=3.0)) // 2 + 16
     g, level, got_scale = ring_switch.decrypt_residues(p, client._fold_secret, folded)
     assert (level, got_scale) == (1, scale)
-    assert np.abs(ring_switch.centred_ints(g, tuple(p.primes[:2])).astype(np.float64)).max() > 2.0**105
+    assert np.abs(rounding.crt(g, tuple(p.primes[:2]), centered=True).astype(np.float64)).max() > 2.0**105
     up = client.refresh_reencrypt_folded_to_bytes(folded, p.top_level)
     h = server.unmask_refresh(server.deserialize(up, scale=scale), mask)
     assert server.level(h) == p.top_level and server.scale(h) == scale

@@ -327,9 +327,10 @@ class NativeBackend(Evaluator, HEBackend):
     def _fold_device(self) -> str:
         return str(self.device)
 
-    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:
+    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int | None,
+                                   scale: float) -> bytes:
         y = rns.balanced_digits(torch.from_numpy(residues).to(self.device), self._ctx, from_level)
-        m, level = self._reencode(y, self._ctx.data_primes[: from_level + 1], level)
+        m, level = self._reencode(y, self._ctx.data_primes[: from_level + 1], self._level(level))
         c, seed = self._encrypt(m, level)
         return serial.ct_to_bytes(self._ctx, c, level, scale, seed)
 

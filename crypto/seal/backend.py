@@ -409,7 +409,8 @@ class SealBackend(HEBackend):
             raise HEError("folding takes a size-2 ciphertext")
         return self._c.coeff_residues(obj)
 
-    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int, scale: float) -> bytes:
+    def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int | None,
+                                   scale: float) -> bytes:
         coeffs = self._c.centered_ints(residues, self._c.levels[from_level])
         if self._encryptor_sk is None:
             raise HEError("no secret key")
