@@ -69,7 +69,7 @@ class MatvecPlan:
     lets more blocks fit: 960x576 takes 7 blocks of 84 diagonals at stride 987 (84
     plaintexts), where stride = per_block allowed only 4 blocks of 144. The blocks are summed
     by ``log2(fold_blocks)`` rotations (the blocks rounded up to a power of two; the empty
-    ones read zero slots). About ``blocks`` times fewer plaintexts and multiplications and
+    ones read zero slots), up to three by a chain of rotations by ``stride`` (``block_folds``). About ``blocks`` times fewer plaintexts and multiplications and
     fewer rotations, but the output holds partial sums (garbage) outside ``[0, rows)``: use it
     where the result goes to the client, or clean it with a 0/1 ``multiply_plain`` (one level).
 
@@ -152,6 +152,23 @@ class MatvecPlan:
         return 1 << (self.frame_blocks - 1).bit_length()
 
     @property
+    def chains_blocks(self) -> bool:
+        """Up to three blocks per frame are summed by a chain, ``y + rot(y, s) + rot(rot(y, s),
+        s)`` with ``s = stride``: as many key switches as halving their power-of-two fold
+        (``log2(fold_blocks)``: 1 for 2, 2 for 3), with one Galois key instead of two. From four
+        blocks on the halvings take fewer (W_o's and W_down's 4: 2 against 3)."""
+        return self.frame_blocks <= 3
+
+    @property
+    def block_folds(self) -> list[int]:
+        """Rotation steps summing a frame's blocks onto its first: the chain's ``frame_blocks - 1``
+        rotations by ``stride``, each of the one before, or the halvings (largest first), each
+        of the running sum."""
+        if self.chains_blocks:
+            return [self.stride] * (self.frame_blocks - 1)
+        return [h * self.stride for h in _halvings(self.fold_blocks)]
+
+    @property
     def frame_folds(self) -> list[int]:
         """Rotation steps adding the frames of a framed input (largest first)."""
         return [h * self.frame_stride for h in _halvings(self.frames)]
@@ -186,8 +203,7 @@ class MatvecPlan:
     @property
     def rotation_steps(self) -> list[int]:
         steps = set(range(1, self.n1)) | ({self.n1} if self.n2 > 1 else set())  # giant steps: Horner
-        steps.update(h * self.stride for h in _halvings(self.fold_blocks))
-        steps.update(self.row_folds, self.frame_folds)
+        steps.update(self.block_folds, self.row_folds, self.frame_folds)
         return sorted(steps)
 
     def key_levels(self, level: int, chained: bool = False, composed_folds: bool = False) -> dict[int, int]:
@@ -196,14 +212,14 @@ class MatvecPlan:
         rescale, one level lower. ``chained``: the baby steps come from step 1 alone
         (``baby_steps``); ``composed_folds``: the folds come from the smallest, ``stride``
         (``rotate``: the fold by 2^i strides is 2^i rotations by one)."""
-        folds = {h * self.stride for h in range(2, self.fold_blocks)} if composed_folds else set()
+        folds = set(self.block_folds) - {self.stride} if composed_folds else set()
         steps = [st for st in self.rotation_steps if not (chained and 1 < st < self.n1) and st not in folds]
         return {st: level if st < self.n1 else level - 1 for st in steps}
 
     @property
     def rotations(self) -> int:
         """Key switches per product (baby steps included)."""
-        return (self.n1 - 1) + (self.n2 - 1) + int(np.log2(self.fold_blocks)) + len(self.row_folds) + len(self.frame_folds)
+        return (self.n1 - 1) + (self.n2 - 1) + len(self.block_folds) + len(self.row_folds) + len(self.frame_folds)
 
     @property
     def diagonals_per_block(self) -> int:
@@ -567,8 +583,14 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
         # NTTs, so rotating one level lower is cheaper than the extra rescales
         inner = be.rescale(inners.pop(g))
         acc = inner if acc is None else be.add(acc, inner)
-    for half in _halvings(plan.fold_blocks):  # fold the blocks onto block 0 (composed from smaller folds where a key set lacks one)
-        acc = be.add(acc, rotate(be, acc, half * plan.stride))
+    if plan.chains_blocks:  # fold the blocks onto block 0: y + rot(y, s) + rot(rot(y, s), s)
+        moved = acc
+        for step in plan.block_folds:
+            moved = be.rotate(moved, step)
+            acc = be.add(acc, moved)
+    else:  # halvings, composed from the stride where a key set lacks the larger ones
+        for step in plan.block_folds:
+            acc = be.add(acc, rotate(be, acc, step))
     for step in plan.row_folds + plan.frame_folds:  # "wide": add the row groups; framed: the frames
         acc = be.add(acc, be.rotate(acc, step))
     return acc

@@ -117,6 +117,11 @@ class FoldKey:
     switch: tuple[torch.Tensor, ...]
     public: tuple[torch.Tensor, ...]
 
+    @property
+    def nbytes(self) -> int:
+        """What it holds on its device (a server's resident bytes per tenant count it)."""
+        return sum(t.numel() * t.element_size() for t in (*self.switch, *self.public))
+
 
 def _bits(primes) -> int:
     return sum(q.bit_length() for q in primes)

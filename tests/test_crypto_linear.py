@@ -236,6 +236,27 @@ def _count_calls(monkeypatch, be, name: str) -> list:
     return calls
 
 
+def test_three_blocks_are_summed_by_a_chain_of_rotations_by_the_stride(he_backend, he_pair, rng, monkeypatch):
+    """Three blocks (W_qkv's per frame): y + rot(y, s) + rot(rot(y, s), s), two key switches
+    by the stride as the halving fold of four takes, from one key instead of two; four blocks
+    still halve (2 key switches, not 3)."""
+    rows, cols, level = 576, 1536, 2
+    plan = plan_matvec(rows, cols, SLOTS, "folded")
+    assert plan.frame_blocks == 3 and plan.chains_blocks and plan.block_folds == [plan.stride] * 2
+    assert 2 * plan.stride not in plan.rotation_steps and len(plan.block_folds) == plan.fold_blocks.bit_length() - 1
+    four = plan_matvec(576, 576, SLOTS, "folded")
+    assert four.frame_blocks == 4 and four.block_folds == [2 * four.stride, four.stride]
+    client, server = he_pair(he_backend, P, plan.key_levels(level, chained=True))
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    x = rng.standard_normal(cols)
+    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
+    m = encode_matrix(server, w, level, layout="folded")
+    calls = _count_calls(monkeypatch, server, "rotate")
+    y = matvec(server, m, ct)
+    assert calls[-2:] == [plan.stride, plan.stride] and len(calls) == plan.rotations
+    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+
+
 def test_baby_steps_chain_from_step_1_under_a_compact_key_set(he_backend, he_pair, pair, rng, monkeypatch):
     """With a key for step 1 but not for the other baby steps (the client's compact set), a
     product's baby steps chain from step 1: the same n1 - 1 key switches and the same result

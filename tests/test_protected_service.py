@@ -42,6 +42,13 @@ def test_keys_count_what_they_hold_in_memory(imported, upload):
     # the seeded halves are expanded on import: memory exceeds the upload
     assert ks.resident == ks.backend.resident_bytes() > ks.nbytes == len(upload)
     assert svc.resident_bytes() == ks.resident
+    be, fold = ks.backend, ks.backend._fold_key  # the fold key's tensors count too (the client sent one)
+    try:
+        be._fold_key = None
+        without = be.resident_bytes()
+    finally:
+        be._fold_key = fold
+    assert fold is not None and fold.nbytes > 1_000_000 and ks.resident == without + fold.nbytes
 
 
 def test_keys_beyond_the_device_budget_are_refused_with_429(ckpt, upload, imported):
@@ -92,9 +99,9 @@ def test_every_key_set_is_accepted_and_a_set_short_of_the_minimal_one_is_refused
     for big, small in ((full, compact), (compact, minimal)):
         assert all(big.get(st, -1) >= lv for st, lv in small.items()) and len(small) < len(big)
     assert compact[1] == PROTECTED_PARAMS.top_level and 3 not in compact
-    qkv = product_plan(dims, "wqkv")  # its in-frame folds compose from its stride; the frame fold has a key
+    qkv = product_plan(dims, "wqkv")  # its 3 blocks per frame chain by its stride in every set; the frame fold has a key
     stride, frame_fold = qkv.stride, rotation_steps_of(qkv.frame_folds, dims.slots)[0]
-    assert stride in minimal and 2 * stride in compact and 2 * stride not in minimal and -4096 not in minimal
+    assert stride in minimal and 2 * stride not in full and -4096 in compact and -4096 not in minimal
     assert frame_fold in minimal
     with pytest.raises(ValueError, match="unknown key set"):
         rotation_key_levels(dims, key_set="tiny")

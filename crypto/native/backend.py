@@ -378,11 +378,13 @@ class NativeBackend(Evaluator, HEBackend):
         return int(self._unwrap(ct).data.shape[0])
 
     def resident_bytes(self) -> int:
-        """The public, relinearization and Galois keys as held on the device (seeded halves expanded)."""
+        """The public, relinearization, Galois and fold keys as held on the device (seeded halves
+        expanded)."""
         tensors = [k.data for k in (self._rlk, *self._gks.values()) if k is not None]
         if self._pk is not None:
             tensors += [self._pk.b, self._pk.a]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        fold = self._fold_key.nbytes if self._fold_key is not None else 0
+        return sum(t.numel() * t.element_size() for t in tensors) + fold
 
     def nbytes(self, ct: Ciphertext) -> int:
         return self._unwrap(ct).data.numel() * 8
