@@ -619,8 +619,8 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
       the same work.
     * ``"minimal"``: also each product's folds from its smallest, a fold by 2^i strides as 2^i
       rotations, and the largest key-block step (-4096) from the next (``linear.rotate``):
-      fewer bytes, for 7.5 more key switches per layer and position (one each in W_o and W_down
-      at 3; 5.5 where -4096 is used: 1.5 at 4, 2 at 2, 2 at 1). W_qkv's three blocks per frame
+      fewer bytes, for 7.5 more key switches per layer and position (one each in W_o at 3 and
+      W_down at 2; 5.5 where -4096 is used: 1.5 at 4, 2 at 2, 2 at 1). W_qkv's three blocks per frame
       chain by its stride in every set (``MatvecPlan.chains_blocks``), so it composes nothing."""
     if key_set not in KEY_SETS:
         raise ValueError(f"unknown key set {key_set!r}; choose one of {KEY_SETS}")
