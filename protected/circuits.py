@@ -257,9 +257,9 @@ class Circuit:
         return self.download(self.mlp_statistics(u, h_prime, 0.5 if fold else 1.0), self.levels.mlp_download, fold)
 
     def mask_for_refresh(self, h: Ciphertext):
-        """h'' at the refresh level and scale (``residual``) -> (h'' + ρ, ρ): the mask the one
-        ``masked_download`` needs (a polynomial in X² where the refresh folds)."""
-        return self.be.mask_for_refresh(h, fold=self.folds_refresh())
+        """h'' (2) -> (h'' + ρ at the refresh level and scale, ρ): ``to_refresh``, then the mask,
+        the one ``masked_download`` needs (a polynomial in X² where the refresh folds)."""
+        return self.be.mask_for_refresh(self.to_refresh(h), fold=self.folds_refresh())
 
     def masked_download(self, masked: Ciphertext) -> bytes:
         """A masked refresh, folded where ``folds_refresh`` (re-randomized there), else already
@@ -501,15 +501,10 @@ class Circuit:
         subtracts slot 2F from û); σ' times ``share`` (``mlp_download``)."""
         return self.be.add(self.select(u, "first_2f", self.first(2 * self.dims.ffn)), self.norm_statistic(h_prime, share))
 
-    # ---- MLP_IN -> REFRESH / FINAL (after W_down m: 2, wide, partial sums outside [0, d)) -----
+    # ---- MLP_IN -> REFRESH / FINAL (after W_down m: 3, wide, partial sums outside [0, d)) -----
     def residual(self, h_prime: Ciphertext, down: Ciphertext) -> Ciphertext:
-        """h'' = h' + W_down m, clean and replicated, at the refresh level and scale (1): the next
-        layer's input once refreshed. W_down m (2) is cleaned straight onto the refresh scale and
-        replicated there, h' (2) lands on it by a plaintext of ones (``to_refresh``): that is
-        what lets m go up at 3, one prime less, where cleaning on Δ first put it at 4. The clean's
-        0/1 mask is then encoded at ~2^27 instead of ~2^36 (docs/PROTOCOL.md, "Levels")."""
-        down = self.select(down, "first_d", self.first(self.dims.d), self.refresh_scale())
-        return self.be.add(self.to_refresh(h_prime), self.replicate_hidden(down))
+        """h'' = h' + W_down m, clean and replicated (2): the next layer's input once refreshed."""
+        return self.be.add(h_prime, self.replicate_hidden(self.select(down, "first_d", self.first(self.dims.d))))
 
     def refresh_scale(self) -> float:
         """The scale h'' travels at in its masked refresh: the largest power of two (at most Δ)
@@ -519,7 +514,7 @@ class Circuit:
         return min(params.scale, params.max_mask_scale(self.levels.refresh))
 
     def to_refresh(self, h: Ciphertext) -> Ciphertext:
-        """h' (2) at the refresh level and scale (1): a plaintext of ones lands it there."""
+        """h'' (2) at the refresh level and scale (1): a plaintext of ones lands it there."""
         return self.select(h, "ones", self._ones, self.refresh_scale())
 
     def from_refresh(self, h: Ciphertext) -> Ciphertext:
@@ -539,7 +534,7 @@ class Circuit:
         """h_L = h' + W_down m, both cleaned at the download scale (1)."""
         be, d = self.be, self.dims.d
         h_out = self.select(h_prime, "first_d", self.first(d), DOWNLOAD_SCALE)  # 1
-        down = self.select(down, "first_d", self.first(d), DOWNLOAD_SCALE)  # 1
+        down = self.select(down, "first_d", self.first(d), DOWNLOAD_SCALE)  # 2
         return be.add(h_out, be.mod_switch_to(down, be.level(h_out)))
 
 
@@ -619,8 +614,8 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
       the same work.
     * ``"minimal"``: also each product's folds from its smallest, a fold by 2^i strides as 2^i
       rotations, and the largest key-block step (-4096) from the next (``linear.rotate``):
-      fewer bytes, for 7.5 more key switches per layer and position (one each in W_o at 3 and
-      W_down at 2; 5.5 where -4096 is used: 1.5 at 4, 2 at 2, 2 at 1). W_qkv's three blocks per frame
+      fewer bytes, for 7.5 more key switches per layer and position (one each in W_o and W_down
+      at 3; 5.5 where -4096 is used: 1.5 at 4, 2 at 2, 2 at 1). W_qkv's three blocks per frame
       chain by its stride in every set (``MatvecPlan.chains_blocks``), so it composes nothing."""
     if key_set not in KEY_SETS:
         raise ValueError(f"unknown key set {key_set!r}; choose one of {KEY_SETS}")

@@ -97,7 +97,7 @@ class Levels:
     h: int = 7  # layer input (TOKEN, REFRESHED): clean and replicated
     w: int = 6  # softmax weights (WEIGHTS)
     kv: int = 5  # values (multiplied by the expanded weights at 5)
-    m: int = 3  # SwiGLU output (MLP_IN): W_down m at 2, cleaned onto the refresh scale at 1
+    m: int = 4  # SwiGLU output (MLP_IN)
     h_prime: int = 2  # h' and h''
     scores_download: int = 0
     mlp_download: int = 0
@@ -105,8 +105,8 @@ class Levels:
 
     @property
     def refresh(self) -> int:
-        """h'' masked for its refresh: one product under ``h_prime`` (``Circuit.residual``), on
-        the largest scale whose mask this level holds."""
+        """h'' masked for its refresh: one product under ``h_prime`` (``Circuit.to_refresh``),
+        on the largest scale whose mask this level holds."""
         return self.h_prime - 1
 
     @property
