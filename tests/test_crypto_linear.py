@@ -236,6 +236,19 @@ def _count_calls(monkeypatch, be, name: str) -> list:
     return calls
 
 
+def _folded_product(pair, rows: int, cols: int, level: int, rng, monkeypatch):
+    """W x through a folded product on ``pair``'s keys: (the steps rotated by, the largest error,
+    the server, the input)."""
+    client, server = pair
+    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    x = rng.standard_normal(cols)
+    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
+    m = encode_matrix(server, w, level, layout="folded")
+    calls = _count_calls(monkeypatch, server, "rotate")
+    y = matvec(server, m, ct)
+    return calls, np.abs(client.decrypt(y, rows) - w @ x).max(), server, ct
+
+
 def test_three_blocks_are_summed_by_a_chain_of_rotations_by_the_stride(he_backend, he_pair, rng, monkeypatch):
     """Three blocks (W_qkv's per frame): y + rot(y, s) + rot(rot(y, s), s), two key switches
     by the stride as the halving fold of four takes, from one key instead of two; four blocks
@@ -246,15 +259,9 @@ def test_three_blocks_are_summed_by_a_chain_of_rotations_by_the_stride(he_backen
     assert 2 * plan.stride not in plan.rotation_steps and len(plan.block_folds) == plan.fold_blocks.bit_length() - 1
     four = plan_matvec(576, 576, SLOTS, "folded")
     assert four.frame_blocks == 4 and four.block_folds == [2 * four.stride, four.stride]
-    client, server = he_pair(he_backend, P, plan.key_levels(level, chained=True))
-    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
-    x = rng.standard_normal(cols)
-    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
-    m = encode_matrix(server, w, level, layout="folded")
-    calls = _count_calls(monkeypatch, server, "rotate")
-    y = matvec(server, m, ct)
-    assert calls[-2:] == [plan.stride, plan.stride] and len(calls) == plan.rotations
-    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+    calls, err, _, _ = _folded_product(he_pair(he_backend, P, plan.key_levels(level, chained=True)), rows, cols,
+                                       level, rng, monkeypatch)
+    assert calls[-2:] == [plan.stride, plan.stride] and len(calls) == plan.rotations and err < 1e-5
 
 
 def test_baby_steps_chain_from_step_1_under_a_compact_key_set(he_backend, he_pair, pair, rng, monkeypatch):
@@ -305,15 +312,9 @@ def test_folds_composed_from_the_smallest_under_a_minimal_key_set(he_backend, he
     minimal = plan.key_levels(level, chained=True, composed_folds=True)
     folds = [h * plan.stride for h in range(1, plan.fold_blocks) if h & (h - 1) == 0]
     assert [f for f in folds if f in minimal] == [plan.stride]
-    client, server = he_pair(he_backend, P, minimal)
-    w = rng.standard_normal((rows, cols)) / np.sqrt(cols)
-    x = rng.standard_normal(cols)
-    ct = client.encrypt(replicate_input(x, SLOTS), level=level)
-    m = encode_matrix(server, w, level, layout="folded")
-    calls = _count_calls(monkeypatch, server, "rotate")
-    y = matvec(server, m, ct)
+    calls, err, server, ct = _folded_product(he_pair(he_backend, P, minimal), rows, cols, level, rng, monkeypatch)
     assert calls.count(plan.stride) == plan.fold_blocks - 1 and not set(folds[1:]) & set(calls)
-    assert np.abs(client.decrypt(y, rows) - w @ x).max() < 1e-5
+    assert err < 1e-5
     with pytest.raises(HEError, match="no Galois key"):
         server.rotate(ct, 2 * plan.stride)
 
