@@ -69,9 +69,10 @@ class MatvecPlan:
     lets more blocks fit: 960x576 takes 7 blocks of 84 diagonals at stride 987 (84
     plaintexts), where stride = per_block allowed only 4 blocks of 144. The blocks are summed
     by ``log2(fold_blocks)`` rotations (the blocks rounded up to a power of two; the empty
-    ones read zero slots), up to three by a chain of rotations by ``stride`` (``block_folds``). About ``blocks`` times fewer plaintexts and multiplications and
-    fewer rotations, but the output holds partial sums (garbage) outside ``[0, rows)``: use it
-    where the result goes to the client, or clean it with a 0/1 ``multiply_plain`` (one level).
+    ones read zero slots), up to three by a chain of rotations by ``stride`` (``block_folds``).
+    About ``blocks`` times fewer plaintexts and multiplications and fewer rotations, but the
+    output holds partial sums (garbage) outside ``[0, rows)``: use it where the result goes to
+    the client, or clean it with a 0/1 ``multiply_plain`` (one level).
 
     ``layout="wide"`` (rows < cols, for W_down): the folded layout applied to the matrix tiled
     vertically to ``cols`` rows (row ``j`` is row ``j % row_period`` of the matrix padded to
@@ -485,8 +486,9 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     slots ``[p*S/P, (p+1)*S/P)`` (``pack_inputs``). The plan is made for S/P slots and each
     plaintext is its S/P-slot diagonal vector repeated P times. Every output slot of frame p
     reads input slots of frame p only (the plan never reads past its input span, at most S/P),
-    so ``matvec`` runs unchanged and one product serves P positions with the rotations of one. The plaintexts are P-periodic, i.e. polynomials in X^P (a backend may
-    store them in N/P coefficients).
+    so ``matvec`` runs unchanged and one product serves P positions with the rotations of one.
+    The plaintexts are P-periodic, i.e. polynomials in X^P (a backend may store them in N/P
+    coefficients).
 
     ``frames = F`` (pack 1): a framed input, the same vector in each of F frames of S/F slots,
     periodic on the first ``max_input_span`` of each (``MatvecPlan``)."""

@@ -211,10 +211,11 @@ def _centre(x: torch.Tensor, q: int) -> torch.Tensor:
 
 def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale: float,
          noise_log2: float | None, round_log2: float | None = None) -> bytes:
-    """Server: a ciphertext's coefficient residues ``[2, level + 1, N]`` (in ``[0, q)``; numpy, or a
-    tensor, moved to the key's device where the fold runs) -> the folded download. ``noise_log2`` (a download): the even part doubled (the slot halves'
-    sum), flooded at ``2^(noise_log2 + 1/2)`` and rounded above that floor; ``None`` (a masked
-    refresh): the even part itself, not flooded, rounded above ``2^round_log2``."""
+    """Server: a ciphertext's coefficient residues ``[2, level + 1, N]`` (in ``[0, q)``; numpy, or
+    a tensor, moved to the key's device where the fold runs) -> the folded download.
+    ``noise_log2`` (a download): the even part doubled (the slot halves' sum), flooded at
+    ``2^(noise_log2 + 1/2)`` and rounded above that floor; ``None`` (a masked refresh): the even
+    part itself, not flooded, rounded above ``2^round_log2``."""
     if noise_log2 is None and round_log2 is None:
         raise ValueError("an unflooded fold needs the floor to round to")
     dev = key.switch[0].device

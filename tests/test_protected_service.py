@@ -99,7 +99,8 @@ def test_every_key_set_is_accepted_and_a_set_short_of_the_minimal_one_is_refused
     for big, small in ((full, compact), (compact, minimal)):
         assert all(big.get(st, -1) >= lv for st, lv in small.items()) and len(small) < len(big)
     assert compact[1] == PROTECTED_PARAMS.top_level and 3 not in compact
-    qkv = product_plan(dims, "wqkv")  # its 3 blocks per frame chain by its stride in every set; the frame fold has a key
+    # W_qkv's 3 blocks per frame chain by its stride in every set; its frame fold has a key
+    qkv = product_plan(dims, "wqkv")
     stride, frame_fold = qkv.stride, rotation_steps_of(qkv.frame_folds, dims.slots)[0]
     assert stride in minimal and 2 * stride not in full and -4096 in compact and -4096 not in minimal
     assert frame_fold in minimal
