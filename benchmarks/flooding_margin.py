@@ -52,11 +52,12 @@ AFTER_MASK = {"scores": 1.0 / SCORES_DIV}
 BASE_SLOT = {MsgKind.SCORES: lambda dims: dims.sigma_slot, MsgKind.MLP: lambda dims: dims.sigma2_slot}
 
 
-def kept_slots(dims, kind: str, position: int) -> np.ndarray:
-    """The slots a download of ``kind`` may carry values in (the rest were masked)."""
+def kept_slots(dims, kind: str, position: int, size: int) -> np.ndarray:
+    """The slots a download of ``kind`` may carry values in (the rest were masked), in a vector
+    of ``size`` slots (S/2 where it was folded)."""
     if kind == MsgKind.SCORES:
         idx = [score_slot(dims, p, h) for p in range(position + 1) for h in range(dims.heads)]
-        return np.array(sorted(idx + [dims.sigma_slot]))
+        return np.unique(np.array(idx + [dims.sigma_slot]) % size)
     if kind == MsgKind.MLP:
         return np.arange(2 * dims.ffn + 1)
     return np.arange(dims.d)  # FINAL
@@ -121,7 +122,7 @@ def residues(ex, client: ProtectedClientState, client_be, h_rows: np.ndarray, re
                 if reply.kind != MsgKind.REFRESH:  # masked by the refresh mask, not flooded
                     for vec in seen:
                         v = vec - vec[BASE_SLOT[reply.kind](dims)] if reply.kind in BASE_SLOT else vec
-                        rest = np.abs(np.delete(v, kept_slots(dims, reply.kind, t))).max()
+                        rest = np.abs(np.delete(v, kept_slots(dims, reply.kind, t, v.size))).max()
                         r = results.setdefault(f"{reply.kind}.l{reply.layer}", {"max_residue": 0.0})
                         r["max_residue"] = max(r["max_residue"], float(rest))
                 msg = client.handle(reply)

@@ -44,6 +44,7 @@ from veil.protected.layouts import (
     HIDDEN_FRAMES,
     SCORES_DIV,
     SIGMA_DIV,
+    UPPER_BLOCK_SHIFT,
     LayoutDims,
     weights_period,
     weights_shift,
@@ -187,17 +188,17 @@ class Circuit:
         with self.be.section("matvec", f"{m.rows}x{m.cols}@{m.level}"):
             return batch.unstack(matvec(batch, m, batch.stack(xs)))
 
-    def rotate_blocks(self, ct: Ciphertext, blocks, width: int = BLOCK) -> Ciphertext:
-        """Rotate right by ``blocks * width`` slots (power-of-two steps); per-row ``blocks`` (a
-        tuple): each power of two is rotated for every row and kept where the row's bit is set."""
+    def rotate_blocks(self, ct: Ciphertext, blocks, steps) -> Ciphertext:
+        """Move a block-0 vector into block ``blocks``: the rotation ``steps[i]`` for each bit
+        ``i`` set (``LayoutDims.key_block_steps``, or right shifts by a value block's width
+        times 2^i); per-row ``blocks`` (a tuple): each bit's rotation is made for every row and
+        kept where the row's bit is set."""
         rows = blocks if isinstance(blocks, tuple) else (blocks,)
-        i = 0
-        while any(b >> i for b in rows):
+        for i, step in enumerate(steps):
             need = [bool(b >> i & 1) for b in rows]
             if any(need):
-                rot = rotate(self.be, ct, -width * (1 << i))  # composed where a minimal key set lacks it
+                rot = rotate(self.be, ct, step)  # composed where a minimal key set lacks it
                 ct = rot if all(need) else self.be.pick_rows(need, rot, ct)
-            i += 1
         return ct
 
     def repeat_kv(self, x: Ciphertext) -> Ciphertext:
@@ -211,10 +212,8 @@ class Circuit:
 
     def sum_all(self, ct: Ciphertext) -> Ciphertext:
         """Cyclic sum of all slots into every slot (log2(slots) rotations): no partial sums."""
-        st = 1
-        while st < self.dims.slots:
-            ct = self.be.add(ct, rotate(self.be, ct, st if st < BLOCK else -st))
-            st *= 2
+        for st in sum_all_steps(self.dims.slots):
+            ct = self.be.add(ct, rotate(self.be, ct, st))
         return ct
 
     def download(self, ct: Ciphertext, level: int, fold: bool = False) -> bytes:
@@ -238,6 +237,12 @@ class Circuit:
         switches, and its slots ``[0, 2F]`` lie in the first half, so that the fold adds only σ'
         slots onto them."""
         return self._folds(self.levels.mlp_download) and 2 * self.dims.ffn < self.dims.slots // 2
+
+    def folds_scores(self, chunks: int) -> bool:
+        """Whether a scores download of ``chunks`` chunks leaves folded (half the bytes): the
+        client sent a fold key, and its lanes stay under ``UPPER_BLOCK_SHIFT``, so that the
+        blocks S/2 apart (the first half's lanes [0, 32), the second's [32, 64)) never meet."""
+        return self._folds(self.levels.scores_download) and chunks <= UPPER_BLOCK_SHIFT
 
     def folds_refresh(self) -> bool:
         """Whether the masked refresh leaves folded (half the bytes): h'' is in the hidden layout,
@@ -326,15 +331,19 @@ class Circuit:
     def kv_blocks(self, k_hat: Ciphertext, v_hat: Ciphertext, t) -> tuple[Ciphertext, Ciphertext]:
         """k̂ and v̂ moved to position ``t``'s block of its chunk (key block of 1024 slots, value
         block of q slots); ``t`` per row for a batch whose rows stand at different positions."""
-        b = tuple(x % self.dims.per_chunk for x in t) if isinstance(t, tuple) else t % self.dims.per_chunk
-        return self.rotate_blocks(k_hat, b), self.rotate_blocks(v_hat, b, self.dims.qdim)
+        dims = self.dims
+        b = tuple(x % dims.per_chunk for x in t) if isinstance(t, tuple) else t % dims.per_chunk
+        value_steps = [-dims.qdim * (1 << i) for i in range(dims.per_chunk.bit_length() - 1)]
+        return self.rotate_blocks(k_hat, b, dims.key_block_steps), self.rotate_blocks(v_hat, b, value_steps)
 
     def scores(self, q_hat: Ciphertext, keys: list[Ciphertext], t) -> Ciphertext:
         """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (1). For a batch
         whose rows stand at different positions (``t`` a tuple) every row takes the longest
         row's chunks, its own zero-padded ones with no valid block."""
         dims, be = self.dims, self.be
-        q_rep = replicate(be, q_hat, BLOCK, dims.per_chunk)  # q̂ at the keys' level (4)
+        q_rep = q_hat  # q̂ at the keys' level (4), copied into every block by doubling
+        for step in dims.key_block_steps:
+            q_rep = be.add(q_rep, rotate(be, q_rep, step))
         ts = t if isinstance(t, tuple) else (t,)
         n_chunks = max(ts) // dims.per_chunk + 1
         valid = [self.valid_blocks(ts, c) for c in range(n_chunks)]
@@ -373,7 +382,7 @@ class Circuit:
                     def make():
                         mask = np.zeros(slots)
                         for b in range(v):
-                            mask[BLOCK * b + hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
+                            mask[dims.block_base(b) + hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
                         return mask
                     return ("lane_class", j, v), make
 
@@ -387,7 +396,7 @@ class Circuit:
             def score_mask(n=n):  # every block: the class masks already zeroed positions > t
                 mask = np.zeros(slots)
                 for b in range(dims.per_chunk):
-                    mask[BLOCK * b + hd * np.arange(heads)[:, None] + np.arange(n)[None, :]] = 1 / np.sqrt(hd)
+                    mask[dims.block_base(b) + hd * np.arange(heads)[:, None] + np.arange(n)[None, :]] = 1 / np.sqrt(hd)
                 return mask
 
             parts.append(self.select(part, ("scores", n), score_mask, SCORE_MASK_SCALE))  # 1
@@ -399,10 +408,20 @@ class Circuit:
         # encoding error scales every slot alike and moves nothing between slots)
         return self.select(scores, "scores_div", lambda: np.full(slots, 1.0 / SCORES_DIV))  # 0
 
-    def sigma(self, h: Ciphertext, scores: Ciphertext | None) -> Ciphertext:
-        """σ_t / (d * SIGMA_DIV) in every slot, added to the scores when there are any (0)."""
-        out = self.norm_statistic(self.be.mod_switch_to(h, self.levels.scores_download + 2))
+    def sigma(self, h: Ciphertext, scores: Ciphertext | None, share: float = 1.0) -> Ciphertext:
+        """share · σ_t / (d * SIGMA_DIV) in every slot, added to the scores when there are any
+        (0); ``share`` 1/2 where the download folds (``scores_download``)."""
+        out = self.norm_statistic(self.be.mod_switch_to(h, self.levels.scores_download + 2), share)
         return out if scores is None else self.be.add(scores, out)
+
+    def scores_download(self, h: Ciphertext, scores: Ciphertext | None, positions) -> bytes:
+        """The scores download of a position (``positions``: its own, or a batch's per-row
+        ones), folded where ``folds_scores``: then σ rides in every slot at half its value, so
+        that the fold's sum of slot j and j + S/2 gives the client the same slots as the whole
+        download."""
+        top = max(positions) if isinstance(positions, tuple) else positions
+        fold = self.folds_scores(top // self.dims.per_chunk + 1)
+        return self.download(self.sigma(h, scores, 0.5 if fold else 1.0), self.levels.scores_download, fold)
 
     def norm_statistic(self, x: Ciphertext, share: float = 1.0) -> Ciphertext:
         """share · Σ x² / (d * SIGMA_DIV) in every slot from x clean and replicated at 2 (0): a cyclic sum
@@ -538,6 +557,12 @@ class Circuit:
         return be.add(h_out, be.mod_switch_to(down, be.level(h_out)))
 
 
+def sum_all_steps(slots: int) -> list[int]:
+    """The rotations of ``Circuit.sum_all``: every power of two below ``slots``, those from a
+    block on as right shifts (the key blocks' steps, where a key set holds them anyway)."""
+    return [1 << i if 1 << i < BLOCK else -(1 << i) for i in range(slots.bit_length() - 1)]
+
+
 @functools.cache
 def score_lane_groups(n_chunks: int, log_hd: int) -> tuple[tuple[int, int], ...]:
     """Groups ``(chunks, j)`` of ``Circuit.lane_sums``, in lane order: a group of ``C`` chunks
@@ -613,10 +638,12 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
       rotations by 1..14 chain from step 1 too. On a backend that does not hoist (SEAL) that is
       the same work.
     * ``"minimal"``: also each product's folds from its smallest, a fold by 2^i strides as 2^i
-      rotations, and the largest key-block step (-4096) from the next (``linear.rotate``):
-      fewer bytes, for 7.5 more key switches per layer and position (one each in W_o and W_down
-      at 3; 5.5 where -4096 is used: 1.5 at 4, 2 at 2, 2 at 1). W_qkv's three blocks per frame
-      chain by its stride in every set (``MatvecPlan.chains_blocks``), so it composes nothing."""
+      rotations, and the largest key-block step (-4128: S/2 and ``UPPER_BLOCK_SHIFT``) and S/2
+      from the smaller ones (``linear.rotate``): fewer bytes, for 9 more key switches per layer
+      and position (one each in W_o and W_down at 3; 3 at 4 where q̂ is copied and a key moved
+      into the second half of its chunk, -2048, -2048, -32 for -4128; 2 at 2 and 2 at 1 where
+      S/2 is). W_qkv's three blocks per frame chain by its stride in every set
+      (``MatvecPlan.chains_blocks``), so it composes nothing."""
     if key_set not in KEY_SETS:
         raise ValueError(f"unknown key set {key_set!r}; choose one of {KEY_SETS}")
     chained, minimal = key_set != "full", key_set == "minimal"
@@ -634,18 +661,17 @@ def rotation_key_levels(dims: LayoutDims, lv: Levels = LEVELS, key_set: str = "f
     use({hd // 2, -(hd // 2)}, lv.keys + 1)  # RoPE on y switched to 5
     use({dims.kv_dim, 2 * dims.kv_dim - dims.value_offset}, lv.kv)  # KV lanes -> head slots (k̂ at 4, v̂ at 5)
     use({-dims.qdim * (1 << i) for i in range(dims.value_shifts.bit_length() - 1)}, lv.kv)  # value blocks, â shifts
-    use({-BLOCK * (1 << i) for i in range((dims.per_chunk - 1).bit_length())}, lv.keys)  # key blocks, q̂ copies
+    use(dims.key_block_steps, lv.keys)  # key blocks, q̂ copies
     window = weights_shift(weights_period(hd)) + 1  # the widest weights window (64 chunks)
     use(range(1, 2 * window - 1) if not chained else {1}, lv.w)  # the weights upload's rotations (6)
     log_w, log_hd = window.bit_length() - 1, hd.bit_length() - 1
     use({sign << i for sign in (1, -1) for i in range(log_w, log_hd)}, lv.kv)  # weights' doublings (5)
     for st, level in lane_sum_key_levels(log_hd, lv).items():
         use({st}, level)
-    use({1 << i for i in range(BLOCK.bit_length() - 1)}, lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)
+    use(sum_all_steps(dims.slots), lv.h_prime - 1)  # σ and σ' cyclic slot sums (1)
     use([*replicate_rotation_steps(dims.frame, HIDDEN_FRAMES), *replicate_rotation_steps(dims.d, dims.frame_copies)],
         lv.h_prime)  # o and W_down m replicated (``Circuit.replicate_hidden``)
-    use(replicate_rotation_steps(BLOCK, dims.per_chunk), lv.keys)  # q̂ into the blocks of a chunk
-    if minimal:  # the largest key-block step from the next (q̂ copies, key blocks, σ sums)
-        for st in rotation_steps_of([-BLOCK * (dims.per_chunk // 2)], dims.slots):
+    if minimal:  # the largest key-block steps from the smaller (q̂ copies, key blocks, σ sums)
+        for st in rotation_steps_of([dims.key_block_steps[-1], dims.slots // 2], dims.slots):
             need.pop(st)
     return dict(sorted(need.items()))

@@ -17,7 +17,10 @@ Layouts (slot indices of one ciphertext):
 * **position blocks**: the key cache and the query replicas use blocks of ``BLOCK = 1024``
   slots, ``S // BLOCK = 8`` positions per ciphertext ("chunk"). Position ``j`` lives in chunk
   ``j // 8``, block ``j % 8``; inside a block, slot ``g*hd + i`` holds lane ``i`` of the head
-  in *head slot* ``g``, slots ``[H*hd, BLOCK)`` are zero. Head slots are ordered so that head
+  in *head slot* ``g``, the other slots are zero. The blocks of a chunk's second half
+  (``j % 8 >= 4``, slots ``[S/2, S)``) start ``UPPER_BLOCK_SHIFT = 32`` slots further into their
+  block (``block_base``), so that their score lanes never meet the first half's when the scores
+  download folds (below). Head slots are ordered so that head
   slot ``g`` reads KV head ``g % kv_heads`` (``head_slot``: query head ``h`` of KV head
   ``h // group`` sits at slot ``(h % group) * kv_heads + h // group``): the keys and values
   of all query heads are then the ``kv_heads*hd`` KV lanes repeated ``group`` times, which
@@ -34,8 +37,12 @@ Layouts (slot indices of one ciphertext):
   of 1024 slots (as the keys use) gave period 1024 and a zero-padded 576x1024 product of 256.
 * **scores download** (level 0): ``σ/(d * SIGMA_DIV)`` in *every* slot (read at slot ``d``,
   inside block 0's zero gap), plus ``ŝ^h_{j} / (sqrt(hd) * SCORES_DIV)`` at slot
-  ``BLOCK*(j%8) + hd*head_slot(h) + j//8`` (lane = chunk index, so up to ``8*hd = 512``
-  positions fit one ciphertext); the server masks every other slot's partial sums away.
+  ``block_base(j%8) + hd*head_slot(h) + j//8`` (lane = chunk index, so up to ``8*hd = 512``
+  positions fit one ciphertext); the server masks every other slot's partial sums away. Up to
+  ``UPPER_BLOCK_SHIFT`` chunks (256 positions) the lanes of block ``b`` and ``b + 4``, S/2
+  apart, are disjoint (``[0, 32)`` and ``[32, 64)`` of each head), so the download folds into the
+  ring of N/2 (slot ``j`` plus slot ``j + S/2``) losing nothing; σ then rides at half its value
+  in every slot, and the folded slots carry the same ``σ/(d * SIGMA_DIV)``.
 * **softmax weights upload** (compact, one ciphertext for up to 512 positions): with ``C``
   chunks and ``P`` the next power of two >= C, slot ``value_base(b) + hd*head_slot(h) + l + s``
   holds ``w^h_{8*(l % P) + b}`` (zero for positions beyond the current one), ``s =
@@ -65,6 +72,7 @@ import numpy as np
 __all__ = [
     "BLOCK",
     "HIDDEN_FRAMES",
+    "UPPER_BLOCK_SHIFT",
     "SCORES_DIV",
     "SIGMA_DIV",
     "LayoutDims",
@@ -83,6 +91,10 @@ __all__ = [
 ]
 
 BLOCK = 1024
+#: Slots the position blocks of a chunk's second half sit further into their block: their
+#: score lanes are then [32, 64) of each head where the first half's are [0, 32), and a scores
+#: download of at most this many chunks folds into the ring of N/2 without two lanes meeting.
+UPPER_BLOCK_SHIFT = 32
 #: Frames of the hidden layout: its slots repeat every ``S / HIDDEN_FRAMES``.
 HIDDEN_FRAMES = 2
 # The scores and MLP downloads sit at level 0, which holds |value| < 2^20 at scale 2^36 (q0 has
@@ -136,6 +148,21 @@ class LayoutDims:
     @property
     def per_chunk(self) -> int:
         return self.slots // BLOCK
+
+    def block_base(self, block):
+        """First slot of position block ``block`` of a chunk (an int or a numpy array): the
+        second half's blocks ``UPPER_BLOCK_SHIFT`` slots into theirs."""
+        return BLOCK * block + UPPER_BLOCK_SHIFT * (block >= self.per_chunk // 2)
+
+    @property
+    def key_block_steps(self) -> tuple[int, ...]:
+        """The rotation by which bit ``i`` of a block index moves a block-0 vector (right
+        shifts, all negative): ``BLOCK * 2^i``, the top bit (S/2) plus ``UPPER_BLOCK_SHIFT``.
+        Doubling by them replicates q̂ into every block; summing those of ``b``'s bits moves k̂
+        into block ``b``."""
+        steps = [-BLOCK * (1 << i) for i in range(self.per_chunk.bit_length() - 1)]
+        steps[-1] -= UPPER_BLOCK_SHIFT
+        return tuple(steps)
 
     @property
     def max_positions(self) -> int:
@@ -207,8 +234,10 @@ class LayoutDims:
         return (self.value_offset + self.qdim * block) % self.slots
 
     def check(self) -> None:
-        if self.slots % BLOCK or self.qdim > BLOCK or self.d > BLOCK:
-            raise ValueError("position blocks need d, heads*head_dim <= 1024 and 1024 | slots")
+        if self.slots % BLOCK or self.qdim + UPPER_BLOCK_SHIFT > BLOCK or self.d > BLOCK:
+            raise ValueError("position blocks need d <= 1024, heads*head_dim <= 992 and 1024 | slots")
+        if self.per_chunk & (self.per_chunk - 1) or self.per_chunk < 2:
+            raise ValueError("a chunk's position blocks must be a power of two, at least 2")
         if self.d != self.qdim:
             raise ValueError("the layouts assume hidden size == heads * head_dim")
         if 2 * self.ffn + 1 > self.slots:
@@ -262,9 +291,10 @@ def weights_shift(period: int) -> int:
 
 
 def score_slot(dims: LayoutDims, position, head):
-    """Slot of head ``head``'s score for ``position`` (ints, or numpy arrays that broadcast)."""
+    """Slot of head ``head``'s score for ``position`` (ints, or numpy arrays that broadcast) in a
+    whole download; in a folded one (S/2 slots) the slot modulo S/2."""
     b, c = position % dims.per_chunk, position // dims.per_chunk
-    return BLOCK * b + dims.head_dim * dims.head_slot(head) + c
+    return dims.block_base(b) + dims.head_dim * dims.head_slot(head) + c
 
 
 def pack_weights(dims: LayoutDims, w: np.ndarray) -> np.ndarray:
@@ -293,8 +323,8 @@ def unpack_sigma(dims: LayoutDims, vec: np.ndarray) -> float:
 
 
 def unpack_scores(dims: LayoutDims, vec: np.ndarray, positions: int) -> tuple[float, np.ndarray]:
-    """-> (σ/d, ŝ/sqrt(hd) of shape (heads, positions))."""
-    idx = score_slot(dims, np.arange(positions)[None, :], np.arange(dims.heads)[:, None])
+    """-> (σ/d, ŝ/sqrt(hd) of shape (heads, positions)); ``vec`` whole or folded."""
+    idx = score_slot(dims, np.arange(positions)[None, :], np.arange(dims.heads)[:, None]) % len(vec)
     base = float(vec[dims.sigma_slot])
     return unpack_sigma(dims, vec), (vec[idx] - base) * SCORES_DIV
 

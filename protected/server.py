@@ -392,8 +392,8 @@ class ProtectedExecutor:
         for i, h in hs.items():
             scores = c.scores(q_hats[i], kv.keys, shift(t0, i)) if i in active else None
             tag = Tag.SCORES_SIGMA if scores is not None else Tag.SIGMA
-            out = c.sigma(h, scores)
-            payloads.append(CtPayload(tag, self.levels.scores_download, c.download(out, self.levels.scores_download), i))
+            data = c.scores_download(h, scores, shift(t0, i))
+            payloads.append(CtPayload(tag, self.levels.scores_download, data, i))
         state = SpanState(EXPECT[MsgKind.SCORES], index, t0, count, length, {i: hs[i] for i in active},
                           verify=verify, undo=dict(undo or {}))
         kv_delta = delta + sum(row_added) if len(set(row_added)) == 1 else tuple(delta + a for a in row_added)

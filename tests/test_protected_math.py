@@ -10,9 +10,9 @@ from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128, PROTECTED_PARAMS
 from veil.protected.circuits import Circuit, Constants, rotation_key_levels, score_lane_groups
 from veil.protected.client import softmax_weights, swiglu_from_u
 from veil.protected.layouts import (
-    BLOCK,
     SCORES_DIV,
     SIGMA_DIV,
+    UPPER_BLOCK_SHIFT,
     WEIGHTS_WINDOW,
     LayoutDims,
     pack_weights,
@@ -191,7 +191,7 @@ def test_scores_layout_matches_lane_placement():
         for b in range(DIMS.per_chunk):
             j = c * DIMS.per_chunk + b
             if j < n:
-                v[BLOCK * b + 64 * np.arange(DIMS.heads)] = s[DIMS.head_order, j]  # head slot g
+                v[DIMS.block_base(b) + 64 * np.arange(DIMS.heads)] = s[DIMS.head_order, j]  # head slot g
         sel.append(v)
     acc = sel[-1]
     for c in range(chunks - 2, -1, -1):
@@ -202,6 +202,26 @@ def test_scores_layout_matches_lane_placement():
     assert sig == 5.0 * SIGMA_DIV
     np.testing.assert_allclose(got, s, rtol=0, atol=1e-13)
     assert len({score_slot(DIMS, j, h) for j in range(DIMS.max_positions) for h in range(9)}) == 512 * 9
+
+
+def test_scores_fold_without_two_lanes_meeting_up_to_32_chunks():
+    """Folded (slot j plus slot j + S/2), the scores download keeps every score and σ apart while
+    its lanes stay under ``UPPER_BLOCK_SHIFT`` (32 chunks, 256 positions), and unpacks like the
+    whole one when σ rides at half its value; at 33 chunks two lanes meet."""
+    half = DIMS.slots // 2
+
+    def apart(positions: int) -> bool:
+        idx = [score_slot(DIMS, j, h) % half for j in range(positions) for h in range(DIMS.heads)]
+        return len(set(idx) | {DIMS.sigma_slot}) == len(idx) + 1
+
+    assert apart(UPPER_BLOCK_SHIFT * DIMS.per_chunk) and not apart(UPPER_BLOCK_SHIFT * DIMS.per_chunk + 1)
+    n = UPPER_BLOCK_SHIFT * DIMS.per_chunk
+    s = np.random.default_rng(4).standard_normal((DIMS.heads, n))
+    whole = np.full(DIMS.slots, 2.5)  # σ/(d·SIGMA_DIV) = 5 at half its value
+    whole[score_slot(DIMS, np.arange(n)[None, :], np.arange(DIMS.heads)[:, None])] += s / SCORES_DIV
+    sig, got = unpack_scores(DIMS, whole[:half] + whole[half:], n)
+    assert sig == 5.0 * SIGMA_DIV
+    np.testing.assert_allclose(got, s, rtol=0, atol=1e-13)
 
 
 def test_norm_statistic_is_sigma_over_8d_in_every_slot(slots):
@@ -241,7 +261,7 @@ def test_lane_sums_place_every_chunk_at_its_lane(slots, positions):
         c, b = divmod(j, DIMS.per_chunk)
         for h in range(DIMS.heads):
             g = DIMS.head_slot(h)
-            lanes = prods[c][BLOCK * b + 64 * g : BLOCK * b + 64 * g + 64]
+            lanes = prods[c][DIMS.block_base(b) + 64 * g : DIMS.block_base(b) + 64 * g + 64]
             want[score_slot(DIMS, j, h)] = lanes.sum() / (8.0 * SCORES_DIV)
     np.testing.assert_allclose(client.decrypt(out), want, atol=1e-9)
     groups = score_lane_groups(chunks, 6)

@@ -19,7 +19,7 @@ from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import HeadroomExceeded, ProtectedClientState
-from veil.protected.layouts import dims_of, score_slot, unpack_mlp
+from veil.protected.layouts import dims_of, score_slot, unpack_mlp, unpack_scores
 from veil.protected.protocol import (
     ALLOWED_KINDS,
     LEVELS,
@@ -196,7 +196,7 @@ def audit(client, dims) -> set:
             continue
         v = rec.values
         if rec.tag == Tag.SCORES_SIGMA:
-            keep = scores_slots(dims, rec.position + 1)
+            keep = np.unique(scores_slots(dims, rec.position + 1) % len(v))  # folded: S/2 slots
         elif rec.tag == Tag.SIGMA:
             keep = np.array([dims.sigma_slot])
         elif rec.tag == Tag.U_SIGMA2:
@@ -316,16 +316,17 @@ def test_circuit_privacy_same_computation_differs(ckpt, keys, executor, plain):
     (c0, r0), (c1, r1) = replies
     (a,), (b,) = r0.payloads({0: Tag.SCORES_SIGMA}), r1.payloads({0: Tag.SCORES_SIGMA})
     assert a.data != b.data  # (lengths may differ: SEAL compresses with zstd)
-    x = keys[0].decrypt(keys[0].deserialize(a.data, level=a.level))
-    y = keys[0].decrypt(keys[0].deserialize(b.data, level=b.level))
+    assert keys[0].is_folded(a.data) and keys[0].is_folded(b.data)  # the scores fold (32 chunks at most)
+    x, y = keys[0].decrypt_folded(a.data)[0], keys[0].decrypt_folded(b.data)[0]
     assert np.abs(x - y).max() < 5e-3 and np.abs(x).max() > 1.0
 
 
 def test_downloads_are_folded_only_for_a_client_that_sent_a_fold_key(ckpt, keys, executor, plain, he_backend):
-    """With the client's fold key the MLP download, the masked refresh and h_L leave in the ring
-    of N/2 (half the bytes, ``crypto/ring_switch.py``; the refresh as the polynomial in X² the
-    hidden layout makes of h'', which the client re-encrypts); a server given the same keys
-    without it sends them whole. The client reads the same û and σ' from either, and both
+    """With the client's fold key the scores and MLP downloads, the masked refresh and h_L leave
+    in the ring of N/2 (half the bytes, ``crypto/ring_switch.py``; the scores since the second
+    half of a chunk's blocks sits 32 lanes over; the refresh as the polynomial in X² the hidden
+    layout makes of h'', which the client re-encrypts); a server given the same keys without it
+    sends them whole. The client reads the same scores, σ, û and σ' from either, and both
     sessions reach the same h_L."""
     from veil.crypto.backend import make_backend
 
@@ -341,11 +342,13 @@ def test_downloads_are_folded_only_for_a_client_that_sent_a_fold_key(ckpt, keys,
         out, msgs = run_token(executor, c, h_in[0])
         executor.drop_session(s.id)
         down = {kind: [p for _, reply in msgs if reply.kind == kind for p in reply.cts]
-                for kind in (MsgKind.MLP, MsgKind.REFRESH, MsgKind.FINAL)}
+                for kind in (MsgKind.SCORES, MsgKind.MLP, MsgKind.REFRESH, MsgKind.FINAL)}
         mlp_vecs = [d.values for d in c.transcript if d.tag == Tag.U_SIGMA2]
-        runs.append((out, down, mlp_vecs))
-    (out_f, down_f, vec_f), (out_w, down_w, vec_w) = runs
-    counts = {MsgKind.MLP: LAST - FIRST, MsgKind.REFRESH: LAST - FIRST - 1, MsgKind.FINAL: 1}
+        score_vecs = [d.values for d in c.transcript if d.tag == Tag.SCORES_SIGMA]
+        runs.append((out, down, mlp_vecs, score_vecs))
+    (out_f, down_f, vec_f, sc_f), (out_w, down_w, vec_w, sc_w) = runs
+    counts = {MsgKind.SCORES: LAST - FIRST, MsgKind.MLP: LAST - FIRST, MsgKind.REFRESH: LAST - FIRST - 1,
+              MsgKind.FINAL: 1}
     for kind, count in counts.items():
         folded, whole = down_f[kind], down_w[kind]
         assert len(folded) == len(whole) == count
@@ -361,6 +364,10 @@ def test_downloads_are_folded_only_for_a_client_that_sent_a_fold_key(ckpt, keys,
         # the sessions' flooding differs, and through the client's softmax so does h': close, not equal
         assert np.isclose(sf, sw, rtol=2e-3)
         assert np.allclose(gf, gw, rtol=2e-3, atol=0.1) and np.allclose(uf, uw, rtol=2e-3, atol=0.1)
+    for a, b in zip(sc_f, sc_w, strict=True):  # position 0: one score per head
+        assert a.size == dims.slots // 2 and b.size == dims.slots
+        (sf, scf), (sw, scw) = unpack_scores(dims, a, 1), unpack_scores(dims, b, 1)
+        assert np.isclose(sf, sw, rtol=2e-3) and np.allclose(scf, scw, rtol=2e-3, atol=0.05)
     for out in (out_f, out_w):
         assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
 
