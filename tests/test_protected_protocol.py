@@ -17,9 +17,9 @@ import torch
 
 from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import relin_key_level, rotation_key_levels
+from veil.protected.circuits import Circuit, relin_key_level, rotation_key_levels
 from veil.protected.client import HeadroomExceeded, ProtectedClientState
-from veil.protected.layouts import dims_of, score_slot, unpack_mlp, unpack_scores
+from veil.protected.layouts import dims_of, score_slot, unpack_mlp, unpack_scores, unpack_sigma
 from veil.protected.protocol import (
     ALLOWED_KINDS,
     LEVELS,
@@ -370,6 +370,27 @@ def test_downloads_are_folded_only_for_a_client_that_sent_a_fold_key(ckpt, keys,
         assert np.isclose(sf, sw, rtol=2e-3) and np.allclose(scf, scw, rtol=2e-3, atol=0.05)
     for out in (out_f, out_w):
         assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
+
+
+def test_scores_download_folds_up_to_32_chunks_only(keys, executor):
+    """A scores download folds while it holds at most 32 chunks (positions < 256: its lanes stay
+    in [0, 32) of the first half's blocks and [32, 64) of the second's) and leaves whole from
+    the 33rd on; the client reads σ alike from either."""
+    s = executor.new_session()
+    try:
+        c = Circuit(s.be, executor.dims, LEVELS, executor.consts)
+        h = np.zeros(executor.dims.slots)
+        h[: executor.dims.d * executor.dims.copies] = 1.0  # σ/d = 1 in the hidden layout
+        ct = keys[0].encrypt(h, level=LEVELS.h_prime)
+        sigmas = []
+        for t, folds in ((255, True), (256, False)):
+            data = c.scores_download(s.be.deserialize(keys[0].serialize(ct), level=LEVELS.h_prime), None, t)
+            assert keys[0].is_folded(data) == folds
+            vec = keys[0].decrypt_folded(data)[0] if folds else keys[0].decrypt(keys[0].deserialize(data, level=0))
+            sigmas.append(unpack_sigma(executor.dims, vec))
+        assert np.allclose(sigmas, 1.0, atol=0.02)  # flooding: std 2.8e-3 on σ/d
+    finally:
+        executor.drop_session(s.id)
 
 
 def test_protocol_rejects_replay_and_wrong_kind(ckpt, keys, executor, plain):
