@@ -329,8 +329,8 @@ PROTECTED_PARAMS_V1 = CkksParams(
 #: 36-bit q1 of ``ckks-n16384-l7-v1`` left 3.5 bits. Nothing else rescales by q1.
 #: Why eight data levels and not more: the circuit starts every layer at level 7 (fresh
 #: uploads), while every data prime adds key-switching components to every Galois key: in the
-#: server's memory the 45 keys take 45 x (10 x 2 x 11) polynomials of 128 KiB = 1.30 GB with ten
-#: data levels and 45 x (8 x 2 x 9) = 0.85 GB with eight (arithmetic).
+#: server's memory the 46 keys take 46 x (10 x 2 x 11) polynomials of 128 KiB = 1.33 GB with ten
+#: data levels and 46 x (8 x 2 x 9) = 0.87 GB with eight (arithmetic).
 #: Refresh mask: b = 36 + 16 + 2 = 54 coefficient bits (mask_value_bits=16: SmolLM2's residual
 #: stream reaches |h| = 22552 < 2^15 at layers 12..28), lambda = 64 -> 118-bit mask, carried at
 #: level 2 (57+55+36 = 148 bits >= 120). Statistical distance of one masked polynomial
