@@ -2,11 +2,11 @@
 
 ``Circuit`` is the per-step context the server evaluates with: one session's backend (its
 evaluation keys, timed) plus the executor-wide encoded constants. Its methods are the pieces
-of a layer in protocol order — ``qkv`` and ``kv_blocks``, ``scores`` and ``sigma`` (for
-SCORES), ``attention``, ``attention_residual`` and ``mlp_statistics`` (for MLP), ``residual``
-and ``final`` (for REFRESH / FINAL) — and ``download`` prepares anything that leaves. The
-products run through ``matvecs``, all positions of a span at once. Each comment's trailing number is the level the
-value lands at on ``ckks-n16384-l7-v2``.
+of a layer in protocol order — ``qkv`` and ``kv_blocks``, ``scores``, ``sigma`` and
+``scores_download`` (for SCORES), ``attention``, ``attention_residual`` and ``mlp_statistics``
+(for MLP), ``residual`` and ``final`` (for REFRESH / FINAL) — and ``download`` prepares anything
+that leaves. The products run through ``matvecs``, all positions of a span at once. Each
+comment's trailing number is the level the value lands at on ``ckks-n16384-l7-v2``.
 
 0/1 masks ("select"): a product with a plaintext of zeros and ones keeps some slots and cleans
 the rest, at the price of one level. Its encoding error ε (~2^5.2 / plaintext scale) multiplies
@@ -190,9 +190,8 @@ class Circuit:
 
     def rotate_blocks(self, ct: Ciphertext, blocks, steps) -> Ciphertext:
         """Move a block-0 vector into block ``blocks``: the rotation ``steps[i]`` for each bit
-        ``i`` set (``LayoutDims.key_block_steps``, or right shifts by a value block's width
-        times 2^i); per-row ``blocks`` (a tuple): each bit's rotation is made for every row and
-        kept where the row's bit is set."""
+        ``i`` set (``LayoutDims.key_block_steps`` or ``value_block_steps``); per-row ``blocks``
+        (a tuple): each bit's rotation is made for every row and kept where the row's bit is set."""
         rows = blocks if isinstance(blocks, tuple) else (blocks,)
         for i, step in enumerate(steps):
             need = [bool(b >> i & 1) for b in rows]
@@ -333,8 +332,7 @@ class Circuit:
         block of q slots); ``t`` per row for a batch whose rows stand at different positions."""
         dims = self.dims
         b = tuple(x % dims.per_chunk for x in t) if isinstance(t, tuple) else t % dims.per_chunk
-        value_steps = [-dims.qdim * (1 << i) for i in range(dims.per_chunk.bit_length() - 1)]
-        return self.rotate_blocks(k_hat, b, dims.key_block_steps), self.rotate_blocks(v_hat, b, value_steps)
+        return self.rotate_blocks(k_hat, b, dims.key_block_steps), self.rotate_blocks(v_hat, b, dims.value_block_steps)
 
     def scores(self, q_hat: Ciphertext, keys: list[Ciphertext], t) -> Ciphertext:
         """ŝ_tj / sqrt(hd) for all cached j <= t, chunk c at lane c of each head (1). For a batch
@@ -381,8 +379,9 @@ class Circuit:
                 def class_mask(v, j=j):
                     def make():
                         mask = np.zeros(slots)
+                        lanes = hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]
                         for b in range(v):
-                            mask[dims.block_base(b) + hd * np.arange(heads)[:, None] + np.arange(0, hd, 1 << j)[None, :]] = 1.0
+                            mask[dims.block_base(b) + lanes] = 1.0
                         return mask
                     return ("lane_class", j, v), make
 
@@ -420,7 +419,7 @@ class Circuit:
         that the fold's sum of slot j and j + S/2 gives the client the same slots as the whole
         download."""
         top = max(positions) if isinstance(positions, tuple) else positions
-        fold = self.folds_scores(top // self.dims.per_chunk + 1)
+        fold = self.folds_scores(self.dims.chunks(top + 1))
         return self.download(self.sigma(h, scores, 0.5 if fold else 1.0), self.levels.scores_download, fold)
 
     def norm_statistic(self, x: Ciphertext, share: float = 1.0) -> Ciphertext:

@@ -165,6 +165,11 @@ class LayoutDims:
         return tuple(steps)
 
     @property
+    def value_block_steps(self) -> tuple[int, ...]:
+        """Bit ``i`` of a block index moves a value-block-0 vector right by ``q * 2^i``."""
+        return tuple(-self.qdim * (1 << i) for i in range(self.per_chunk.bit_length() - 1))
+
+    @property
     def max_positions(self) -> int:
         return self.per_chunk * self.head_dim
 
