@@ -8,9 +8,11 @@ import struct
 import numpy as np
 import pytest
 
+from veil.crypto import bitpack
 from veil.crypto.backend import CiphertextError, KeyMaterialError, make_backend
 from veil.crypto.native import serial
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
+from veil.kernels import bitpack_cpu
 
 P = get_params(TEST_PARAMS_ID, allow_test_params=True)
 STEPS = [1, 2, -3]
@@ -145,3 +147,26 @@ def test_packing_is_exact_at_every_width():
     buf = serial.pack(x, primes)
     assert len(buf) == 2 * ctx.n * sum(q.bit_length() for q in primes) // 8
     assert torch.equal(serial.unpack(buf, 2, primes, ctx.n, ctx.device), x)
+
+
+@pytest.mark.skipif(not bitpack_cpu.available(), reason="the C kernels are not built here")
+@pytest.mark.parametrize("n", [8, 24, 16384])
+def test_bit_packing_kernel_equals_its_numpy_twin(n):
+    """The C packer and unpacker give the twin's bytes and values at every width 1..64 (runs of
+    several widths one after another, as a ciphertext's limbs are), and count the same values
+    not below their bound."""
+    rng = np.random.default_rng(n)
+    widths = np.array([*range(1, 65), 57, 55, 36, 36], dtype=np.int32)
+    top = np.array([(1 << int(w)) - 1 for w in widths], dtype=np.uint64)
+    values = (rng.integers(0, 2**63, (widths.size, n), dtype=np.uint64) * np.uint64(2)
+              + rng.integers(0, 2, (widths.size, n), dtype=np.uint64)) & top[:, None]
+    values[:, 0] = top  # all ones at every width
+    buf = bitpack_cpu.pack_runs(values, widths)
+    assert buf == bitpack._pack_numpy(values, widths)
+    assert len(buf) == n * int(widths.sum()) // 8
+    bounds = np.maximum(top >> np.uint64(1), np.uint64(1))  # about half of each row lies above
+    got, bad = bitpack_cpu.unpack_runs(buf, n, widths, bounds)
+    want, want_bad = bitpack._unpack_numpy(buf, n, widths, bounds)
+    assert np.array_equal(got, values) and np.array_equal(want, values)
+    assert bad == want_bad == int((values >= bounds[:, None]).sum()) > 0
+    assert bitpack_cpu.unpack_runs(buf, n, widths, None)[1] == 0

@@ -33,6 +33,7 @@ import struct
 import numpy as np
 import torch
 
+from veil.crypto.bitpack import pack_runs, run_bytes, unpack_runs
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import SEED_BYTES
 
@@ -57,20 +58,15 @@ def params_tag(ctx: RnsContext) -> bytes:
 
 
 def _run_bytes(n: int, q: int) -> int:
-    return n * q.bit_length() // 8
+    return run_bytes(n, q.bit_length())
 
 
 def pack(x: torch.Tensor, primes: tuple[int, ...]) -> bytes:
-    """Residues ``[..., L, N]`` (``[0, q)``) -> their bit-packed runs. On the host with numpy's
-    bit (un)packing: one device-to-host copy, where a few torch ops per limb cost ~5x more on
-    the CPU and a launch each on a GPU."""
-    a = x.reshape(-1, len(primes), x.shape[-1]).cpu().numpy().astype("<u8")
-    out = []
-    for p in range(a.shape[0]):
-        for i, q in enumerate(primes):
-            bits = np.unpackbits(a[p, i].view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-            out.append(np.packbits(bits[:, : q.bit_length()], bitorder="little").tobytes())
-    return b"".join(out)
+    """Residues ``[..., L, N]`` (``[0, q)``) -> their bit-packed runs, on the host (one
+    device-to-host copy; a few torch ops per limb would cost more on the CPU and a launch each
+    on a GPU)."""
+    a = x.reshape(-1, x.shape[-1]).cpu().numpy().view(np.uint64)
+    return pack_runs(a, [q.bit_length() for q in primes] * (a.shape[0] // len(primes)))
 
 
 def unpack(buf: bytes, polys: int, primes: tuple[int, ...], n: int,
@@ -78,19 +74,10 @@ def unpack(buf: bytes, polys: int, primes: tuple[int, ...], n: int,
     """Bit-packed runs -> residues ``[polys, L, N]``; ``SerialError`` if a residue is not
     below its prime (checked on the host, before anything reaches the device). ``len(buf)``
     must be exact (checked by the callers)."""
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    out = np.empty((polys, len(primes), n), dtype="<u8")
-    pos = 0
-    for p in range(polys):
-        for i, q in enumerate(primes):
-            w, size = q.bit_length(), _run_bytes(n, q)
-            full = np.zeros((n, 64), dtype=np.uint8)
-            full[:, :w] = np.unpackbits(raw[pos : pos + size], bitorder="little").reshape(n, w)
-            out[p, i] = np.packbits(full, axis=1, bitorder="little").view("<u8")[:, 0]
-            if out[p, i].max(initial=0) >= q:
-                raise SerialError("a residue is not below its prime")
-            pos += size
-    return torch.from_numpy(out.astype(np.int64)).to(device)
+    values, bad = unpack_runs(buf, n, [q.bit_length() for q in primes] * polys, list(primes) * polys)
+    if bad:
+        raise SerialError("a residue is not below its prime")
+    return torch.from_numpy(values.view(np.int64).reshape(polys, len(primes), n)).to(device)
 
 
 def _limb_bytes(n: int, primes: tuple[int, ...]) -> int:

@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from veil.crypto.bitpack import pack_runs, unpack_runs
 from veil.crypto.seal import format as seal_format
 from veil.crypto.seal.format import HEADER_SIZE, SealFormatError
 
@@ -70,18 +71,6 @@ def _members(blob: bytes, limit: int) -> bytes:
         return zstandard.ZstdDecompressor().decompress(body, max_output_size=limit)
     d = zlib.decompressobj()
     return d.decompress(body, limit)
-
-
-def _bits(values: np.ndarray, width: int) -> bytes:
-    b = np.unpackbits(values.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-    return np.packbits(b[:, :width], bitorder="little").tobytes()
-
-
-def _unbits(buf: bytes, count: int, width: int) -> np.ndarray:
-    b = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")[: count * width]
-    full = np.zeros((count, 64), dtype=np.uint8)
-    full[:, :width] = b.reshape(count, width)
-    return np.packbits(full, axis=1, bitorder="little").view("<u8").ravel()
 
 
 def _run_bytes(n: int, width: int) -> int:
@@ -134,7 +123,9 @@ def pack(blob: bytes, widths_of: WidthsOf, keep: Sequence[int] | None = None) ->
         raise SealFormatError("ciphertext of an unknown level")
     flags = _SEEDED if trailing else 0
     out = [_PREFIX.pack(MAGIC, flags), members[:_MEMBERS]]
-    out += [_bits(runs[p, j], widths[j]) for p in range(polys) for j in (range(k) if keep is None else keep)]
+    kept = [(p, j) for p in range(polys) for j in (range(k) if keep is None else keep)]
+    if kept:
+        out.append(pack_runs(np.stack([runs[p, j] for p, j in kept]), [widths[j] for _, j in kept]))
     if flags & _SEEDED:
         out.append(trailing)
     return b"".join(out)
@@ -173,7 +164,7 @@ def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: in
             end = pos + _run_bytes(n, w)
             if end > len(data):
                 raise SealFormatError("packed ciphertext truncated")
-            runs.append(_unbits(data[pos:end], n, w))
+            runs.append(unpack_runs(data[pos:end], n, [w])[0][0])
             pos = end
     trailing = data[pos:]
     if seeded != bool(trailing) or len(trailing) > _MAX_PRNG_INFO:
