@@ -3,6 +3,7 @@
 # (the code before these launch cuts, same kind), carry [".gpukit"] (../../2026-11-24-gpu/scripts/setup.sh
 # and the wheels), timeout_s 480:
 #   bash benchmarks/results/2026-11-28-ntt-launches/scripts/next-call.sh
+# then next-call-engine.sh (issue 22) as the second call. 2026-11-29: the kind lent is nvidia-h200.
 source .gpukit/setup.sh > /tmp/setup.txt 2>&1; tail -3 /tmp/setup.txt
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; stamp() { echo "== $1 at $(el) s" | tee -a $OUT/log.txt; }
 git log --oneline -1 2>/dev/null | tee -a $OUT/log.txt; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a $OUT/log.txt
