@@ -36,7 +36,7 @@ from veil.crypto.backend import backend_names, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
-from veil.protected.layouts import BLOCK, dims_of
+from veil.protected.layouts import dims_of
 from veil.protected.protocol import MsgKind
 from veil.protected.server import ProtectedExecutor
 from veil.protected.weights import layer_weights_from_tensors, rope_cos_sin
@@ -86,7 +86,7 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
         half = dims.head_dim // 2
         k = k * cos + np.concatenate([-k[:, half:], k[:, :half]], 1) * sin
         # head slot g holds KV head g % kv_heads (``veil.protected.layouts``)
-        vec_k[BLOCK * b : BLOCK * b + q] = np.tile(k.ravel(), dims.group)
+        vec_k[dims.block_base(b) : dims.block_base(b) + q] = np.tile(k.ravel(), dims.group)
         vec_v[dims.value_base(b) : dims.value_base(b) + q] = np.tile(y[q + kvd :], dims.group)
     kv = session.kv[layer]
     kv.keys = [ex.be.inner.deserialize(client.be.encrypt_to_bytes(v, lv.keys), level=lv.keys) for v in chunks_k]

@@ -123,6 +123,29 @@ def test_protected_layers_match_plaintext(decoded, plain):
     assert rel.max() < REL_ERR_BOUND, rel
 
 
+def test_the_benchmarks_seeded_cache_gives_the_plaintext_step(ckpt, full_model, keys, executor, plain):
+    """``protected_bench`` and ``protected_sessions`` put the cached positions' k̂ and v̂ into the
+    encrypted cache directly, in the cache layout (a bench-only shortcut), and time the next
+    step. The step through that cache must equal the plaintext layers', or they time a wrong
+    computation: when the folded scores moved key blocks 4-7 the seeding kept the old layout
+    (two-layer error 0.25, every token wrong) and nothing failed."""
+    from veil.benchmarks.protected_bench import _timed_step
+    from veil.protected.weights import layer_weights_from_tensors
+
+    _, ref = plain
+    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][:POSITIONS]
+    with torch.no_grad():
+        h0 = full_model.run_layers(full_model.embed(ids), 0, FIRST)
+        h1 = full_model.run_layers(h0, FIRST, FIRST + 1)
+    layers = (FIRST, FIRST + 1)
+    weights = [layer_weights_from_tensors(ckpt.tensors, ckpt.config, i, executor.dims) for i in layers]
+    # positions 0..7 seeded (every block of the first chunk, both halves), position 8 stepped
+    session, *_, out = _timed_step(executor, keys[0], ckpt.config, weights, layers, h0.double().numpy(),
+                                   h1.double().numpy(), POSITIONS)
+    executor.drop_session(session.id)
+    assert np.linalg.norm(out - ref[-1]) / np.linalg.norm(ref[-1]) < REL_ERR_BOUND
+
+
 def test_a_level0_download_near_its_ceiling_stops_the_client(ckpt, keys, he_backend):
     """Level 0 decrypts |value| < q0 / (2 scale) = 2^20; past it a value wraps without a trace.
     The client refuses a download within half a bit of the ceiling, which also catches a value
