@@ -5,9 +5,9 @@
 
 Twins: ``veil.crypto.bitpack._pack_numpy`` and ``_unpack_numpy``, the same bytes and values.
 Why C: numpy spreads every residue over 64 bytes of bits to repack them (``np.unpackbits``):
-~2 ms to pack a level-7 ciphertext's c0 and ~1.4 ms to load it on this CPU, for every upload,
-whole download and key, on the client and on the server, and the host cost that grows with a
-GPU server's batch of sessions. Tests: ``tests/test_native_serial.py`` (C = twin).
+2.4 ms to pack a level-7 ciphertext's c0 and 2.7 ms to load it on this CPU, 0.14 and 0.24 ms
+here (``benchmarks/results/2026-11-29-bitpack``), for every upload, whole download and key, on
+the client and on the server, and on the host of a GPU server for every session of a batch. Tests: ``tests/test_native_serial.py`` (C = twin).
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ def pack_runs(values: np.ndarray, widths: np.ndarray) -> bytes:
     rows, n = values.shape
     x = np.ascontiguousarray(values, dtype=np.uint64)
     w = np.ascontiguousarray(widths, dtype=np.int32)
-    size = int(n * w.astype(np.int64).sum()) // 8
-    out = np.empty(size + 8, dtype=np.uint8)  # the kernel's slack
+    out = np.empty(int(n * w.astype(np.int64).sum()) // 8, dtype=np.uint8)
     _library().veil_pack_runs(out.ctypes.data, x.ctypes.data, rows, n, w.ctypes.data)
-    return out[:size].tobytes()
+    return out.tobytes()
 
 
 def unpack_runs(buf: bytes, n: int, widths: np.ndarray, bounds: np.ndarray | None) -> tuple[np.ndarray, int]:
@@ -58,8 +57,7 @@ def unpack_runs(buf: bytes, n: int, widths: np.ndarray, bounds: np.ndarray | Non
     ``bounds``); ``len(buf)`` exact."""
     w = np.ascontiguousarray(widths, dtype=np.int32)
     b = None if bounds is None else np.ascontiguousarray(bounds, dtype=np.uint64)
-    src = np.zeros(len(buf) + 16, dtype=np.uint8)  # the kernel's slack
-    src[: len(buf)] = np.frombuffer(buf, dtype=np.uint8)
+    src = np.frombuffer(buf, dtype=np.uint8)
     out = np.empty((w.size, n), dtype=np.uint64)
     bad = _library().veil_unpack_runs(out.ctypes.data, src.ctypes.data, w.size, n, w.ctypes.data,
                                       None if b is None else b.ctypes.data)

@@ -132,16 +132,14 @@ def test_the_benchmarks_seeded_cache_gives_the_plaintext_step(ckpt, full_model, 
     from veil.benchmarks.protected_bench import _timed_step
     from veil.protected.weights import layer_weights_from_tensors
 
-    _, ref = plain
-    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][:POSITIONS]
-    with torch.no_grad():
-        h0 = full_model.run_layers(full_model.embed(ids), 0, FIRST)
-        h1 = full_model.run_layers(h0, FIRST, FIRST + 1)
+    h_in, ref = plain
+    with torch.no_grad():  # the layer's input back in the model's dtype (exact: it was that dtype)
+        h1 = full_model.run_layers(torch.from_numpy(h_in).to(next(full_model.parameters()).dtype), FIRST, FIRST + 1)
     layers = (FIRST, FIRST + 1)
     weights = [layer_weights_from_tensors(ckpt.tensors, ckpt.config, i, executor.dims) for i in layers]
     # positions 0..7 seeded (every block of the first chunk, both halves), position 8 stepped
-    session, *_, out = _timed_step(executor, keys[0], ckpt.config, weights, layers, h0.double().numpy(),
-                                   h1.double().numpy(), POSITIONS)
+    session, *_, out = _timed_step(executor, keys[0], ckpt.config, weights, layers, h_in, h1.double().numpy(),
+                                   POSITIONS)
     executor.drop_session(session.id)
     assert np.linalg.norm(out - ref[-1]) / np.linalg.norm(ref[-1]) < REL_ERR_BOUND
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from veil.crypto.bitpack import pack_runs, unpack_runs
+from veil.crypto.bitpack import pack_runs, run_bytes, unpack_runs
 from veil.crypto.seal import format as seal_format
 from veil.crypto.seal.format import HEADER_SIZE, SealFormatError
 
@@ -71,10 +71,6 @@ def _members(blob: bytes, limit: int) -> bytes:
         return zstandard.ZstdDecompressor().decompress(body, max_output_size=limit)
     d = zlib.decompressobj()
     return d.decompress(body, limit)
-
-
-def _run_bytes(n: int, width: int) -> int:
-    return (n * width + 7) // 8
 
 
 #: Largest inflated ciphertext ``pack`` accepts (N=2^16, 16 primes, 8 polynomials is 64 MiB).
@@ -123,9 +119,9 @@ def pack(blob: bytes, widths_of: WidthsOf, keep: Sequence[int] | None = None) ->
         raise SealFormatError("ciphertext of an unknown level")
     flags = _SEEDED if trailing else 0
     out = [_PREFIX.pack(MAGIC, flags), members[:_MEMBERS]]
-    kept = [(p, j) for p in range(polys) for j in (range(k) if keep is None else keep)]
+    kept = list(range(k) if keep is None else keep)
     if kept:
-        out.append(pack_runs(np.stack([runs[p, j] for p, j in kept]), [widths[j] for _, j in kept]))
+        out.append(pack_runs(runs[:, kept].reshape(-1, runs.shape[-1]), [widths[j] for j in kept] * polys))
     if flags & _SEEDED:
         out.append(trailing)
     return b"".join(out)
@@ -161,7 +157,7 @@ def unpack(data: bytes, widths_of: WidthsOf, version: tuple[int, int], max_n: in
             if j not in stored:
                 runs.append(np.zeros(n, dtype="<u8"))
                 continue
-            end = pos + _run_bytes(n, w)
+            end = pos + run_bytes(n, w)
             if end > len(data):
                 raise SealFormatError("packed ciphertext truncated")
             runs.append(unpack_runs(data[pos:end], n, [w])[0][0])
