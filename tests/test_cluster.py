@@ -68,16 +68,13 @@ def test_completions_are_balanced(cluster):
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12
             served.append(r.headers[REPLICA_HEADER])
 
-    # 48 at once, each replica at least a quarter: where the router's queue lengths are all equal
-    # (stale) it picks at random, and 16 requests then leave one replica 3 or fewer 2.1% of the time
-    # (one CI run: 13 / 3); 48 leave it 11 or fewer 0.02% of the time
-    threads = [threading.Thread(target=one) for _ in range(48)]
+    threads = [threading.Thread(target=one) for _ in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     counts = Counter(served)
-    assert len(served) == 48 and len(counts) == 2 and min(counts.values()) >= 12, counts
+    assert len(served) == 16 and len(counts) == 2 and min(counts.values()) >= 4, counts
 
 
 def test_metrics_are_per_replica(cluster):
