@@ -15,7 +15,8 @@ Layout of one application (``veil``) on a Ray cluster:
   ``/v1/sessions/{id}…`` and passes it to the handle call; ``router.SessionAffinityRouter``, the
   deployment's request router, sends the call to exactly that replica. Everything without a
   session (completions, session creation, key uploads) is balanced: power of two choices on the
-  replicas' queue lengths, as Ray Serve's default router does.
+  replicas' loads, as Ray Serve's default router does, with a load that also counts the requests
+  chosen or sent but not yet acknowledged (``router`` says why).
 * **Replica loss.** Ray restarts a dead replica under a new replica id. A request pinned to an id
   no longer running is routed to a live replica, which does not know the session and answers
   404 ``session_not_found``, so the SDK opens a new session and prefills again (as after a server

@@ -74,7 +74,9 @@ def test_completions_are_balanced(cluster):
     for t in threads:
         t.join()
     counts = Counter(served)
-    assert len(served) == 16 and len(counts) == 2 and min(counts.values()) >= 4, counts
+    # The router counts each choice at once, so a burst splits about evenly (8 / 8 in 45 bursts
+    # of 16 on a quiet 2-core VM, 7 / 9 at worst with two busy loops beside it).
+    assert len(served) == 16 and len(counts) == 2 and min(counts.values()) >= 6, counts
 
 
 def test_metrics_are_per_replica(cluster):
