@@ -67,9 +67,10 @@ def _drop_expired(times: deque[float], now: float) -> None:
 
 
 class SessionAffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
-    # A CPU engine's step holds the GIL for tens of milliseconds, so on a loaded machine a
-    # replica often misses Ray's default 0.1 s queue-length probe and is skipped: in one CI run
-    # all 16 unpinned completions went to the other replica. Wait longer before skipping one.
+    # Ray probes a replica whose count has expired or is full. A CPU engine's step holds the
+    # GIL for tens of milliseconds, so on a loaded machine a replica often missed Ray's default
+    # 0.1 s deadline and was skipped (once all 16 unpinned completions of a CI run went to the
+    # other replica). Wait longer before skipping one.
     queue_len_response_deadline_s = 1.0
     max_queue_len_response_deadline_s = 4.0
 
