@@ -78,10 +78,14 @@ def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", 
 
 
 def engine_stats(steps: list, duration: float) -> dict:
-    """steps/s, mean sequences and tokens per step, and the share of the run spent in steps."""
+    """steps/s, mean sequences and tokens per step, the share of the run spent in steps, and the
+    loop's host time per step."""
     n = max(len(steps), 1)
     return {"steps": len(steps), "steps_s": len(steps) / duration,
             "mean_seqs_per_step": sum(s.num_seqs for s in steps) / n,
             "mean_tokens_per_step": sum(s.num_tokens for s in steps) / n,
             "decode_only_steps": sum(s.num_decode == s.num_seqs for s in steps),
-            "step_time_share": sum(s.seconds for s in steps) / duration}
+            "step_time_share": sum(s.seconds for s in steps) / duration,
+            # the loop's own host work per step (schedule, prepare, postprocess with the callbacks):
+            # on a GPU, time the device idles unless the loop overlaps it (EngineConfig.overlap)
+            "host_ms_per_step": 1e3 * sum(s.host_seconds for s in steps) / n}

@@ -61,8 +61,9 @@ class StepStats:
     num_seqs: int
     num_tokens: int
     num_decode: int
-    seconds: float
+    seconds: float  # launching the step and waiting for its results
     kv_utilization: float
+    host_seconds: float = 0.0  # scheduling, preparing and postprocessing it (the loop's own work)
 
 
 class EngineDead(RuntimeError):
@@ -225,11 +226,14 @@ class Engine:
                     call = self._calls.popleft() if turn else None
                     step = None
                     if call is None:
+                        t_host = time.perf_counter()
                         chunks = self.scheduler.schedule()
                         # token chunks first (they also run layers [0, k)), within each kind decode
                         # chunks first (their rows form one run for the decode kernel); stable otherwise
                         chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
                         step = self._prepare(chunks, flight) if chunks else None
+                        if step is not None:
+                            step.host_seconds = time.perf_counter() - t_host
                 last_was_call = call is not None
                 if step is not None:
                     t0 = time.perf_counter()
@@ -273,23 +277,27 @@ class Engine:
         """Wait for a launched step and hand its results back."""
         t0 = time.perf_counter()
         tokens, hidden = self.runner.finish(step.handle)
-        seconds = step.seconds + time.perf_counter() - t0
+        t1 = time.perf_counter()
+        seconds = step.seconds + t1 - t0
         with self._cv:
             self.scheduler.postprocess(step.chunks, step.epochs, tokens, hidden, self._finish)
+        host_seconds = step.host_seconds + time.perf_counter() - t1
         self.steps += 1
         if self.on_step:
             chunks = step.chunks
             self.on_step(StepStats(len(chunks), sum(c.length for c in chunks), sum(c.length == 1 for c in chunks),
-                                   seconds, self.cache.utilization))
+                                   seconds, self.cache.utilization, host_seconds))
 
 
 @dataclass
 class _Step:
     """A scheduled step: its chunks, each sequence's preemption count when it was prepared, the
-    batch, and once launched the runner's handle and the launch's seconds."""
+    batch, the seconds spent scheduling and preparing it, and once launched the runner's handle
+    and the launch's seconds."""
 
     chunks: list[Chunk]
     epochs: list[int]
     batch: PreparedBatch
     handle: StepHandle | None = None
     seconds: float = 0.0
+    host_seconds: float = 0.0

@@ -69,6 +69,7 @@ class PagedKVCache:
         self.free: deque[int] = deque(range(num_blocks))
         self.by_hash: dict[bytes, int] = {}
         self._secret = server_secret or secrets.token_bytes(32)
+        self._salts: dict[str, bytes] = {}  # tenant -> salt (authenticated tenants: a bounded set)
         self.hits = self.lookups = 0  # prefix-cache statistics (blocks)
 
     @staticmethod
@@ -89,7 +90,10 @@ class PagedKVCache:
 
     # -- hashing -------------------------------------------------------------------------------
     def tenant_salt(self, tenant: str) -> bytes:
-        return hmac.new(self._secret, tenant.encode(), hashlib.sha256).digest()
+        salt = self._salts.get(tenant)
+        if salt is None:
+            salt = self._salts[tenant] = hmac.new(self._secret, tenant.encode(), hashlib.sha256).digest()
+        return salt
 
     def chain_hash(self, salt: bytes, prev: bytes | None, token_ids: list[int]) -> bytes:
         h = hashlib.sha256(salt)
@@ -169,6 +173,8 @@ class PagedKVCache:
 
     def register_full_blocks(self, table: BlockTable, tenant: str, token_ids: list[int], num_computed: int) -> None:
         """After a step, publish newly completed blocks (whose KV is now computed) for sharing."""
+        if num_computed // self.block_size <= len(table.hashes):
+            return  # no block completed: most decode steps
         salt = self.tenant_salt(tenant)
         for i in range(len(table.hashes), num_computed // self.block_size):
             prev = table.hashes[-1] if table.hashes else None

@@ -150,35 +150,48 @@ class ModelRunner:
         tables up to date. Called under the engine's lock, so an abort on another thread cannot
         change a block table mid-step. Chunks come ordered: token chunks first. A token id not
         sampled yet (``PENDING``) is the step ``in_flight``'s sample for that sequence."""
+        # One pass, each sequence's work inlined: at 256 sequences this loop was a third of the
+        # engine's host time per step.
         info, lengths, ids, hid, pending_rows = [], [], [], [], []
         logit_rows, logit_seqs, params, seeds, counters, hidden_out = [], [], [], [], [], []
-        width, row, n_tok_seqs, n_hid_rows = 1, 0, 0, 0
+        max_end, row, n_tok_seqs, n_hid_rows = 1, 0, 0, 0
+        tables, row_of = self.tables, self.tables.row_of
         for c in chunks:
-            seq = c.seq
-            info.append((self.tables.sync(seq.id, seq.table), c.start, c.length))
-            lengths.append(c.length)
-            width = max(width, self.cache.blocks_for(c.end))
+            seq, start, length = c.seq, c.start, c.length
+            end = start + length
+            table_row = row_of.get(seq.id)
+            if table_row is None or seq.table.synced < len(seq.table.blocks):
+                table_row = tables.stage(seq.id, seq.table)
+            info += (table_row, start, length)
+            lengths.append(length)
+            max_end = max(max_end, end)
             if seq.kind is SeqKind.TOKENS:
                 if hid:
                     raise AssertionError("token chunks must come first")
                 n_tok_seqs += 1
-                ids.extend(seq.token_ids[c.start:c.end])
-                if seq.token_ids[c.end - 1] == PENDING:  # only ever the last input, sampled in flight
-                    pending_rows.append((row + c.length - 1, in_flight.sampled_index[seq.id]))
-                if c.end == seq.num_inputs:
-                    logit_rows.append(row + c.length - 1)
+                token_ids = seq.token_ids
+                if length == 1:
+                    ids.append(token_ids[start])
+                else:
+                    ids += token_ids[start:end]
+                if token_ids[end - 1] == PENDING:  # only ever the last input, sampled in flight
+                    pending_rows.append((row + length - 1, in_flight.sampled_index[seq.id]))
+                if end == len(token_ids):
+                    logit_rows.append(row + length - 1)
                     logit_seqs.append(seq.id)
                     params.append(seq.sampler.params)
                     seeds.append(seq.sampler.seed)
-                    counters.append(seq.num_output_tokens)
+                    counters.append(end - seq.num_prompt_tokens)
             else:
-                hid.append(seq.hidden_slice(c.start, c.end))
-                hidden_out.append((seq.id, n_hid_rows, c.length))
-                n_hid_rows += c.length
-            row += c.length
+                hid.append(seq.hidden_slice(start, end))
+                hidden_out.append((seq.id, n_hid_rows, length))
+                n_hid_rows += length
+            row += length
+        tables.flush()
         if n_tok_seqs and not self.has_ends:
             raise RuntimeError("this server holds only the server half: no full-model requests")
-        return PreparedBatch(torch.tensor(info, dtype=torch.long), lengths, width, n_tok_seqs,
+        return PreparedBatch(torch.tensor(info, dtype=torch.long).view(-1, 3), lengths,
+                             self.cache.blocks_for(max_end), n_tok_seqs,
                              torch.tensor(ids, dtype=torch.long), torch.cat(hid) if hid else None,
                              logit_rows, logit_seqs, (params, seeds, counters), hidden_out, pending_rows)
 
@@ -201,6 +214,8 @@ class ModelRunner:
             seq_of = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lens, output_size=n)
             positions = starts[seq_of] + torch.arange(n, device=dev) - (cu - lens)[seq_of]
         slots = tables[seq_of, positions // bs].long() * bs + positions % bs
+        if n == len(lengths):
+            return StepMeta(positions, slots, AttnPart(slice(0, n), tables, ctx, None, 1), None)
         dec = [i for i, length in enumerate(lengths) if length == 1]
         pre = [i for i, length in enumerate(lengths) if length != 1]
         cu_host = [0]

@@ -81,9 +81,13 @@ class Sequence:
     def pending(self) -> int:
         """Input positions not yet computed (none once every output token is drawn: the last
         one's position is never computed)."""
-        if self.finished or (self.kind is SeqKind.TOKENS and self.num_output_tokens >= self.max_new_tokens):
+        # read by every scheduling pass for every live sequence: the properties inlined
+        if self.finished:
             return 0
-        return self.num_inputs - self.num_computed
+        if self.kind is SeqKind.TOKENS:
+            n = len(self.token_ids)
+            return 0 if n - self.num_prompt_tokens >= self.max_new_tokens else n - self.num_computed
+        return self.num_hidden - self.num_computed
 
     @property
     def num_output_tokens(self) -> int:

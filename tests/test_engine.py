@@ -97,6 +97,32 @@ def test_token_budget_and_chunked_prefill():
     assert [n for is_long, n in seen if is_long] == [9, 10, 6]  # 25 prompt tokens in three chunks
 
 
+def test_decodes_into_held_shared_and_new_blocks():
+    """The scheduler's short path (a decode into a private block the sequence holds) allocates
+    nothing; a decode into a shared block still copies it, one at a block boundary still grows."""
+    cache = PagedKVCache(1, 16, 4, 1, 2)
+    sched = Scheduler(SchedulerConfig(max_tokens_per_step=16, max_seqs_per_step=8), cache)
+    held = Sequence.tokens("t", list(range(6)), 4, SamplingParams())
+    shared = Sequence.tokens("t", list(range(100, 108)), 4, SamplingParams())
+    boundary = Sequence.tokens("t", list(range(200, 209)), 4, SamplingParams())
+    for seq, computed in ((held, 5), (shared, 7), (boundary, 8)):
+        cache.grow(seq.table, computed)
+        seq.num_computed = computed
+        sched.add(seq)
+    cache.register_full_blocks(shared.table, "t", shared.token_ids, 8)
+    other = Sequence.tokens("t", list(range(100, 108)), 4, SamplingParams())
+    assert cache.allocate_prefix(other.table, "t", other.token_ids) == 8  # shares both blocks
+    before = {s.id: list(s.table.blocks) for s in (held, shared, boundary)}
+    free = cache.num_free
+    chunks = sched.schedule()
+    assert [(c.seq, c.start, c.length) for c in chunks] == [(held, 5, 1), (shared, 7, 1), (boundary, 8, 1)]
+    assert held.table.blocks == before[held.id]
+    assert shared.table.blocks[0] == before[shared.id][0] and shared.table.blocks[1] != before[shared.id][1]
+    assert cache.blocks[before[shared.id][1]].ref_count == 1  # the copy released its share
+    assert boundary.table.blocks[:2] == before[boundary.id] and len(boundary.table.blocks) == 3
+    assert cache.num_free == free - 2
+
+
 def test_preemption_then_resume_gives_the_same_tokens(full_model, chat_prompts, local_greedy):
     # A pool of 8 blocks × 16 tokens cannot hold three sequences of ~40-70 + 32 tokens.
     bytes_per_block = PagedKVCache.bytes_per_token(30, 3, 64, torch.float32) * 16

@@ -44,6 +44,26 @@ def test_device_block_tables_follow_grow_copy_on_write_and_free():
     assert tables.row(c.id) == row  # the released row is reused
 
 
+def test_device_block_tables_write_a_steps_entries_in_one_flush(monkeypatch):
+    import veil.engine.block_tables as bt
+
+    copies = []
+    monkeypatch.setattr(bt, "to_device", lambda x, *a: copies.append(x) or torch.tensor(x, dtype=torch.long))
+    cache = PagedKVCache(1, 16, 4, 1, 2)
+    tables = DeviceBlockTables(8, torch.device("cpu"), rows=4)
+    seqs = [Sequence.tokens("t", [1] * n, 1, SamplingParams()) for n in (3, 9)]
+    for s in seqs:
+        cache.grow(s.table, len(s.token_ids))
+    rows = [tables.stage(s.id, s.table) for s in seqs]
+    assert not tables.buf.any() and not copies  # staged only
+    tables.flush()
+    assert len(copies) == 1
+    for s, r in zip(seqs, rows, strict=True):
+        assert tables.buf[r, :len(s.table.blocks)].tolist() == s.table.blocks and s.table.synced == len(s.table.blocks)
+    tables.flush()
+    assert len(copies) == 1  # nothing staged: no copy
+
+
 def _collect(engine, requests):
     outs = [[] for _ in requests]
     done = threading.Semaphore(0)
