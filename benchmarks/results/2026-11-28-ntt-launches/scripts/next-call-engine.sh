@@ -11,9 +11,9 @@ git log --oneline -1 2>/dev/null | tee -a $OUT/log.txt; nvidia-smi --query-gpu=n
 w="--device cuda --model /tmp/model --num-requests 256 --input-len 100,1024 --output-len 100,1024 --concurrency 256 --kv-cache-gb 40 --max-tokens-per-step 8192"
 keep() { grep -v "it/s" | grep -v "figure .*\.\(p95\|p99\|p50\)"; }
 stamp engine_overlap
-timeout 90 python3 -m veil.benchmarks.engine_throughput $w --paths engine --out $OUT/engine_overlap.json 2>&1 | keep > $OUT/engine_overlap.txt; grep -E "output_tok_s|steps_s|step_time_share|mean_seqs" $OUT/engine_overlap.txt
+timeout 90 python3 -m veil.benchmarks.engine_throughput $w --paths engine --out $OUT/engine_overlap.json 2>&1 | keep > $OUT/engine_overlap.txt; grep -E "output_tok_s|steps_s|step_time_share|mean_seqs|host_ms" $OUT/engine_overlap.txt
 stamp engine_no_overlap
-timeout 90 python3 -m veil.benchmarks.engine_throughput $w --paths engine --no-overlap --out $OUT/engine_no_overlap.json 2>&1 | keep > $OUT/engine_no_overlap.txt; grep -E "output_tok_s|steps_s|step_time_share|mean_seqs" $OUT/engine_no_overlap.txt
+timeout 90 python3 -m veil.benchmarks.engine_throughput $w --paths engine --no-overlap --out $OUT/engine_no_overlap.json 2>&1 | keep > $OUT/engine_no_overlap.txt; grep -E "output_tok_s|steps_s|step_time_share|mean_seqs|host_ms" $OUT/engine_no_overlap.txt
 stamp reference
 timeout $(( 310 - $(el) )) python3 -m veil.benchmarks.engine_throughput $w --paths reference --batch-size 256 --reference-dtypes bfloat16 --out $OUT/reference.json 2>&1 | keep > $OUT/reference.txt; grep -E "output_tok_s" $OUT/reference.txt
 stamp end
