@@ -74,6 +74,12 @@ class SessionClosed(RuntimeError):
     pass
 
 
+class DeviceOutOfMemory(RuntimeError):
+    """The device ran out of memory launching a step: the request or split-session step named
+    by it was dropped (a split session is left as before that step, to be retried); the engine
+    and every other sequence go on."""
+
+
 class Engine:
     def __init__(self, model: LlamaModel, k: int, cfg: EngineConfig = EngineConfig(),
                  server_secret: bytes | None = None, on_step: Callable[[StepStats], None] | None = None):
@@ -179,8 +185,8 @@ class Engine:
         """Append a client step's input rows [T, d]; on_done(outputs [T, d] | exception)."""
         with self._cv:
             self._check_alive()
-            # A session preempted while idle still has positions to recompute (seq.pending > 0)
-            # but no step in flight: its next step is accepted, and the recompute runs first.
+            # A session preempted while idle still has positions to recompute (num_computed <
+            # num_hidden) but no step in flight: its next step is accepted, the recompute runs first.
             if seq.finished or seq.on_step_done is not None:
                 raise RuntimeError("the session is closed or has a step in flight")
             seq.hidden_rows.append(rows)
@@ -237,8 +243,13 @@ class Engine:
                 last_was_call = call is not None
                 if step is not None:
                     t0 = time.perf_counter()
-                    step.handle = self.runner.launch(step.batch, flight.handle if flight else None)
-                    step.seconds = time.perf_counter() - t0
+                    try:
+                        step.handle = self.runner.launch(step.batch, flight.handle if flight else None)
+                        step.seconds = time.perf_counter() - t0
+                    except torch.OutOfMemoryError:
+                        with self._cv:
+                            self._out_of_memory(step)
+                        step = None
                 if flight is not None:  # its results come back while the step just launched runs
                     self._complete(flight)
                     flight = None
@@ -272,6 +283,29 @@ class Engine:
         (``Scheduler.advance``), so that the next step can be scheduled before its results."""
         batch = self.runner.prepare(chunks, flight.handle if flight else None)
         return _Step(chunks, self.scheduler.advance(chunks), batch)
+
+    def _out_of_memory(self, step: _Step) -> None:
+        """With the lock held: a step whose launch ran out of device memory is undone (every
+        sequence as before it was prepared) and one sequence fails with DeviceOutOfMemory, the
+        one with the step's largest chunk (the newest among equals: the likeliest cause, and the
+        one that waited least); the rest run again from the next step. A request ends; a split
+        session's client step is taken back whole (its rows, its outputs so far), the session
+        stays open. Each out-of-memory step drops one sequence, so a device that stays full
+        empties the batch rather than spinning."""
+        self.scheduler.undo(step.chunks)
+        live = [c for c in step.chunks if not c.seq.finished]
+        if not live:
+            return
+        seq = max(live, key=lambda c: (c.length, c.seq.arrival)).seq
+        error = DeviceOutOfMemory(f"the device ran out of memory running a step of {len(step.chunks)} "
+                                  f"sequences; this one's work was dropped, retry it")
+        log.warning("out of device memory: dropping sequence %d of a %d-sequence step", seq.id, len(step.chunks))
+        if seq.kind is SeqKind.TOKENS:
+            self._finish(seq, error)
+        else:
+            seq.take_back_step()(error)
+        if torch.device(self.cfg.device).type == "cuda":
+            torch.cuda.empty_cache()  # what the failed launch left cached, back to the pool
 
     def _complete(self, step: _Step) -> None:
         """Wait for a launched step and hand its results back."""

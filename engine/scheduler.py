@@ -145,6 +145,20 @@ class Scheduler:
             seq.num_computed = end
         return [c.seq.preemptions for c in chunks]
 
+    def undo(self, chunks: list[Chunk]) -> None:
+        """Take back what ``advance`` did for a step that did not run (the device ran out of
+        memory launching it): each sequence's computed count back to its chunk's start, the
+        ``PENDING`` token it appended removed. A step still in flight before it is untouched:
+        its own ``PENDING`` lies before this step's, which always follows it."""
+        for c in chunks:
+            seq = c.seq
+            if seq.finished:
+                continue  # aborted or closed meanwhile: nothing left to undo
+            ids = seq.token_ids
+            if seq.kind is SeqKind.TOKENS and len(ids) == c.start + c.length + 1 and ids[-1] == PENDING:
+                ids.pop()
+            seq.num_computed = min(seq.num_computed, c.start)
+
     def postprocess(self, chunks: list[Chunk], epochs: list[int], tokens: dict[int, int],
                     hidden: dict[int, torch.Tensor], finish: Callable[[Sequence, str], None]) -> None:
         """A finished step's results: each sampled token in place of its ``PENDING`` (callbacks,

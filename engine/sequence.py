@@ -80,18 +80,30 @@ class Sequence:
     @property
     def pending(self) -> int:
         """Input positions not yet computed (none once every output token is drawn: the last
-        one's position is never computed)."""
+        one's position is never computed; none for a split session between its client's steps,
+        so one preempted while idle recomputes only once its client sends the next step)."""
         # read by every scheduling pass for every live sequence: the properties inlined
         if self.finished:
             return 0
         if self.kind is SeqKind.TOKENS:
             n = len(self.token_ids)
             return 0 if n - self.num_prompt_tokens >= self.max_new_tokens else n - self.num_computed
-        return self.num_hidden - self.num_computed
+        return self.num_hidden - self.num_computed if self.on_step_done is not None else 0
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def take_back_step(self) -> Callable[[torch.Tensor | BaseException], None]:
+        """Undo a split session's pending client step whole (its rows, its outputs so far): the
+        session is as before the step was submitted. Returns the step's waiter."""
+        self.hidden_rows.pop()
+        self.num_hidden = self.step_start
+        self.num_computed = min(self.num_computed, self.step_start)
+        self.step_out.clear()
+        self.preemptions += 1  # a step still in flight with rows of this client step discards them
+        done, self.on_step_done = self.on_step_done, None
+        return done
 
     def hidden_slice(self, start: int, end: int) -> torch.Tensor:
         """Input rows [start, end) across step boundaries."""

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
-from veil.engine.engine import Engine, EngineDead, SessionClosed, StepStats
+from veil.engine.engine import DeviceOutOfMemory, Engine, EngineDead, SessionClosed, StepStats
 from veil.engine.split import ServerHalf
 from veil.protected.protocol import (
     MAX_SPAN,
@@ -232,6 +232,9 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                         return
                     if isinstance(result, SessionClosed):
                         fut.set_exception(ApiError(404, "session_not_found", "the session was closed"))
+                    elif isinstance(result, DeviceOutOfMemory):
+                        fut.set_exception(ApiError(503, "device_out_of_memory", str(result),
+                                                   headers={"Retry-After": "1"}))
                     elif isinstance(result, BaseException):
                         fut.set_exception(EngineDead(str(result)))
                     else:
@@ -241,7 +244,12 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             t0 = time.perf_counter()
             engine.submit_hidden(s.state, msg.hidden.float(), done)
             s.next_step += 1
-            out = await fut
+            try:
+                out = await fut
+            except ApiError as e:
+                if e.code == "device_out_of_memory":
+                    s.next_step -= 1  # the engine took the step back whole: the client may resend it
+                raise
             s.last_used = time.monotonic()
         metrics.step_latency.observe(time.perf_counter() - t0)
         metrics.tokens.labels("split").inc(T)

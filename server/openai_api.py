@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from veil.engine.engine import Engine
+from veil.engine.engine import DeviceOutOfMemory, Engine
 from veil.engine.sampling import SamplingParams
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig
@@ -165,6 +165,8 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
                     if piece:
                         yield piece, None, n
                 else:
+                    if isinstance(val, DeviceOutOfMemory):
+                        raise ApiError(503, "device_out_of_memory", str(val), headers={"Retry-After": "1"})
                     if isinstance(val, BaseException):
                         raise ApiError(503, "engine_unavailable", "the inference engine failed")
                     metrics.e2e.observe(now - t0)

@@ -140,6 +140,30 @@ def split_steps_check(full_model, chat_prompts):
     return check
 
 
+@pytest.fixture
+def oom_once():
+    """Fault injection for out-of-memory tests (a fake inside tests of the engine's and the
+    server's handling, not of the runner): ``oom_once(runner, when)`` makes ``runner.launch``
+    raise torch's OutOfMemoryError, as a CUDA allocation does, the first time ``when(batch)``
+    holds; every other launch is the real one. Returns the list of batches it failed."""
+
+    def install(runner, when):
+        import torch
+
+        real, failed = runner.launch, []
+
+        def launch(batch, in_flight=None):
+            if not failed and when(batch):
+                failed.append(batch)
+                raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+            return real(batch, in_flight)
+
+        runner.launch = launch
+        return failed
+
+    return install
+
+
 class LiveServer:
     """A real uvicorn server on a loopback port with two tenants, in this process."""
 

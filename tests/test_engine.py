@@ -7,7 +7,7 @@ import httpx
 import pytest
 import torch
 
-from veil.engine.engine import Engine, EngineConfig, EngineDead
+from veil.engine.engine import DeviceOutOfMemory, Engine, EngineConfig, EngineDead
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.sampling import SamplingParams
 from veil.engine.scheduler import Scheduler, SchedulerConfig
@@ -123,6 +123,28 @@ def test_decodes_into_held_shared_and_new_blocks():
     assert cache.num_free == free - 2
 
 
+def test_a_split_session_preempted_while_idle_waits_for_its_next_step():
+    """An idle split session is the first victim when the pool is full, and it stays out (no
+    recompute, no blocks) until its client sends the next step, which then recomputes it first."""
+    cache = PagedKVCache(1, 4, 4, 1, 2)
+    sched = Scheduler(SchedulerConfig(max_tokens_per_step=32, max_seqs_per_step=8), cache)
+    idle = Sequence.hidden("t")  # 8 positions computed, its client between steps
+    idle.hidden_rows, idle.num_hidden, idle.num_computed = [torch.zeros(8, 2)], 8, 8
+    cache.grow(idle.table, 8)
+    sched.add(idle)
+    request = Sequence.tokens("t", list(range(1, 13)), 4, SamplingParams())
+    sched.add(request)
+    first = sched.schedule()
+    assert [(c.seq, c.length) for c in first] == [(request, 12)] and not idle.table.blocks
+    sched.advance(first)
+    assert idle not in [c.seq for c in sched.schedule()]  # still idle: not recomputed
+    idle.hidden_rows.append(torch.zeros(1, 2))
+    idle.step_start, idle.num_hidden, idle.on_step_done = 8, 9, lambda out: None
+    cache.free_table(request.table)
+    sched.remove(request)
+    assert [(c.seq, c.start, c.length) for c in sched.schedule()] == [(idle, 0, 9)]
+
+
 def test_preemption_then_resume_gives_the_same_tokens(full_model, chat_prompts, local_greedy):
     # A pool of 8 blocks × 16 tokens cannot hold three sequences of ~40-70 + 32 tokens.
     bytes_per_block = PagedKVCache.bytes_per_token(30, 3, 64, torch.float32) * 16
@@ -176,6 +198,65 @@ def test_copy_on_write():
     assert b.table.blocks[0] == a.table.blocks[0] and b.table.blocks[1] != a.table.blocks[1]
     assert torch.equal(cache.k[1][b.table.blocks[1]], cache.k[1][a.table.blocks[1]])
     assert cache.blocks[a.table.blocks[1]].ref_count == 1 and cache.blocks[b.table.blocks[1]].ref_count == 1
+
+
+def test_out_of_memory_drops_one_request_and_the_engine_goes_on(full_model, chat_prompts, local_greedy, oom_once):
+    """A step whose launch runs out of device memory (here: the first, every prompt's prefill)
+    fails one request, the one with the largest chunk; the others are undone, run again and give
+    exactly the whole model's tokens; the engine lives on and serves the failed prompt again."""
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=512)).start()
+    try:
+        failed = oom_once(e.runner, lambda batch: len(batch.lengths) == len(chat_prompts))
+        outs, reasons = [[] for _ in chat_prompts], [None] * len(chat_prompts)
+        done = threading.Semaphore(0)
+        for i, p in enumerate(chat_prompts):
+            e.add_request("t", p, 32, SamplingParams(), on_token=outs[i].append,
+                          on_finish=lambda r, i=i: (reasons.__setitem__(i, r), done.release()))
+        for _ in chat_prompts:
+            assert done.acquire(timeout=300)
+        assert failed
+        longest = max(range(len(chat_prompts)), key=lambda i: (len(chat_prompts[i]), i))
+        assert [i for i, r in enumerate(reasons) if isinstance(r, DeviceOutOfMemory)] == [longest]
+        assert outs[longest] == []
+        assert all(outs[i] == local_greedy[i] for i in range(len(chat_prompts)) if i != longest)
+        assert e.alive and e.cache.num_free == e.cache.num_blocks  # every block back in the pool
+        assert _run_requests(e, [chat_prompts[longest]], 32) == [local_greedy[longest]]
+    finally:
+        e.stop()
+
+
+def test_out_of_memory_takes_a_split_step_back(full_model, chat_prompts, oom_once):
+    """A split session whose client step runs out of device memory in its second chunk gets the
+    error, is left exactly as before that step, and the same step sent again gives what a session
+    that never failed gets."""
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=16)).start()
+    try:
+        with torch.inference_mode():
+            rows = full_model.embed(torch.tensor(chat_prompts[2]))  # 40 rows: the first step in 3 chunks
+        steps = (rows[:-3], rows[-3:])
+
+        def run(seq, x):
+            box, ev = {}, threading.Event()
+            e.submit_hidden(seq, x, lambda out: (box.__setitem__("out", out), ev.set()))
+            assert ev.wait(120)
+            return box["out"]
+
+        a = e.open_hidden("t")
+        want = [run(a, x) for x in steps]
+        hidden_launches = []
+        failed = oom_once(e.runner, lambda batch: batch.hidden is not None
+                          and len(hidden_launches.append(1) or hidden_launches) == 2)
+        b = e.open_hidden("t")
+        error = run(b, steps[0])
+        assert failed and isinstance(error, DeviceOutOfMemory)
+        assert (b.num_hidden, b.num_computed, b.hidden_rows, b.step_out, b.on_step_done) == (0, 0, [], [], None)
+        assert not b.finished
+        got = [run(b, x) for x in steps]
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        e.close(a)
+        e.close(b)
+    finally:
+        e.stop()
 
 
 def test_dead_engine_makes_health_503_and_requests_fail_fast(make_server):

@@ -206,3 +206,34 @@ def test_killed_client_is_reclaimed(make_server, tmp_path):
     r = httpx.post(f"{srv.url}/v1/completions", json={"model": model, "prompt": [1, 2, 3], "max_tokens": 2},
                    headers={"Authorization": f"Bearer {srv.keys['alice']}"}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_device_out_of_memory_is_503_and_the_work_goes_on(make_server, client_half, chat_prompts, local_greedy,
+                                                          oom_once):
+    """An out-of-memory step (injected into the runner) answers 503 device_out_of_memory with
+    Retry-After to the request it dropped; the server stays healthy and serves the same request
+    again; a split session's step is taken back whole, so the same step sent again continues the
+    session exactly as if nothing had failed."""
+    srv = make_server()
+    key, engine = srv.keys["alice"], srv.app.state.engine
+    h = {"Authorization": f"Bearer {key}"}
+    body = {"prompt": chat_prompts[0], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    oom_once(engine.runner, lambda batch: True)
+    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    assert r.status_code == 503 and _err(r) == "device_out_of_memory" and r.headers["retry-after"] == "1"
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+    c = VeilClient(srv.url, key, half=client_half)
+    sess = c.open_session()
+    ids = chat_prompts[0]
+    failed = oom_once(engine.runner, lambda batch: batch.hidden is not None)
+    with pytest.raises(VeilError) as e:
+        sess.forward(ids)
+    assert failed and e.value.status == 503 and e.value.code == "device_out_of_memory"
+    tokens = [int(sess.forward(ids).argmax())]  # the same step (id 1) again
+    for _ in range(7):
+        tokens.append(int(sess.forward([tokens[-1]]).argmax()))
+    assert tokens == local_greedy[0][:8]
+    c.close()
