@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from veil.engine.engine import Engine, EngineConfig
+from veil.engine.engine import DeviceOutOfMemory, Engine, EngineConfig
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.sampling import SamplingParams
 from veil.engine.sequence import PENDING
@@ -81,6 +81,24 @@ def test_stop_token_ends_the_request_and_drops_the_step_run_ahead(overlapped, ch
     other = local_greedy[1]  # the same stop applies to it: up to its own first stop, if any
     want = (other[:other.index(stop) + 1], "stop") if stop in other else (other, "length")
     assert (outs[1], reasons[1]) == want
+
+
+def test_out_of_memory_with_a_step_in_flight(full_model, chat_prompts, local_greedy, oom_once):
+    """A decode step that runs out of device memory while the step before it is in flight (its
+    decodes reading that step's tokens on the device): it is undone without touching the step in
+    flight, whose tokens still arrive; the newest of the equal chunks is dropped, keeping the
+    tokens it had; the others finish with exactly the whole model's tokens."""
+    e = _engine(full_model, True)
+    try:
+        failed = oom_once(e.runner, lambda b: len(b.lengths) == 3 and b.pending_rows and e.steps >= 8)
+        outs, reasons, seqs = _run(e, chat_prompts, 32)
+    finally:
+        e.stop()
+    assert failed and len(failed[0].pending_rows) == 3  # all three decodes read the step in flight
+    assert isinstance(reasons[2], DeviceOutOfMemory) and reasons[:2] == ["length", "length"]
+    assert outs[:2] == local_greedy[:2]
+    assert 0 < len(outs[2]) < 32 and outs[2] == local_greedy[2][:len(outs[2])]
+    assert all(PENDING not in s.token_ids for s in seqs)
 
 
 def test_preemption_with_steps_in_flight_gives_the_same_tokens(full_model, chat_prompts, local_greedy):
