@@ -33,6 +33,24 @@ from veil.engine.sampling import Sampler, SamplingParams
 from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
 from veil.protected.protocol import MAX_SPAN, public_material_to_bytes
 
+#: times a step or request the server dropped for lack of device memory is sent again
+OOM_RETRIES = 3
+
+
+def _error_code(r: httpx.Response) -> str | None:
+    try:
+        return r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _retry_after(r: httpx.Response, cap: float = 10.0) -> float:
+    """The server's Retry-After in seconds (1 when it names none), at most ``cap``."""
+    try:
+        return min(max(float(r.headers.get("retry-after", 1)), 0.0), cap)
+    except ValueError:
+        return 1.0
+
 
 @dataclass
 class GenerationStats:
@@ -177,14 +195,21 @@ class VeilClient:
     def _post(self, path: str, retry: bool = True, **kw) -> httpx.Response:
         """POST with one retry on a broken connection (a restarted server closes our keep-alive
         connection); a server that stays unreachable is a clear 503 error, not a stack trace.
-        Retrying a step is safe: if the first attempt was processed, the retry is a replay (409)."""
-        try:
-            return self._check(self.http.post(path, **kw))
-        except httpx.TransportError as e:
-            if not retry:
-                raise VeilError(503, "server_unreachable", f"{self.http.base_url}: {type(e).__name__}: {e}") from None
-        time.sleep(0.5)
-        return self._post(path, retry=False, **kw)
+        Retrying a step is safe: if the first attempt was processed, the retry is a replay (409).
+        A 503 ``device_out_of_memory`` (the server dropped the work whole, its session as before)
+        is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times."""
+        for attempt in range(OOM_RETRIES + 1):
+            try:
+                r = self.http.post(path, **kw)
+            except httpx.TransportError as e:
+                if not retry:
+                    raise VeilError(503, "server_unreachable", f"{self.http.base_url}: {type(e).__name__}: {e}") from None
+                time.sleep(0.5)
+                return self._post(path, retry=False, **kw)
+            if r.status_code != 503 or attempt == OOM_RETRIES or _error_code(r) != "device_out_of_memory":
+                return self._check(r)
+            time.sleep(_retry_after(r))
+        raise AssertionError("unreachable")
 
     def _create_session(self, stats: GenerationStats | None = None) -> dict:
         body = {"path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}

@@ -309,7 +309,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             try:
                 reply, op_seconds = await asyncio.to_thread(protected.step, msg)
             except ProtocolError as e:
-                raise ApiError(e.status, getattr(e, "code", "protocol_error"), str(e)) from None
+                retry = {"Retry-After": "1"} if e.status in (429, 503) else None  # limits, device memory
+                raise ApiError(e.status, getattr(e, "code", "protocol_error"), str(e), headers=retry) from None
             except (WireError, CiphertextError) as e:
                 raise ApiError(400, "bad_ciphertext", str(e)) from None
             except HEError as e:  # a ciphertext that deserialized but cannot be evaluated
