@@ -250,6 +250,8 @@ class VeilClient:
 
         if self.he_backend is None or self.key_set is None:
             server = self._server_protected_info()
+            if server.get("available") is False:  # no keys to make: say why before spending on them
+                raise VeilError(501, "protected_unavailable", server.get("reason", "the server has no protected path"))
             if self.he_backend is None:
                 name = server.get("he_backend", "seal")
                 if name not in backend_names():

@@ -276,6 +276,10 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         return {"keys_id": ks.id, "param_set": protected.params.id, "bytes": ks.nbytes}
 
     async def create_protected_session(body: CreateSession, tenant: Tenant) -> dict:
+        try:
+            protected.require()
+        except KeysError as e:
+            raise ApiError(e.status, e.code, str(e)) from None
         if body.param_set is not None and body.param_set != protected.params.id:
             raise ApiError(400, "wrong_params", f"this server runs {protected.params.id!r}, "
                                                 f"the client asked for {body.param_set!r}")

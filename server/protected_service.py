@@ -78,9 +78,17 @@ class ProtectedService:
         budget = cfg.protected_device_bytes
         if cfg.protected_max_batch < 1 or cfg.protected_batch_wait_ms < 0 or (budget is not None and budget <= 0):
             raise ValueError("protected_max_batch >= 1, protected_batch_wait_ms >= 0 and protected_device_gb > 0")
+        #: why this server cannot run the protected path for its model (None: it can). A model
+        #: whose dimensions the slot layouts cannot hold still serves the plaintext paths.
+        self.unavailable: str | None = None
+        try:
+            dims = dims_of(half.config, self.params.slot_count)
+        except ValueError as e:
+            self.unavailable = f"the protected path cannot lay out this model's dimensions: {e}"
+            log.warning("%s; serving the plaintext paths only", self.unavailable)
         #: step -> the level its key must serve: the minimal set, which every other contains
         #: (the circuits compose what it lacks: ``linear.baby_steps``, ``linear.rotate``)
-        self.required_levels = rotation_key_levels(dims_of(half.config, self.params.slot_count), key_set="minimal")
+        self.required_levels = {} if self.unavailable else rotation_key_levels(dims, key_set="minimal")
         self.required_relin_level = relin_key_level()
         self.keys: dict[tuple[str, str], KeySet] = {}
         self._keys_lock = threading.Lock()
@@ -91,12 +99,21 @@ class ProtectedService:
     def describe(self) -> dict:
         """What a client needs before it makes its keys (``GET /health``, ``"protected"``), and
         whether the weights are encoded (else the first session open waits for it)."""
-        return {"he_backend": self.cfg.he_backend, "param_set": self.params.id, "key_set": self.preferred_keys,
-                "ready": self._executor is not None}
+        if self.unavailable:
+            return {"available": False, "reason": self.unavailable}
+        return {"available": True, "he_backend": self.cfg.he_backend, "param_set": self.params.id,
+                "key_set": self.preferred_keys, "ready": self._executor is not None}
+
+    def require(self) -> None:
+        """Raise ``KeysError`` 501 where this server cannot run the protected path."""
+        if self.unavailable:
+            raise KeysError(501, "protected_unavailable", self.unavailable)
 
     def warm_up(self) -> None:
         """Encode the weights now (``--protected-warmup``). A failure is logged, not raised: the
         server runs on, and the first protected session tries the build again."""
+        if self.unavailable:
+            return
         try:
             self.executor()
         except Exception:
@@ -126,6 +143,7 @@ class ProtectedService:
 
     # ---- keys ----------------------------------------------------------------------------
     def add_keys(self, tenant: str, data: bytes) -> KeySet:
+        self.require()
         key_id = hashlib.sha256(data).hexdigest()
         with self._keys_lock:
             if (tenant, key_id) in self.keys:

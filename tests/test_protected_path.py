@@ -111,7 +111,8 @@ def test_the_client_makes_the_key_set_the_server_prefers(server, client, generat
     by default, and the greedy tokens above came through it. A native server prefers the full
     set (``test_native_protected_greedy_equals_plaintext_greedy``)."""
     info = httpx.get(f"{server.url}/health").json()["protected"]
-    assert info == {"he_backend": "seal", "param_set": PROTECTED_PARAMS.id, "key_set": "compact", "ready": True}
+    assert info == {"available": True, "he_backend": "seal", "param_set": PROTECTED_PARAMS.id, "key_set": "compact",
+                    "ready": True}
     assert client.key_set == "compact" and client.he_backend == "seal"
     held = next(iter(server.app.state.protected.keys.values())).backend.rotation_steps
     assert 1 in held and 3 not in held

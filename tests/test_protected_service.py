@@ -149,8 +149,8 @@ def test_the_sdk_reads_backend_and_key_set_from_health(ckpt, client_half):
     from veil.client import VeilClient
 
     svc = ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="native"))
-    assert svc.describe() == {"he_backend": "native", "param_set": PROTECTED_PARAMS.id, "key_set": "full",
-                              "ready": False}
+    assert svc.describe() == {"available": True, "he_backend": "native", "param_set": PROTECTED_PARAMS.id,
+                              "key_set": "full", "ready": False}
     seal = ProtectedService(SimpleNamespace(config=ckpt.config, k=28), ServerConfig(he_backend="seal"))
     assert seal.describe()["key_set"] == "compact"
     for health, expect in (({"status": "ok", "protected": svc.describe()}, svc.describe()),
@@ -216,3 +216,56 @@ def test_a_malformed_fold_key_is_refused_with_400_and_an_empty_one_accepted(ckpt
     assert not svc.keys
     ks = svc.add_keys("alice", public_material_to_bytes(dataclasses.replace(material, fold_key=b"")))
     assert not ks.backend.can_fold and svc.add_keys("carol", upload).backend.can_fold
+
+
+def test_a_model_the_layouts_cannot_hold_still_serves_the_plaintext_paths(ckpt, tmp_path, live_server_cls):
+    """A Llama whose dimensions the protected slot layouts cannot hold (d = 64 here: the value
+    blocks would wrap around the slot vector) does not stop the server: /health says why the
+    protected path is unavailable, key uploads and protected sessions are 501, the SDK says so
+    before making keys, and the fast path and the plaintext split serve as usual."""
+    import httpx
+    import torch
+
+    from veil.client import VeilClient, VeilError
+    from veil.engine.config import ModelConfig
+    from veil.engine.loader import Checkpoint
+    from veil.engine.split import client_half_from
+
+    d, f, v, layers = 64, 128, 512, 3
+    cfg = ModelConfig(vocab_size=v, hidden_size=d, intermediate_size=f, num_layers=layers, num_heads=4,
+                      num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      max_position_embeddings=1024, tie_word_embeddings=True, eos_token_ids=(2,), name="tiny")
+    g = torch.Generator().manual_seed(0)  # a test model's weights, not key material
+    t = {"model.embed_tokens.weight": torch.randn(v, d, generator=g) * 0.02, "model.norm.weight": torch.ones(d)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, shape in (("self_attn.q_proj", (d, d)), ("self_attn.k_proj", (32, d)), ("self_attn.v_proj", (32, d)),
+                            ("self_attn.o_proj", (d, d)), ("mlp.gate_proj", (f, d)), ("mlp.up_proj", (f, d)),
+                            ("mlp.down_proj", (d, f))):
+            t[p + name + ".weight"] = torch.randn(*shape, generator=g) * 0.02
+        t[p + "input_layernorm.weight"] = t[p + "post_attention_layernorm.weight"] = torch.ones(d)
+    tiny = Checkpoint(cfg, t, ckpt.tokenizer, "tiny", 0.0)
+    with pytest.raises(ValueError):
+        dims_of(cfg, PROTECTED_PARAMS.slot_count)
+    srv = live_server_cls(tiny, tmp_path / "srv")
+    try:
+        info = httpx.get(f"{srv.url}/health").json()["protected"]
+        assert info["available"] is False and "cannot lay out" in info["reason"]
+        h = {"Authorization": f"Bearer {srv.keys['bob']}"}
+        r = httpx.post(f"{srv.url}/v1/keys", content=b"\x80", headers=h)
+        assert r.status_code == 501 and r.json()["error"]["code"] == "protected_unavailable"
+        r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "protected", "keys_id": "0" * 64}, headers=h)
+        assert r.status_code == 501 and r.json()["error"]["code"] == "protected_unavailable"
+        with VeilClient(srv.url, srv.keys["bob"], mode="protected", half=client_half_from(tiny, 2)) as c:
+            with pytest.raises(VeilError) as e:
+                c.generate_keys(progress=False)
+            assert e.value.status == 501 and c._keys_id is None
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": True},
+                       headers=h, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        with VeilClient(srv.url, srv.keys["bob"], half=client_half_from(tiny, 2)) as c:
+            sess = c.open_session()
+            assert sess.forward([5, 6, 7]).shape == (v,)
+            sess.close()
+    finally:
+        srv.stop()
