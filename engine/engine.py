@@ -161,6 +161,9 @@ class Engine:
             raise RuntimeError("this engine holds only the server half of the model")
         if not prompt_ids or max_new_tokens < 1:
             raise ValueError("a request needs a prompt and at least one new token")
+        if not 0 <= min(prompt_ids) <= max(prompt_ids) < self.model_cfg.vocab_size:
+            # checked here, not in the step: an id outside the embedding would end the loop
+            raise ValueError(f"prompt token ids must lie in [0, {self.model_cfg.vocab_size})")
         seq = Sequence.tokens(tenant, prompt_ids, max_new_tokens, sampling, stop_ids, on_token, on_finish)
         with self._cv:
             self._check_alive()

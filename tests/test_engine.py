@@ -259,6 +259,14 @@ def test_out_of_memory_takes_a_split_step_back(full_model, chat_prompts, oom_onc
         e.stop()
 
 
+def test_a_prompt_outside_the_vocabulary_is_refused_and_the_loop_goes_on(engine, chat_prompts, local_greedy):
+    for bad in ([5, engine.model_cfg.vocab_size], [-1, 5]):
+        with pytest.raises(ValueError):
+            engine.add_request("t", bad, 2, SamplingParams())
+    assert engine.alive
+    assert _run_requests(engine, chat_prompts[:1], 4) == [local_greedy[0][:4]]
+
+
 def test_dead_engine_makes_health_503_and_requests_fail_fast(make_server):
     srv = make_server()
     engine = srv.app.state.engine
