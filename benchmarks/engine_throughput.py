@@ -71,9 +71,10 @@ def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str]) -> 
 
 def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str,
                  threads: int | None = None, device: str = "cpu", model: str | None = None,
-                 ) -> tuple[subprocess.Popen, str, str]:
+                 max_seqs: int | None = None) -> tuple[subprocess.Popen, str, str]:
     return launch_server(tmp, ("plaintext",), ["--kv-cache-gb", str(kv_cache_gb), "--max-tokens-per-step",
                                                str(max_tokens_per_step), "--dtype", dtype, "--device", device,
+                                               *(["--max-seqs-per-step", str(max_seqs)] if max_seqs else []),
                                                *(["--threads", str(threads)] if threads else []),
                                                *(["--model", model] if model else [])])
 
@@ -114,6 +115,9 @@ async def _one(client: httpx.AsyncClient, req, rec: RequestRecord, model: str) -
                         rec.itl.append(now - last)
                     last = now
         rec.end = last or time.perf_counter()
+        # a stream whose text the server held back to its end (byte pieces of characters never
+        # completed, as random-weight models draw them) delivered its first text at its end
+        rec.first_token = rec.first_token or rec.end
         if rec.output_tokens != req.max_new_tokens:
             rec.error = f"expected {req.max_new_tokens} tokens, got {rec.output_tokens}"
     except httpx.HTTPError as e:
@@ -223,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if "fast" in paths:
         with tempfile.TemporaryDirectory() as tmp:
+            # the server admits as many sequences per step as the load ever has in flight (the
+            # engine path's cap is its concurrency too)
             proc, url, key = start_server(Path(tmp), args.kv_cache_gb, args.max_tokens_per_step, args.dtype,
-                                          server_threads, args.device, args.model)
+                                          server_threads, args.device, args.model,
+                                          max(int(x) for x in args.concurrency.split(",")))
             try:
                 model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
                 # warm-up (first-call allocations), not measured

@@ -34,6 +34,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=C.kv_cache_bytes / gb, help="memory budget of the paged KV pool")
     p.add_argument("--max-tokens-per-step", type=int, default=C.max_tokens_per_step,
                    help="token budget of one engine iteration")
+    p.add_argument("--max-seqs-per-step", type=int,
+                   help="sequences of one engine iteration, and the largest CUDA-graph batch (default: 256 on "
+                        "CUDA, where a decode step of 256 sequences took 3.17 ms against 2.61 ms for 64 on an "
+                        "H100, 64 on CPU)")
     p.add_argument("--max-context", type=int, default=C.max_context, help="tokens per session or request (413 above)")
     p.add_argument("--he-backend", default=C.he_backend, choices=server_backend_choices(),
                    help="HE backend of the protected path (auto: native on CUDA and where its C kernels build, "
@@ -114,7 +118,8 @@ def cmd_serve(args) -> int:
     cfg = ServerConfig(tenants_file=args.tenants, k=args.k, bundle=args.bundle, model=args.model,
                        session_ttl_s=args.session_ttl, max_context=args.max_context,
                        kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
-                       max_tokens_per_step=args.max_tokens_per_step, he_backend=args.he_backend,
+                       max_tokens_per_step=args.max_tokens_per_step, max_seqs_per_step=args.max_seqs_per_step,
+                       he_backend=args.he_backend,
                        max_protected_sessions=args.max_protected_sessions,
                        protected_max_batch=args.protected_max_batch,
                        protected_device_bytes=None if args.protected_device_gb is None

@@ -41,7 +41,9 @@ class ServerConfig:
     kv_cache_bytes: int = EngineConfig.kv_cache_bytes  # the paged KV pool's memory budget
     block_size: int = EngineConfig.block_size
     max_tokens_per_step: int = EngineConfig.max_tokens_per_step  # token budget of one engine iteration
-    max_seqs_per_step: int = EngineConfig.max_seqs_per_step
+    # sequences of one engine iteration (and the largest CUDA-graph batch); None → 256 on CUDA,
+    # where a step of 256 decodes costs about what one of 64 does, else EngineConfig's 64
+    max_seqs_per_step: int | None = None
     device: str = EngineConfig.device  # the engine's device ("cpu" | "cuda"): fast path and split sessions
     threads: int = EngineConfig.threads  # the engine loop's torch threads (0: torch's setting)
     dtype: str | None = None  # weights; None → bfloat16 on CUDA, float32 on CPU (KV: Engine, ops.bf16_is_fast)
@@ -57,7 +59,8 @@ class ServerConfig:
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(self.block_size, self.kv_cache_bytes, self.max_tokens_per_step, self.max_seqs_per_step,
+        seqs = self.max_seqs_per_step or (256 if self.device.startswith("cuda") else EngineConfig.max_seqs_per_step)
+        return EngineConfig(self.block_size, self.kv_cache_bytes, self.max_tokens_per_step, seqs,
                             self.device, threads=self.threads)
 
     def protected_limits(self) -> Limits:

@@ -54,17 +54,38 @@ class CompletionRequest(_Common):
 
 class TextAssembler:
     """Incremental detokenization with stop strings: emits only text that can no longer turn
-    into a stop string or an incomplete UTF-8 character."""
+    into a stop string or an incomplete UTF-8 character.
+
+    Each token decodes a short window, not the whole output: the tokens from the last point where
+    the text was complete (``prefix``) to the end, minus the same window without the tokens not
+    yet read (``read``). Decoding the whole list per token cost ~250 us per token at 1,000-token
+    outputs (the served fast path's largest per-token cost); the window costs a few tokens."""
 
     def __init__(self, tokenizer, stops: list[str]):
-        self.tokenizer, self.stops = tokenizer, [s for s in stops if s]
+        self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+            # the tokenizers library directly: what transformers' decode does here, less its wrapping
+            self._decode = lambda ids: backend.decode(ids, skip_special_tokens=True)
+        else:
+            self._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
         self.tokens: list[int] = []
+        self.prefix = self.read = 0  # token offsets: text complete up to `read`, window from `prefix`
         self.text, self.emitted, self.stopped = "", 0, False
+
+    def _catch_up(self, final: bool = False) -> None:
+        """Append the text of the tokens past ``read`` once they end on a whole character (or,
+        ``final``, whatever they decode to)."""
+        before = self._decode(self.tokens[self.prefix:self.read])
+        window = self._decode(self.tokens[self.prefix:])
+        if len(window) > len(before) and (final or not window.endswith("\ufffd")):
+            self.text += window[len(before):]
+            self.prefix, self.read = self.read, len(self.tokens)
 
     def push(self, token: int) -> str:
         self.tokens.append(token)
-        self.text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        self._catch_up()
         for s in self.stops:
             idx = self.text.find(s, max(0, self.emitted - len(s)))
             if idx != -1:
@@ -74,14 +95,14 @@ class TextAssembler:
         if self.stopped:
             return self.flush()
         safe = len(self.text) - self.hold
-        if self.text.endswith("\ufffd"):
-            safe = min(safe, len(self.text) - 1)
         if safe <= self.emitted:
             return ""
         piece, self.emitted = self.text[self.emitted:safe], safe
         return piece
 
     def flush(self) -> str:
+        if not self.stopped:
+            self._catch_up(final=True)
         piece, self.emitted = self.text[self.emitted:], len(self.text)
         return piece
 

@@ -55,6 +55,38 @@ def test_stop_strings(oai):
     assert " seven" not in r.choices[0].text and "six" in r.choices[0].text
 
 
+def test_text_assembler_equals_decoding_the_whole_output(ckpt, local_greedy):
+    """The windowed detokenizer's pieces add up to the whole output decoded at once: for the
+    model's greedy answers, for text full of multi-byte characters (emoji, CJK, accents: their
+    byte-level tokens split characters), and for random token ids (special tokens and byte
+    pieces that never complete a character); no piece carries half a character mid-stream."""
+    import random
+
+    from veil.server.openai_api import TextAssembler
+
+    tok = ckpt.tokenizer
+    cases = list(local_greedy)
+    cases.append(tok.encode("Grüße aus Zürich 🙂🎉 日本語のテキスト — naïve café ✓ done.", add_special_tokens=False))
+    rng = random.Random(7)  # test data, not key material
+    cases += [[rng.randrange(tok.vocab_size) for _ in range(200)] for _ in range(3)]
+    for ids in cases:
+        ta = TextAssembler(tok, [])
+        pieces = [ta.push(t) for t in ids]
+        want = tok.decode(ids, skip_special_tokens=True)
+        assert "".join(pieces) + ta.flush() == want
+        if "\ufffd" not in want:
+            assert not any(p.endswith("\ufffd") for p in pieces)
+    # a stop string split across tokens: the text stops before it, whatever the pieces
+    ids = tok.encode("one two three four five six seven eight", add_special_tokens=False)
+    ta = TextAssembler(tok, [" seven"])
+    out = ""
+    for t in ids:
+        out += ta.push(t)
+        if ta.stopped:
+            break
+    assert ta.stopped and out == "one two three four five six"
+
+
 def test_errors(live_server, oai):
     with pytest.raises(openai.NotFoundError):
         oai.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
