@@ -71,6 +71,33 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class CountRequests:
+    """Counts every HTTP request by route and status once its response has gone out. A plain
+    ASGI middleware: FastAPI's ``@app.middleware("http")`` passes each chunk of a streamed
+    response through a memory stream and two more tasks, which at hundreds of token streams was
+    a tenth of the event loop's time."""
+
+    def __init__(self, app, counter):
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500  # what the client gets when the app raises before it answers
+
+        async def send_and_note(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")  # set by the router on this scope
+            self.counter.labels(getattr(route, "path", "unmatched"), str(status)).inc()
+
+
 def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> FastAPI:
     metrics = Metrics()
 
@@ -134,12 +161,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     async def _engine_dead(request: Request, exc: EngineDead):
         return error_response(503, "engine_unavailable", "the inference engine is not running")
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountRequests, counter=metrics.requests)
 
     def authenticate(request: Request) -> Tenant:
         return bearer_tenant(request, tenants)

@@ -124,6 +124,7 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
 
     router = APIRouter()
     tok, model_name = half.tokenizer, half.config.name
+    output_tokens = metrics.tokens.labels("output")  # counted per token: the child looked up once
     eos_ids = tuple(half.config.eos_token_ids)
 
     def tenant_of(request: Request):
@@ -175,7 +176,7 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
                 now = time.perf_counter()
                 if kind == "tok":
                     n += 1
-                    metrics.tokens.labels("output").inc()
+                    output_tokens.inc()
                     (metrics.ttft if last is None else metrics.itl).observe(now - (last or t0))
                     last = now
                     piece = text.push(val)

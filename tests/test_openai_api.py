@@ -104,8 +104,21 @@ def test_errors(live_server, oai):
         openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="nope", max_retries=0).models.list()
 
 
+def _requests_counted(url: str, route: str, status: int) -> float:
+    line = f'veil_requests_total{{route="{route}",status="{status}"}} '
+    return next((float(x[len(line):]) for x in httpx.get(f"{url}/metrics").text.splitlines()
+                 if x.startswith(line)), 0.0)
+
+
 def test_metrics(live_server, oai):
+    ok, missing = (_requests_counted(live_server.url, "/v1/completions", s) for s in (200, 404))
     oai.completions.create(model="SmolLM2-135M-Instruct", prompt="Hello", max_tokens=3)
+    list(oai.completions.create(model="SmolLM2-135M-Instruct", prompt="Hello", max_tokens=3, stream=True))
+    with pytest.raises(openai.NotFoundError):
+        oai.completions.create(model="gpt-9", prompt="Hello", max_tokens=3)
+    # each request counted once by route and status, streamed ones too
+    assert _requests_counted(live_server.url, "/v1/completions", 200) == ok + 2
+    assert _requests_counted(live_server.url, "/v1/completions", 404) == missing + 1
     text = httpx.get(f"{live_server.url}/metrics").text
     for name in ("veil_requests_total", "veil_ttft_seconds_bucket", "veil_itl_seconds_count",
                  "veil_e2e_seconds_count", "veil_batch_size_bucket", "veil_kv_pool_utilization",
