@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -107,6 +109,30 @@ class TextAssembler:
         return piece
 
 
+class Mailbox:
+    """Hands items from the engine thread to the event loop: appends are thread-safe, and the
+    loop is woken once per batch of them (a step's tokens), not once per token: each wake-up is
+    a write to the loop's self-pipe on the engine thread and a turn of the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self._items, self._lock, self._armed = loop, deque(), threading.Lock(), False
+
+    def put(self, q: asyncio.Queue, item) -> None:
+        self._items.append((q, item))
+        with self._lock:
+            if self._armed:
+                return  # a delivery is scheduled and has not started emptying: it takes this one
+            self._armed = True
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            self._armed = False  # from here on a new item schedules a delivery of its own
+        while self._items:
+            q, item = self._items.popleft()
+            q.put_nowait(item)
+
+
 @dataclass
 class _Job:
     prompt_ids: list[int]
@@ -158,42 +184,50 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
         return _Job(prompt_ids, max_tokens, sampling, stops, () if body.ignore_eos else eos_ids, body.stream,
                     include_usage)
 
+    mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}
+
     async def run(tenant: str, j: _Job) -> AsyncIterator[tuple[str, str | None, int]]:
-        """Yields (text piece, finish_reason or None, completion tokens so far)."""
+        """Yields (text piece, finish_reason or None, completion tokens so far): one piece for
+        all the tokens that arrived since the last, so a loop that falls behind the engine sends
+        fewer, longer chunks instead of lagging further."""
         loop = asyncio.get_running_loop()
+        box = mailboxes.get(loop) or mailboxes.setdefault(loop, Mailbox(loop))
         q: asyncio.Queue = asyncio.Queue()
         t0 = time.perf_counter()
         seq = engine.add_request(
             tenant, j.prompt_ids, j.max_tokens, j.sampling, j.stop_ids,
-            on_token=lambda t: loop.call_soon_threadsafe(q.put_nowait, ("tok", t)),
-            on_finish=lambda r: loop.call_soon_threadsafe(q.put_nowait, ("fin", r)))
+            on_token=lambda t: box.put(q, ("tok", t)), on_finish=lambda r: box.put(q, ("fin", r)))
         metrics.tokens.labels("prompt").inc(len(j.prompt_ids))
         text = TextAssembler(tok, j.stops)
         n, last = 0, None
         try:
             while True:
-                kind, val = await q.get()
+                items = [await q.get()]
+                while not q.empty():
+                    items.append(q.get_nowait())
                 now = time.perf_counter()
-                if kind == "tok":
-                    n += 1
-                    output_tokens.inc()
-                    (metrics.ttft if last is None else metrics.itl).observe(now - (last or t0))
-                    last = now
-                    piece = text.push(val)
-                    if text.stopped:
-                        engine.abort(seq)
-                        yield piece, "stop", n
+                pieces = []
+                for kind, val in items:
+                    if kind == "tok":
+                        n += 1
+                        output_tokens.inc()
+                        (metrics.ttft if last is None else metrics.itl).observe(now - (last or t0))
+                        last = now
+                        pieces.append(text.push(val))
+                        if text.stopped:
+                            engine.abort(seq)
+                            yield "".join(pieces), "stop", n
+                            return
+                    else:
+                        if isinstance(val, DeviceOutOfMemory):
+                            raise ApiError(503, "device_out_of_memory", str(val), headers={"Retry-After": "1"})
+                        if isinstance(val, BaseException):
+                            raise ApiError(503, "engine_unavailable", "the inference engine failed")
+                        metrics.e2e.observe(now - t0)
+                        yield "".join(pieces) + text.flush(), ("length" if val == "length" else "stop"), n
                         return
-                    if piece:
-                        yield piece, None, n
-                else:
-                    if isinstance(val, DeviceOutOfMemory):
-                        raise ApiError(503, "device_out_of_memory", str(val), headers={"Retry-After": "1"})
-                    if isinstance(val, BaseException):
-                        raise ApiError(503, "engine_unavailable", "the inference engine failed")
-                    metrics.e2e.observe(now - t0)
-                    yield text.flush(), ("length" if val == "length" else "stop"), n
-                    return
+                if piece := "".join(pieces):
+                    yield piece, None, n
         finally:
             if not seq.finished:  # the client went away, or an error: free the engine's work
                 engine.abort(seq)
