@@ -59,9 +59,11 @@ class TextAssembler:
     into a stop string or an incomplete UTF-8 character.
 
     Each token decodes a short window, not the whole output: the tokens from the last point where
-    the text was complete (``prefix``) to the end, minus the same window without the tokens not
-    yet read (``read``). Decoding the whole list per token cost ~250 us per token at 1,000-token
-    outputs (the served fast path's largest per-token cost); the window costs a few tokens."""
+    the text ended on a whole character (``prefix``) to the end, minus the same window without the
+    tokens not yet committed (``read``). Decoding the whole list per token cost ~250 us per token
+    at 1,000-token outputs (the served fast path's largest per-token cost). While the window ends
+    in an incomplete character, all but that last character is already visible (``_tail``):
+    bytes that can never complete one are not held back."""
 
     def __init__(self, tokenizer, stops: list[str]):
         self.stops = [s for s in stops if s]
@@ -73,33 +75,34 @@ class TextAssembler:
         else:
             self._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
         self.tokens: list[int] = []
-        self.prefix = self.read = 0  # token offsets: text complete up to `read`, window from `prefix`
-        self.text, self.emitted, self.stopped = "", 0, False
+        self.prefix = self.read = 0  # token offsets: text committed up to `read`, window from `prefix`
+        self.text, self._tail, self.emitted, self.stopped = "", "", 0, False
 
     def _catch_up(self, final: bool = False) -> None:
-        """Append the text of the tokens past ``read`` once they end on a whole character (or,
-        ``final``, whatever they decode to)."""
+        """Commit the text of the tokens past ``read`` once it ends on a whole character (or,
+        ``final``, whatever it decodes to); until then show it less its last character."""
         before = self._decode(self.tokens[self.prefix:self.read])
-        window = self._decode(self.tokens[self.prefix:])
-        if len(window) > len(before) and (final or not window.endswith("\ufffd")):
-            self.text += window[len(before):]
-            self.prefix, self.read = self.read, len(self.tokens)
+        tail = self._decode(self.tokens[self.prefix:])[len(before):]
+        if final or not tail.endswith("\ufffd"):
+            self.text += tail
+            self.prefix, self.read, self._tail = self.read, len(self.tokens), ""
+        else:  # an incomplete character decodes to one U+FFFD at the end; what precedes it is final
+            self._tail = tail[:-1]
 
     def push(self, token: int) -> str:
         self.tokens.append(token)
         self._catch_up()
+        visible = self.text + self._tail
         for s in self.stops:
-            idx = self.text.find(s, max(0, self.emitted - len(s)))
+            idx = visible.find(s, max(0, self.emitted - len(s)))
             if idx != -1:
                 self.stopped = True
-                self.text = self.text[:idx]
-                break
-        if self.stopped:
-            return self.flush()
-        safe = len(self.text) - self.hold
+                self.text, self._tail = visible[:idx], ""
+                return self.flush()
+        safe = len(visible) - self.hold
         if safe <= self.emitted:
             return ""
-        piece, self.emitted = self.text[self.emitted:safe], safe
+        piece, self.emitted = visible[self.emitted:safe], safe
         return piece
 
     def flush(self) -> str:

@@ -71,9 +71,14 @@ def test_text_assembler_equals_decoding_the_whole_output(ckpt, local_greedy):
     cases += [[rng.randrange(tok.vocab_size) for _ in range(200)] for _ in range(3)]
     for ids in cases:
         ta = TextAssembler(tok, [])
-        pieces = [ta.push(t) for t in ids]
+        pieces, streamed = [], ""
+        for i, t in enumerate(ids):
+            pieces.append(ta.push(t))
+            streamed += pieces[-1]
+            # at every token, at most an unfinished last character is held back
+            assert len(tok.decode(ids[:i + 1], skip_special_tokens=True)) - len(streamed) <= 1
         want = tok.decode(ids, skip_special_tokens=True)
-        assert "".join(pieces) + ta.flush() == want
+        assert streamed + ta.flush() == want
         if "\ufffd" not in want:
             assert not any(p.endswith("\ufffd") for p in pieces)
     # a stop string split across tokens: the text stops before it, whatever the pieces
