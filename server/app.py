@@ -103,6 +103,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
 
     def on_step(s: StepStats) -> None:
         metrics.engine_steps.inc()
+        metrics.engine_host_seconds.inc(s.host_seconds)
         metrics.batch_size.observe(s.num_seqs)
         metrics.batch_tokens.observe(s.num_tokens)
         metrics.kv_util.set(s.kv_utilization)

@@ -31,6 +31,8 @@ class Metrics:
         self.bytes_out = Counter("veil_bytes_out", "response body bytes on the split/protected paths", ["path"],
                                  registry=r)
         self.engine_steps = Counter("veil_engine_steps", "engine iterations", registry=r)
+        self.engine_host_seconds = Counter("veil_engine_host_seconds", "engine loop's own host work (schedule, "
+                                           "prepare, postprocess with the token callbacks)", registry=r)
         self.protected_op_seconds = Counter(
             "veil_protected_op_seconds", "server HE time by operation kind (matvec, ctct, rotations, refresh, "
             "flooding, serialization, other)", ["op"], registry=r)

@@ -162,7 +162,7 @@ def test_metrics(live_server, oai):
     text = httpx.get(f"{live_server.url}/metrics").text
     for name in ("veil_requests_total", "veil_ttft_seconds_bucket", "veil_itl_seconds_count",
                  "veil_e2e_seconds_count", "veil_batch_size_bucket", "veil_kv_pool_utilization",
-                 "veil_running_sequences", "veil_waiting_sequences"):
+                 "veil_running_sequences", "veil_waiting_sequences", "veil_engine_host_seconds_total"):
         assert name in text, name
 
 

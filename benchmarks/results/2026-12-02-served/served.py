@@ -26,6 +26,13 @@ from veil.benchmarks.workload import Workload
 from veil.server.runner import free_port
 
 
+def host_seconds(url: str) -> float:
+    """The engine loop's host seconds so far (the server's /metrics; 0 where it lacks them)."""
+    line = "veil_engine_host_seconds_total "
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return next((float(x[len(line):]) for x in text.splitlines() if x.startswith(line)), 0.0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -68,16 +75,19 @@ def main() -> None:
             from veil.benchmarks.workload import random_workload
             wl = random_workload()
         steps0, seqs0 = server_step_counts(url)
+        host0 = host_seconds(url)
         records, duration = asyncio.run(run_fast(url, key, wl, args.concurrency, float("inf"), model))
         steps1, seqs1 = server_step_counts(url)
+        host1 = host_seconds(url)
     finally:
         proc.terminate()
         proc.wait(60)
     s = summarize(records, duration)
     s.update({"steps": steps1 - steps0, "steps_s": (steps1 - steps0) / duration,
               "mean_seqs_per_step": (seqs1 - seqs0) / max(steps1 - steps0, 1),
+              "host_ms_per_step": 1e3 * (host1 - host0) / max(steps1 - steps0, 1),
               "server": args.server_path or "this checkout", "concurrency": args.concurrency})
-    for k in ("output_tok_s", "errors", "steps_s", "mean_seqs_per_step"):
+    for k in ("output_tok_s", "errors", "steps_s", "mean_seqs_per_step", "host_ms_per_step"):
         print(f"figure served.{k} {s[k]:.6g}")
     args.out.write_text(json.dumps(s, indent=1, default=str))
 
