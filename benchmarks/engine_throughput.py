@@ -79,8 +79,9 @@ def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype:
                                                *(["--model", model] if model else [])])
 
 
-def server_step_counts(url: str) -> tuple[float, float]:
-    """(engine steps, sequences summed over steps) so far, from the server's /metrics."""
+def server_step_counts(url: str) -> tuple[float, float, float]:
+    """(engine steps, sequences summed over steps, the engine loop's host seconds) so far, from
+    the server's /metrics."""
     import re
 
     text = httpx.get(f"{url}/metrics", timeout=30).text
@@ -89,7 +90,7 @@ def server_step_counts(url: str) -> tuple[float, float]:
         m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
-    return value("veil_engine_steps_total"), value("veil_batch_size_sum")
+    return value("veil_engine_steps_total"), value("veil_batch_size_sum"), value("veil_engine_host_seconds_total")
 
 
 async def _one(client: httpx.AsyncClient, req, rec: RequestRecord, model: str) -> None:
@@ -238,12 +239,15 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(run_fast(url, key, random_workload(2, (16, 16), (4, 4), 99), 2, float("inf"), model))
                 for c in (int(x) for x in args.concurrency.split(",")):
                     print(f"fast path, concurrency {c}…", file=sys.stderr, flush=True)
-                    steps0, seqs0 = server_step_counts(url)
+                    steps0, seqs0, host0 = server_step_counts(url)
                     records, duration = asyncio.run(run_fast(url, key, wl, c, args.request_rate, model))
-                    steps1, seqs1 = server_step_counts(url)
+                    steps1, seqs1, host1 = server_step_counts(url)
                     s = summarize(records, duration, slo_ttft, slo_tpot)
                     s.update({"steps": steps1 - steps0, "steps_s": (steps1 - steps0) / duration,
-                              "mean_seqs_per_step": (seqs1 - seqs0) / max(steps1 - steps0, 1)})
+                              "mean_seqs_per_step": (seqs1 - seqs0) / max(steps1 - steps0, 1),
+                              # the engine loop's host time per step while serving (GIL shared
+                              # with the event loop that streams the tokens)
+                              "host_ms_per_step": 1e3 * (host1 - host0) / max(steps1 - steps0, 1)})
                     results["paths"].setdefault("fast", {})[f"c{c}"] = s
                     lines += figure_lines("fast", s, f".c{c}")
                     print(f"  {s['output_tok_s']:.1f} output tok/s, {s['errors']} errors", file=sys.stderr, flush=True)
