@@ -210,7 +210,7 @@ def test_out_of_memory_drops_one_request_and_the_engine_goes_on(full_model, chat
         outs, reasons = [[] for _ in chat_prompts], [None] * len(chat_prompts)
         done = threading.Semaphore(0)
         for i, p in enumerate(chat_prompts):
-            e.add_request("t", p, 32, SamplingParams(), on_token=outs[i].append,
+            e.add_request("t", p, 8, SamplingParams(), on_token=outs[i].append,
                           on_finish=lambda r, i=i: (reasons.__setitem__(i, r), done.release()))
         for _ in chat_prompts:
             assert done.acquire(timeout=300)
@@ -218,9 +218,9 @@ def test_out_of_memory_drops_one_request_and_the_engine_goes_on(full_model, chat
         longest = max(range(len(chat_prompts)), key=lambda i: (len(chat_prompts[i]), i))
         assert [i for i, r in enumerate(reasons) if isinstance(r, DeviceOutOfMemory)] == [longest]
         assert outs[longest] == []
-        assert all(outs[i] == local_greedy[i] for i in range(len(chat_prompts)) if i != longest)
+        assert all(outs[i] == local_greedy[i][:8] for i in range(len(chat_prompts)) if i != longest)
         assert e.alive and e.cache.num_free == e.cache.num_blocks  # every block back in the pool
-        assert _run_requests(e, [chat_prompts[longest]], 32) == [local_greedy[longest]]
+        assert _run_requests(e, [chat_prompts[longest]], 8) == [local_greedy[longest][:8]]
     finally:
         e.stop()
 
