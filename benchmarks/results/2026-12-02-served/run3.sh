@@ -4,6 +4,14 @@
 # requests at concurrency 256, 256 sequences per step, two rounds alternated.
 py=/work/main/.venv/bin/python
 here=$(pwd)
+# before: c9db457 with f482340's metric (its server/ changes only), built here as 14e14c5 was
+if [ ! -d /tmp/wt-before-mb ]; then
+  git -C /work/main worktree add -f --detach /tmp/wt-before-mb c9db457
+  git -C /work/main diff f482340~1 f482340 -- server/ | git -C /tmp/wt-before-mb apply
+fi
+[ -d /tmp/wt-after-mb ] || git -C /work/main worktree add -f --detach /tmp/wt-after-mb f482340
+mkdir -p /tmp/ab-before-mb /tmp/ab-after-mb
+ln -sfn /tmp/wt-before-mb /tmp/ab-before-mb/veil; ln -sfn /tmp/wt-after-mb /tmp/ab-after-mb/veil
 [ -d /tmp/tinyhf ] || $py tiny_hf.py /tmp/tinyhf /tmp/wl_tiny.json
 for rep in 1 2; do
   for c in before-mb after-mb; do
