@@ -37,13 +37,6 @@ from veil.protected.protocol import MAX_SPAN, public_material_to_bytes
 OOM_RETRIES = 3
 
 
-def _error_code(r: httpx.Response) -> str | None:
-    try:
-        return r.json()["error"]["code"]
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 def _retry_after(r: httpx.Response, cap: float = 10.0) -> float:
     """The server's Retry-After in seconds (1 when it names none), at most ``cap``."""
     try:
@@ -198,7 +191,8 @@ class VeilClient:
         Retrying a step is safe: if the first attempt was processed, the retry is a replay (409).
         A 503 ``device_out_of_memory`` (the server dropped the work whole, its session as before)
         is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times."""
-        for attempt in range(OOM_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 r = self.http.post(path, **kw)
             except httpx.TransportError as e:
@@ -206,10 +200,13 @@ class VeilClient:
                     raise VeilError(503, "server_unreachable", f"{self.http.base_url}: {type(e).__name__}: {e}") from None
                 time.sleep(0.5)
                 return self._post(path, retry=False, **kw)
-            if r.status_code != 503 or attempt == OOM_RETRIES or _error_code(r) != "device_out_of_memory":
+            try:
                 return self._check(r)
+            except VeilError as e:
+                if e.code != "device_out_of_memory" or attempt == OOM_RETRIES:
+                    raise
+            attempt += 1
             time.sleep(_retry_after(r))
-        raise AssertionError("unreachable")
 
     def _create_session(self, stats: GenerationStats | None = None) -> dict:
         body = {"path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}

@@ -150,8 +150,8 @@ class ModelRunner:
         tables up to date. Called under the engine's lock, so an abort on another thread cannot
         change a block table mid-step. Chunks come ordered: token chunks first. A token id not
         sampled yet (``PENDING``) is the step ``in_flight``'s sample for that sequence."""
-        # One pass, each sequence's work inlined: at 256 sequences this loop was a third of the
-        # engine's host time per step.
+        # One pass, each sequence's work inlined: at ~134 sequences per step, prepare was ~30% of
+        # the loop's host time (benchmarks/results/2026-12-02-engine-host).
         info, lengths, ids, hid, pending_rows = [], [], [], [], []
         logit_rows, logit_seqs, params, seeds, counters, hidden_out = [], [], [], [], [], []
         max_end, row, n_tok_seqs, n_hid_rows = 1, 0, 0, 0

@@ -61,7 +61,7 @@ class TextAssembler:
     Each token decodes a short window, not the whole output: the tokens from the last point where
     the text ended on a whole character (``prefix``) to the end, minus the same window without the
     tokens not yet committed (``read``). Decoding the whole list per token cost ~250 us per token
-    at 1,000-token outputs (the served fast path's largest per-token cost). While the window ends
+    on outputs of 100-1,024 tokens (the served fast path's largest per-token cost). While the window ends
     in an incomplete character, all but that last character is already visible (``_tail``):
     bytes that can never complete one are not held back."""
 
@@ -223,7 +223,7 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
                             return
                     else:
                         if isinstance(val, DeviceOutOfMemory):
-                            raise ApiError(503, "device_out_of_memory", str(val), headers={"Retry-After": "1"})
+                            raise val  # the app's handler: 503 with Retry-After
                         if isinstance(val, BaseException):
                             raise ApiError(503, "engine_unavailable", "the inference engine failed")
                         metrics.e2e.observe(now - t0)
