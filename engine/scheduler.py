@@ -94,7 +94,7 @@ class Scheduler:
             start, blocks = seq.num_computed, seq.table.blocks
             if pending == 1 and start // bs < len(blocks) and cache.blocks[blocks[start // bs]].ref_count == 1:
                 # a decode into a private block it already holds: nothing to allocate or copy
-                # (15 of 16 decodes at block size 16: the checks below were most of schedule())
+                # (15 of 16 decodes at block size 16)
                 chunks.append(Chunk(seq, start, 1))
                 scheduled.add(seq.id)
                 budget -= 1
