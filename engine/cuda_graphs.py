@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from veil.engine.batch import decode_meta
+
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
@@ -35,7 +37,7 @@ class DecodeGraphs:
         pool = None
         with torch.inference_mode():
             for b in reversed(self.buckets):  # largest first: the smaller ones reuse its pool
-                meta = runner.decode_meta(self.positions[:b], self.slots[:b], self.tables[:b], self.ctx[:b])
+                meta = decode_meta(self.positions[:b], self.slots[:b], self.tables[:b], self.ctx[:b])
                 # Warm up on a side stream first (Triton compiles, cuBLAS picks its kernels).
                 side = torch.cuda.Stream(device=dev)
                 side.wait_stream(torch.cuda.current_stream(dev))

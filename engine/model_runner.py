@@ -8,11 +8,9 @@ server's protected-split layers are batched across both kinds of work and all te
 
 Per layer, decode rows go through the split-KV paged decode kernel and prefill rows through
 the paged prefill kernel, one call each (the Triton kernels on CUDA tensors, their torch twins
-on CPU; veil.kernels.ops chooses per call). Step metadata is built on the device from one small
-per-sequence tensor (table row, first position, length) and the device block tables
-(`DeviceBlockTables`), not from per-token Python lists. Sampling is one call for the batch and
-its token ids reach the host in one copy. On CUDA, pure decode steps of full-model requests
-replay CUDA graphs (`veil.engine.cuda_graphs`).
+on CPU; veil.kernels.ops chooses per call); what a step reads is `veil.engine.batch`'s. Sampling
+is one call for the batch and its token ids reach the host in one copy. On CUDA, pure decode
+steps of full-model requests replay CUDA graphs (`veil.engine.cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -22,57 +20,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from veil.engine.batch import PreparedBatch, StepMeta, prepare, rows_index, step_meta
 from veil.engine.block_tables import DeviceBlockTables
 from veil.engine.host import to_device
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
-from veil.engine.sampling import SamplingBatch, SamplingParams, sample
+from veil.engine.sampling import SamplingBatch, sample
 from veil.engine.scheduler import Chunk
-from veil.engine.sequence import PENDING, SeqKind
+from veil.engine.sequence import SeqKind
 from veil.kernels import ops
 from veil.kernels.linear import Linear
-
-
-@dataclass
-class AttnPart:
-    """The decode or the prefill sequences of a step: their q rows and their metadata."""
-
-    rows: slice | torch.Tensor
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    cu_seqlens: torch.Tensor | None  # prefill only, from 0
-    max_seqlen_q: int
-
-
-@dataclass
-class StepMeta:
-    positions: torch.Tensor  # [N] int64
-    slot_mapping: torch.Tensor  # [N] int64
-    decode: AttnPart | None
-    prefill: AttnPart | None
-
-
-@dataclass
-class PreparedBatch:
-    """What the forward pass reads from the sequences, snapshot under the engine's lock."""
-
-    seq_info: torch.Tensor  # [B, 3] int64 on the host: (table row, first position, length)
-    lengths: list[int]
-    width: int  # block-table columns the step needs
-    num_token_seqs: int
-    token_ids: torch.Tensor  # [rows of token chunks] int64, host
-    hidden: torch.Tensor | None  # [rows of hidden chunks, d], host
-    logit_rows: list[int]  # rows whose logits are sampled, one per finished-input token sequence
-    logit_seqs: list[int]  # their sequence ids
-    sampling: tuple[list[SamplingParams], list[int], list[int]]  # params, seeds, counters
-    hidden_out: list[tuple[int, int, int]]  # (seq id, first row among hidden rows, rows)
-    # token rows whose id the step in flight is still sampling (an overlapped step's decodes):
-    # (row, index among that step's sampled ids), filled in on the device before the forward pass
-    pending_rows: list[tuple[int, int]]
-
-    @property
-    def num_token_rows(self) -> int:
-        return self.token_ids.shape[0]
 
 
 @dataclass
@@ -99,13 +56,6 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: Linear  # [d] -> [2 I]
     down: Linear
-
-
-def _rows_index(idx: list[int], device: torch.device) -> slice | torch.Tensor:
-    """A slice when the indices are a contiguous run (the usual case), else an index tensor."""
-    if idx and idx[-1] - idx[0] + 1 == len(idx):
-        return slice(idx[0], idx[-1] + 1)
-    return to_device(idx, device, torch.long)
 
 
 class ModelRunner:
@@ -146,105 +96,15 @@ class ModelRunner:
 
     # -- host side: the snapshot -------------------------------------------------------------------
     def prepare(self, chunks: list[Chunk], in_flight: StepHandle | None = None) -> PreparedBatch:
-        """Snapshot what the forward pass reads from the sequences and bring the device block
-        tables up to date. Called under the engine's lock, so an abort on another thread cannot
-        change a block table mid-step. Chunks come ordered: token chunks first. A token id not
-        sampled yet (``PENDING``) is the step ``in_flight``'s sample for that sequence."""
-        # One pass, each sequence's work inlined: at ~134 sequences per step, prepare was ~30% of
-        # the loop's host time (benchmarks/results/2026-12-02-engine-host).
-        info, lengths, ids, hid, pending_rows = [], [], [], [], []
-        logit_rows, logit_seqs, params, seeds, counters, hidden_out = [], [], [], [], [], []
-        max_end, row, n_tok_seqs, n_hid_rows = 1, 0, 0, 0
-        tables, row_of = self.tables, self.tables.row_of
-        for c in chunks:
-            seq, start, length = c.seq, c.start, c.length
-            end = start + length
-            table_row = row_of.get(seq.id)
-            if table_row is None or seq.table.synced < len(seq.table.blocks):
-                table_row = tables.stage(seq.id, seq.table)
-            info += (table_row, start, length)
-            lengths.append(length)
-            max_end = max(max_end, end)
-            if seq.kind is SeqKind.TOKENS:
-                if hid:
-                    raise AssertionError("token chunks must come first")
-                n_tok_seqs += 1
-                token_ids = seq.token_ids
-                if length == 1:
-                    ids.append(token_ids[start])
-                else:
-                    ids += token_ids[start:end]
-                if token_ids[end - 1] == PENDING:  # only ever the last input, sampled in flight
-                    pending_rows.append((row + length - 1, in_flight.sampled_index[seq.id]))
-                if end == len(token_ids):
-                    logit_rows.append(row + length - 1)
-                    logit_seqs.append(seq.id)
-                    params.append(seq.sampler.params)
-                    seeds.append(seq.sampler.seed)
-                    counters.append(end - seq.num_prompt_tokens)
-            else:
-                hid.append(seq.hidden_slice(start, end))
-                hidden_out.append((seq.id, n_hid_rows, length))
-                n_hid_rows += length
-            row += length
-        tables.flush()
-        if n_tok_seqs and not self.has_ends:
+        """The step's snapshot (`batch.prepare`; under the engine's lock). A token id not sampled
+        yet is the step ``in_flight``'s sample for that sequence."""
+        if not self.has_ends and chunks and chunks[0].seq.kind is SeqKind.TOKENS:
             raise RuntimeError("this server holds only the server half: no full-model requests")
-        return PreparedBatch(torch.tensor(info, dtype=torch.long).view(-1, 3), lengths,
-                             self.cache.blocks_for(max_end), n_tok_seqs,
-                             torch.tensor(ids, dtype=torch.long), torch.cat(hid) if hid else None,
-                             logit_rows, logit_seqs, (params, seeds, counters), hidden_out, pending_rows)
+        return prepare(chunks, self.tables, self.cache, in_flight.sampled_index if in_flight else None)
 
     def release(self, seq_id: int) -> None:
         """A sequence has ended: give its block-table row back."""
         self.tables.release(seq_id)
-
-    # -- device side: metadata ---------------------------------------------------------------------
-    def _meta(self, info: torch.Tensor, lengths: list[int], width: int) -> StepMeta:
-        """Positions, slots and the decode/prefill parts of sequences `info` [B, 3] (device)."""
-        dev, bs = self.device, self.cache.block_size
-        rows, starts, lens = info[:, 0], info[:, 1], info[:, 2]
-        tables = self.tables.buf.index_select(0, rows)[:, :width]
-        ctx = (starts + lens).to(torch.int32)
-        n = sum(lengths)
-        if n == len(lengths):  # decode only: one row per sequence
-            positions, seq_of = starts, torch.arange(n, device=dev)
-        else:
-            cu = torch.cumsum(lens, 0)
-            seq_of = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lens, output_size=n)
-            positions = starts[seq_of] + torch.arange(n, device=dev) - (cu - lens)[seq_of]
-        slots = tables[seq_of, positions // bs].long() * bs + positions % bs
-        if n == len(lengths):
-            return StepMeta(positions, slots, AttnPart(slice(0, n), tables, ctx, None, 1), None)
-        dec = [i for i, length in enumerate(lengths) if length == 1]
-        pre = [i for i, length in enumerate(lengths) if length != 1]
-        cu_host = [0]
-        for length in lengths:
-            cu_host.append(cu_host[-1] + length)
-        return StepMeta(positions, slots, self._part(dec, cu_host, tables, ctx, decode=True),
-                        self._part(pre, cu_host, tables, ctx, decode=False))
-
-    def _part(self, seqs: list[int], cu: list[int], tables, ctx, decode: bool) -> AttnPart | None:
-        if not seqs:
-            return None
-        dev = self.device
-        sel = _rows_index(seqs, dev)
-        if decode:
-            return AttnPart(_rows_index([cu[b] for b in seqs], dev), tables[sel], ctx[sel], None, 1)
-        if isinstance(sel, slice):
-            rows = slice(cu[sel.start], cu[sel.stop])
-        else:
-            rows = torch.cat([torch.arange(cu[b], cu[b + 1], device=dev) for b in seqs])
-        q_lens = [cu[b + 1] - cu[b] for b in seqs]
-        cu_part = [0]
-        for q in q_lens:
-            cu_part.append(cu_part[-1] + q)
-        return AttnPart(rows, tables[sel], ctx[sel], to_device(cu_part, dev, torch.int32),
-                        max(q_lens))
-
-    def decode_meta(self, positions, slots, tables, ctx) -> StepMeta:
-        """Metadata of a decode-only batch from its (static) tensors: the CUDA-graph inputs."""
-        return StepMeta(positions, slots, AttnPart(slice(None), tables, ctx, None, 1), None)
 
     # -- layers ------------------------------------------------------------------------------------
     def _attention(self, q: torch.Tensor, layer: int, meta: StepMeta) -> torch.Tensor:
@@ -313,13 +173,14 @@ class ModelRunner:
         if self.graphs is not None and batch.hidden is None and n_tok == len(batch.lengths):
             logits = self.graphs.run(ids, info)
         if logits is None:
-            meta = self._meta(info, batch.lengths, batch.width)
+            meta = step_meta(info, batch.lengths, batch.width, self.tables, self.cache.block_size)
             parts = []
             if batch.num_token_seqs:
                 x = F.embedding(ids, self.embed_w)
                 if self.k:
-                    tok_meta = meta if batch.hidden is None else self._meta(
-                        info[:batch.num_token_seqs], batch.lengths[:batch.num_token_seqs], batch.width)
+                    tok_meta = meta if batch.hidden is None else step_meta(
+                        info[:batch.num_token_seqs], batch.lengths[:batch.num_token_seqs], batch.width,
+                        self.tables, self.cache.block_size)
                     x = self._run_layers(x, 0, self.k, tok_meta)
                 parts.append(x)
             if batch.hidden is not None:
@@ -327,7 +188,7 @@ class ModelRunner:
             x = parts[0] if len(parts) == 1 else torch.cat(parts)
             x = self._run_layers(x, max(self.k, self.first), self.cfg.num_layers, meta)
             if batch.logit_rows:
-                logits = self.logits(x[_rows_index(batch.logit_rows, dev)])
+                logits = self.logits(x[rows_index(batch.logit_rows, dev)])
         handle = StepHandle(batch, {sid: i for i, sid in enumerate(batch.logit_seqs)})
         if batch.logit_rows:
             if logits.shape[0] != len(batch.logit_rows):  # graph output: every row has logits
@@ -354,7 +215,9 @@ class ModelRunner:
         if handle.host is not None:
             tokens = dict(zip(batch.logit_seqs, handle.host.tolist(), strict=True))
         if batch.hidden_out:
-            out = handle.hidden_rows.float().cpu()
+            # to the host, then to fp32: converting on the device would allocate there, and only
+            # an out-of-memory error in `launch` is undone (engine.Engine._out_of_memory)
+            out = handle.hidden_rows.cpu().float()
             hidden = {sid: out[r:r + n] for sid, r, n in batch.hidden_out}
         return tokens, hidden
 

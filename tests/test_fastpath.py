@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from veil.client.sdk import client_threads
+from veil.engine.batch import decode_meta
 from veil.engine.block_tables import DeviceBlockTables
 from veil.engine.engine import Engine, EngineConfig
 from veil.engine.kv_cache import PagedKVCache
@@ -158,7 +159,7 @@ def test_cuda_graph_replay_equals_eager(full_model, chat_prompts):
         replayed = g.run(ids, info).clone()
         n, b = ids.shape[0], g.outputs[next(x for x in g.buckets if x >= ids.shape[0])].shape[0]
         # the graph's own padded inputs, run eagerly: the same kernels on the same shapes
-        same = runner.forward_logits(g.ids[:b], runner.decode_meta(g.positions[:b], g.slots[:b], g.tables[:b],
+        same = runner.forward_logits(g.ids[:b], decode_meta(g.positions[:b], g.slots[:b], g.tables[:b],
                                                                     g.ctx[:b]))[:n]
     torch.testing.assert_close(replayed, same, atol=1e-4, rtol=1e-4)
 
