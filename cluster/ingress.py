@@ -18,9 +18,9 @@ from veil.cluster.asgi import Forwarded, Head
 from veil.cluster.metrics import ClusterMetrics
 from veil.cluster.router import running_replicas
 from veil.cluster.routing import REPLICA_HEADER, pinned_replica
-from veil.server.app import read_body
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
+from veil.server.http_common import read_body
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 ASK_TIMEOUT_S = 10.0  # one replica's /health or /metrics

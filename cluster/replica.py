@@ -20,9 +20,10 @@ from starlette.requests import Request
 
 from veil.cluster.asgi import Forwarded, Head, call_app, scope_of
 from veil.cluster.routing import REPLICA_HEADER, session_prefix
-from veil.server.app import bearer_tenant, create_app
+from veil.server.app import create_app
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
+from veil.server.http_common import bearer_tenant
 from veil.server.protected_service import KeysError
 from veil.server.tenants import Tenant, TenantStore
 

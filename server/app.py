@@ -20,21 +20,15 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
 from veil.engine.engine import DeviceOutOfMemory, Engine, EngineDead, SessionClosed, StepStats
 from veil.engine.split import ServerHalf
-from veil.protected.protocol import (
-    MAX_SPAN,
-    PROTOCOL_VERSION,
-    UPLOAD_KINDS,
-    ProtectedMessage,
-    ProtocolError,
-)
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
+from veil.server.http_common import CountRequests, bearer_tenant, read_body
 from veil.server.metrics import Metrics
-from veil.server.protected_service import KeysError, ProtectedService
+from veil.server.protected_api import ProtectedApi
+from veil.server.protected_service import ProtectedService
 from veil.server.sessions import Session, SessionStore
 from veil.server.tenants import Tenant, TenantStore
 
@@ -47,55 +41,6 @@ class CreateSession(BaseModel):
     model_fingerprint: str | None = None  # the client's expectation of the server half
     keys_id: str | None = None  # protected: the evaluation keys uploaded with POST /v1/keys
     param_set: str | None = None  # protected: the CKKS parameter set the client uses
-
-
-def bearer_tenant(request: Request, tenants: TenantStore) -> Tenant:
-    auth = request.headers.get("authorization", "")
-    scheme, _, key = auth.partition(" ")
-    tenant = tenants.authenticate(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
-    if tenant is None:
-        raise ApiError(401, "unauthorized", "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
-    return tenant
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-class CountRequests:
-    """Counts every HTTP request by route and status once its response has gone out. A plain
-    ASGI middleware: FastAPI's ``@app.middleware("http")`` passes each chunk of a streamed
-    response through a memory stream and more tasks (with the token counter looked up once,
-    replacing it took a profiled event loop from 49 to 36 busy seconds over 256 streams)."""
-
-    def __init__(self, app, counter):
-        self.app, self.counter = app, counter
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = 500  # what the client gets when the app raises before it answers
-
-        async def send_and_note(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            route = scope.get("route")  # set by the router on this scope
-            self.counter.labels(getattr(route, "path", "unmatched"), str(status)).inc()
 
 
 def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> FastAPI:
@@ -121,6 +66,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             engine.close(s.state)
 
     sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant, on_drop=drop)
+    protected_api = ProtectedApi(cfg, half, protected, sessions, tenants, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -207,7 +153,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         if body.model_fingerprint is not None and body.model_fingerprint != half.fingerprint:
             raise ApiError(409, "model_mismatch", "the server half is not the one the client bundle was split from")
         if body.path == "protected":
-            return await create_protected_session(body, tenant)
+            return await protected_api.create_session(tenant, body.keys_id, body.param_set)
         try:
             s = sessions.create(tenant.name, body.path, lambda sid: engine.open_hidden(tenant.name))
         except OverflowError as e:
@@ -230,7 +176,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         s = session_of(sid, tenant)
         body = await read_body(request, cfg.max_body_bytes)
         if s.path == "protected":
-            return await protected_step(s, body)
+            return await protected_api.step(s, body)
         try:
             msg = HiddenStep.from_bytes(body, max_bytes=cfg.max_body_bytes, hidden_size=half.config.hidden_size,
                                         max_tokens=cfg.max_step_tokens)
@@ -284,76 +230,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.bytes_out.labels("plaintext").inc(len(reply))
         return Response(reply, media_type=CONTENT_TYPE)
 
-    # ---- the protected path ----------------------------------------------------------------
-    @app.post("/v1/keys", status_code=201)
-    async def upload_keys(request: Request):
-        """The client's public evaluation material (msgpack, see crypto/wire.py). Answers the
-        keys' id (SHA-256 of the bytes), which sessions name. Uploading the same bytes again is
-        free: keys are cached per tenant by fingerprint."""
-        tenant = authenticate(request)
-        if "protected" not in tenant.scopes:
-            raise ApiError(403, "forbidden", "this key lacks the 'protected' scope")
-        body = await read_body(request, cfg.max_key_bytes)
-        try:
-            ks = await asyncio.to_thread(protected.add_keys, tenant.name, body)
-        except KeysError as e:
-            raise ApiError(e.status, e.code, str(e)) from None
-        metrics.bytes_in.labels("protected_setup").inc(len(body))
-        return {"keys_id": ks.id, "param_set": protected.params.id, "bytes": ks.nbytes}
-
-    async def create_protected_session(body: CreateSession, tenant: Tenant) -> dict:
-        try:
-            protected.require()
-        except KeysError as e:
-            raise ApiError(e.status, e.code, str(e)) from None
-        if body.param_set is not None and body.param_set != protected.params.id:
-            raise ApiError(400, "wrong_params", f"this server runs {protected.params.id!r}, "
-                                                f"the client asked for {body.param_set!r}")
-        ks = protected.key_set(tenant.name, body.keys_id or "")
-        if ks is None:  # unknown and another tenant's keys look the same
-            raise ApiError(404, "keys_not_found", "no such evaluation keys for this tenant; POST /v1/keys first")
-        await asyncio.to_thread(protected.executor)  # first use: encodes the weights (minutes)
-        try:
-            s = sessions.create(tenant.name, "protected", lambda sid: protected.open(ks, sid),
-                                max_on_path=cfg.max_protected_sessions)
-        except OverflowError as e:
-            raise ApiError(429, "too_many_sessions", str(e)) from None
-        return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
-                "hidden_size": half.config.hidden_size, "model": half.config.name,
-                "model_fingerprint": half.fingerprint, "param_set": protected.params.id,
-                "protocol_version": PROTOCOL_VERSION, "max_span": MAX_SPAN, "ttl_s": cfg.session_ttl_s,
-                "max_context": min(cfg.max_context, protected.executor().limits.max_positions),
-                "max_kv_bytes": cfg.max_protected_kv_bytes, "he_backend": cfg.he_backend}
-
-    async def protected_step(s: Session, body: bytes) -> Response:
-        try:
-            msg = ProtectedMessage.from_bytes(body, max_bytes=cfg.max_body_bytes, kinds=UPLOAD_KINDS)
-        except WireError as e:
-            raise ApiError(400, "bad_message", str(e)) from None
-        if msg.session_id != s.id:
-            raise ApiError(400, "bad_message", "message session id does not match the URL")
-        async with s.lock:
-            if s.closed:
-                raise ApiError(404, "session_not_found", "no such session")
-            t0 = time.perf_counter()
-            try:
-                reply, op_seconds = await asyncio.to_thread(protected.step, msg)
-            except ProtocolError as e:
-                retry = {"Retry-After": "1"} if e.status in (429, 503) else None  # limits, device memory
-                raise ApiError(e.status, getattr(e, "code", "protocol_error"), str(e), headers=retry) from None
-            except (WireError, CiphertextError) as e:
-                raise ApiError(400, "bad_ciphertext", str(e)) from None
-            except HEError as e:  # a ciphertext that deserialized but cannot be evaluated
-                raise ApiError(400, "bad_ciphertext", f"ciphertext rejected: {e}") from None
-            s.last_used = time.monotonic()
-        metrics.step_latency.observe(time.perf_counter() - t0)
-        for op, sec in op_seconds.items():
-            metrics.protected_op_seconds.labels(op).inc(sec)
-        out = reply.to_bytes()
-        metrics.bytes_in.labels("protected").inc(len(body))
-        metrics.bytes_out.labels("protected").inc(len(out))
-        return Response(out, media_type=CONTENT_TYPE)
-
+    app.include_router(protected_api.router)
     if half.full:
         from veil.server.openai_api import openai_router
 

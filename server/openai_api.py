@@ -26,6 +26,7 @@ from veil.engine.sampling import SamplingParams
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError
+from veil.server.http_common import bearer_tenant
 from veil.server.metrics import Metrics
 from veil.server.tenants import TenantStore
 
@@ -149,8 +150,6 @@ class _Job:
 
 def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: TenantStore,
                   metrics: Metrics) -> APIRouter:
-    from veil.server.app import bearer_tenant
-
     router = APIRouter()
     tok, model_name = half.tokenizer, half.config.name
     output_tokens = metrics.tokens.labels("output")  # counted per token: the child looked up once
