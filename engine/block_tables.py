@@ -23,6 +23,7 @@ class DeviceBlockTables:
         self.row_of: dict[int, int] = {}  # sequence id -> row
         self.free_rows = list(range(rows - 1, -1, -1))
         self._writes: list[int] = []  # staged (row, column, block id) triples, flat
+        self._staged: list[tuple[BlockTable, int]] = []  # tables staged since the flush, synced before
 
     def row(self, seq_id: int) -> int:
         row = self.row_of.get(seq_id)
@@ -46,17 +47,27 @@ class DeviceBlockTables:
         n = len(table.blocks)
         if n > self.max_blocks:
             raise ValueError(f"a sequence of {n} blocks exceeds the engine's {self.max_blocks}")
-        for col in range(table.synced, n):
-            self._writes += (row, col, table.blocks[col])
-        table.synced = n
+        if table.synced < n:
+            self._staged.append((table, table.synced))
+            for col in range(table.synced, n):
+                self._writes += (row, col, table.blocks[col])
+            table.synced = n
         return row
 
     def flush(self) -> None:
         """Write every staged entry: one host-to-device copy, one scatter."""
         if self._writes:
             w = to_device(self._writes, self.device, torch.long).view(-1, 3)
-            self._writes = []
             self.buf[w[:, 0], w[:, 1]] = w[:, 2].to(torch.int32)
+        self._writes, self._staged = [], []
+
+    def discard(self) -> None:
+        """Forget what was staged since the last flush, as when the flush itself ran out of
+        device memory: those tables count the entries as not on the device, and the next step
+        stages them again (else its sequences would read blocks the device never got)."""
+        for table, synced in reversed(self._staged):
+            table.synced = synced
+        self._writes, self._staged = [], []
 
     def sync(self, seq_id: int, table: BlockTable) -> int:
         """`stage` and `flush` one sequence's table; returns the row."""

@@ -240,7 +240,10 @@ class Engine:
                         # token chunks first (they also run layers [0, k)), within each kind decode
                         # chunks first (their rows form one run for the decode kernel); stable otherwise
                         chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
-                        step = self._prepare(chunks, flight) if chunks else None
+                        try:
+                            step = self._prepare(chunks, flight) if chunks else None
+                        except torch.OutOfMemoryError:  # the block tables' copy to the device
+                            self._out_of_memory(chunks, advanced=False)
                         if step is not None:
                             step.host_seconds = time.perf_counter() - t_host
                 last_was_call = call is not None
@@ -251,7 +254,7 @@ class Engine:
                         step.seconds = time.perf_counter() - t0
                     except torch.OutOfMemoryError:
                         with self._cv:
-                            self._out_of_memory(step)
+                            self._out_of_memory(step.chunks)
                         step = None
                 if flight is not None:  # its results come back while the step just launched runs
                     self._complete(flight)
@@ -287,22 +290,23 @@ class Engine:
         batch = self.runner.prepare(chunks, flight.handle if flight else None)
         return _Step(chunks, self.scheduler.advance(chunks), batch)
 
-    def _out_of_memory(self, step: _Step) -> None:
-        """With the lock held: a step whose launch ran out of device memory is undone (every
-        sequence as before it was prepared) and one sequence fails with DeviceOutOfMemory, the
-        one with the step's largest chunk (the newest among equals: the likeliest cause, and the
-        one that waited least); the rest run again from the next step. A request ends; a split
-        session's client step is taken back whole (its rows, its outputs so far), the session
-        stays open. Each out-of-memory step drops one sequence, so a device that stays full
-        empties the batch rather than spinning."""
-        self.scheduler.undo(step.chunks)
-        live = [c for c in step.chunks if not c.seq.finished]
+    def _out_of_memory(self, chunks: list[Chunk], advanced: bool = True) -> None:
+        """With the lock held: a step that ran out of device memory, launching or (``advanced``
+        False) preparing, is undone (every sequence as before it was prepared) and one sequence
+        fails with DeviceOutOfMemory, the one with the step's largest chunk (the newest among
+        equals: the likeliest cause, and the one that waited least); the rest run again from
+        the next step. A request ends; a split session's client step is taken back whole (its
+        rows, its outputs so far), the session stays open. Each out-of-memory step drops one
+        sequence, so a device that stays full empties the batch rather than spinning."""
+        if advanced:
+            self.scheduler.undo(chunks)
+        live = [c for c in chunks if not c.seq.finished]
         if not live:
             return
         seq = max(live, key=lambda c: (c.length, c.seq.arrival)).seq
-        error = DeviceOutOfMemory(f"the device ran out of memory running a step of {len(step.chunks)} "
+        error = DeviceOutOfMemory(f"the device ran out of memory running a step of {len(chunks)} "
                                   f"sequences; this one's work was dropped, retry it")
-        log.warning("out of device memory: dropping sequence %d of a %d-sequence step", seq.id, len(step.chunks))
+        log.warning("out of device memory: dropping sequence %d of a %d-sequence step", seq.id, len(chunks))
         if seq.kind is SeqKind.TOKENS:
             self._finish(seq, error)
         else:

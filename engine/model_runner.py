@@ -100,7 +100,11 @@ class ModelRunner:
         yet is the step ``in_flight``'s sample for that sequence."""
         if not self.has_ends and chunks and chunks[0].seq.kind is SeqKind.TOKENS:
             raise RuntimeError("this server holds only the server half: no full-model requests")
-        return prepare(chunks, self.tables, self.cache, in_flight.sampled_index if in_flight else None)
+        try:
+            return prepare(chunks, self.tables, self.cache, in_flight.sampled_index if in_flight else None)
+        except BaseException:  # out of device memory in the tables' copy: nothing was written
+            self.tables.discard()
+            raise
 
     def release(self, seq_id: int) -> None:
         """A sequence has ended: give its block-table row back."""

@@ -225,6 +225,43 @@ def test_out_of_memory_drops_one_request_and_the_engine_goes_on(full_model, chat
         e.stop()
 
 
+def test_out_of_memory_copying_the_block_tables_drops_one_request_and_the_rest_run_exactly(
+        full_model, chat_prompts, local_greedy, monkeypatch):
+    """The device runs out of memory in a step's block-table copy (while preparing it, before
+    the launch): one request fails as for a launch, the others run again and give exactly the
+    whole model's tokens, and the engine serves the failed prompt afterwards. The failing copy is
+    a fake, injected into ``DeviceBlockTables.flush``'s host-to-device copy; the engine is real."""
+    import veil.engine.block_tables as bt
+
+    real, failed = bt.to_device, []
+
+    def to_device(x, *a):
+        if not failed:  # the first step's copy: every prompt's new blocks
+            failed.append(len(x) // 3)
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(x, *a)
+
+    monkeypatch.setattr(bt, "to_device", to_device)
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=512))
+    outs, reasons = [[] for _ in chat_prompts], [None] * len(chat_prompts)
+    done = threading.Semaphore(0)
+    for i, p in enumerate(chat_prompts):  # all queued before the loop starts: one first step
+        e.add_request("t", p, 8, SamplingParams(), on_token=outs[i].append,
+                      on_finish=lambda r, i=i: (reasons.__setitem__(i, r), done.release()))
+    e.start()
+    try:
+        for _ in chat_prompts:
+            assert done.acquire(timeout=300)
+        assert failed == [sum(e.cache.blocks_for(len(p)) for p in chat_prompts)]
+        longest = max(range(len(chat_prompts)), key=lambda i: (len(chat_prompts[i]), i))
+        assert [i for i, r in enumerate(reasons) if isinstance(r, DeviceOutOfMemory)] == [longest]
+        assert all(outs[i] == local_greedy[i][:8] for i in range(len(chat_prompts)) if i != longest)
+        assert e.alive and e.cache.num_free == e.cache.num_blocks
+        assert _run_requests(e, [chat_prompts[longest]], 8) == [local_greedy[longest][:8]]
+    finally:
+        e.stop()
+
+
 def test_out_of_memory_takes_a_split_step_back(full_model, chat_prompts, oom_once):
     """A split session whose client step runs out of device memory in its second chunk gets the
     error, is left exactly as before that step, and the same step sent again gives what a session

@@ -65,6 +65,43 @@ def test_device_block_tables_write_a_steps_entries_in_one_flush(monkeypatch):
     assert len(copies) == 1  # nothing staged: no copy
 
 
+def test_device_block_tables_discard_what_a_failed_flush_left_staged(monkeypatch):
+    """A flush whose copy runs out of device memory writes nothing; ``discard`` then counts the
+    staged entries as not on the device, so the next step stages them again, and nothing staged
+    for a row that was released meanwhile is written later (the failing copy is a fake)."""
+    import veil.engine.block_tables as bt
+
+    copies, fail = [], [True]
+
+    def to_device(x, *a):
+        if fail.pop() if fail else False:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        copies.append(list(x))
+        return torch.tensor(x, dtype=torch.long)
+
+    monkeypatch.setattr(bt, "to_device", to_device)
+    cache = PagedKVCache(1, 16, 4, 1, 2)
+    tables = DeviceBlockTables(8, torch.device("cpu"), rows=4)
+    a, b = (Sequence.tokens("t", [1] * n, 1, SamplingParams()) for n in (5, 9))
+    for s in (a, b):
+        cache.grow(s.table, len(s.token_ids))
+        tables.stage(s.id, s.table)
+    with pytest.raises(torch.OutOfMemoryError):
+        tables.flush()
+    tables.discard()
+    assert not tables.buf.any() and (a.table.synced, b.table.synced) == (0, 0)
+    cache.free_table(a.table)  # a ends; c takes its row
+    tables.release(a.id)
+    c = Sequence.tokens("t", [1] * 3, 1, SamplingParams())
+    cache.grow(c.table, 3)
+    rows = [tables.stage(s.id, s.table) for s in (c, b)]
+    tables.flush()
+    assert len(copies) == 1 and len(copies[0]) == 3 * (len(c.table.blocks) + len(b.table.blocks))
+    for s, r in zip((c, b), rows, strict=True):
+        assert tables.buf[r, :len(s.table.blocks)].tolist() == s.table.blocks
+    assert not tables.buf[rows[0], len(c.table.blocks):].any()  # none of a's old entries
+
+
 def _collect(engine, requests):
     outs = [[] for _ in requests]
     done = threading.Semaphore(0)
