@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-# The event loop and HTTP parser uvicorn uses, named rather than "auto" (which picks whatever is
-# installed): uvloop and httptools, both dependencies. The event loop shares the GIL with the
-# engine loop, so its per-chunk work is taken from the engine's steps
-# (benchmarks/results/2026-12-02-served-stack: asyncio and h11 before).
-STACK = {"loop": "uvloop", "http": "httptools"}
+# The event loop and HTTP parser uvicorn uses, named: on "auto" it would switch to uvloop and
+# httptools wherever they are installed (the cluster extra brings both), and the one-process
+# server should not change with what else is installed.
+STACK = {"loop": "asyncio", "http": "h11"}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
