@@ -13,7 +13,9 @@ from fastapi import FastAPI
 
 # The event loop and HTTP parser uvicorn uses, named: on "auto" it would switch to uvloop and
 # httptools wherever they are installed (the cluster extra brings both), and the one-process
-# server should not change with what else is installed.
+# server should not change with what else is installed. uvloop and httptools were no faster
+# here: the engine loop's host time per served step grew ~1.4x beside them, throughput within
+# the noise (benchmarks/results/2026-12-02-served-stack).
 STACK = {"loop": "asyncio", "http": "h11"}
 
 

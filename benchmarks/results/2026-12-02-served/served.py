@@ -74,10 +74,10 @@ def main() -> None:
         if wl is None:
             from veil.benchmarks.workload import random_workload
             wl = random_workload()
-        steps0, seqs0 = server_step_counts(url)
+        steps0, seqs0, _ = server_step_counts(url)  # the third (host seconds) came with 543e460
         host0 = host_seconds(url)
         records, duration = asyncio.run(run_fast(url, key, wl, args.concurrency, float("inf"), model))
-        steps1, seqs1 = server_step_counts(url)
+        steps1, seqs1, _ = server_step_counts(url)
         host1 = host_seconds(url)
     finally:
         proc.terminate()
