@@ -4,7 +4,6 @@ on a free loopback port (`veil demo`, tests)."""
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -54,14 +53,7 @@ def start_background(app: FastAPI, host: str = "127.0.0.1", port: int | None = N
     return BackgroundServer(server, thread, f"{scheme}://{host}:{port}")
 
 
-# How long a thread that holds the GIL keeps it once another asks (Python's default: 5 ms). The
-# event loop and the engine loop share the GIL; while the event loop streams chunks, each time
-# the engine loop wants the GIL back it could wait up to this long.
-SWITCH_INTERVAL_S = 0.0005
-
-
 def serve_forever(app: FastAPI, host: str, port: int, ssl_certfile: str | None = None,
                   ssl_keyfile: str | None = None) -> None:
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn.run(app, host=host, port=port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
                 timeout_keep_alive=30, log_level="info", **STACK)
