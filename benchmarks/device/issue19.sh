@@ -1,29 +1,32 @@
 # Issue 19's checks on the lent GPU (the protected blocks on CUDA). One call, carry [".gpukit"],
-# timeout_s 420, on a fresh or warm machine:
-#   bash benchmarks/device/issue19.sh
+# timeout_s = BUDGET + 20 (BUDGET, default 380 s: the steps stop starting once it is spent):
+#   BUDGET=380 bash benchmarks/device/issue19.sh
 # Prints what the issue asks for: the CUDA tests, he_ops --device cuda, the k=2 server time per
 # token (protected_bench extrapolates 28 layers from two), and sessions 1/4/16 with TPOT,
-# aggregate tok/s, server time by operation and device memory. Each step has its own timeout and
-# the whole stays under 400 s; files land in $OUT. Last figures to compare with:
-# ../results/2026-11-28-gpu/ (H100: rotate 5.30 ms, 16 hoisted 8.82, ct x ct + relin 6.74;
-# layer 0.552 / 0.854 s at contexts 16 / 64 on the H200; sessions TPOT 1.40 / 2.99 / 5.07 s).
+# aggregate tok/s, server time by operation and device memory; files land in $OUT. Last figures
+# to compare with: ../results/2026-11-28-gpu/ (H100: rotate 5.30 ms, 16 hoisted 8.82, ct x ct +
+# relin 6.74; a layer 0.552 / 0.854 s at contexts 16 / 64 on the H200; sessions TPOT 1.40 / 2.99
+# / 5.07 s on the H100).
 source benchmarks/device/setup.sh > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
 tail -2 "$OUT/setup.txt"
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; stamp() { echo "== $1 at $(el) s" | tee -a "$OUT/log.txt"; }
+budget=${BUDGET:-380}
+# `within N`: a timeout of at most N seconds, or what is left of the budget; fails when under 20 s are left
+within() { local left=$(( budget - $(el) )); [ "$left" -ge 20 ] || return 1; echo $(( left < $1 ? left : $1 )); }
 git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
 keep() { grep -v "it/s"; }
 stamp tests  # every CKKS kernel and whole operation on CUDA = the CPU path, bit for bit
-VEIL_TEST_MODEL=/tmp/model timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short \
+t=$(within 150) && VEIL_TEST_MODEL=/tmp/model timeout "$t" python3 -m pytest -q -p no:cacheprovider --tb=short \
   tests/test_native_cuda.py tests/test_rounding.py 2>&1 | tail -40 > "$OUT/tests.txt"; tail -6 "$OUT/tests.txt"
 stamp he_ops
-timeout 60 python3 -m veil.benchmarks.he_ops --backends native --device cuda --repeat 5 --out "$OUT/he_ops.json" 2>&1 | keep > "$OUT/he_ops.txt"
-grep "^figure" "$OUT/he_ops.txt" | head -20
+t=$(within 60) && timeout "$t" python3 -m veil.benchmarks.he_ops --backends native --device cuda --repeat 5 \
+  --out "$OUT/he_ops.json" 2>&1 | keep > "$OUT/he_ops.txt"; grep "^figure" "$OUT/he_ops.txt" | head -20
 stamp protected_bench  # k=2: server seconds per token, extrapolated from layers 10-11
-timeout 90 python3 -m veil.benchmarks.protected_bench --he-backend native --device cuda --model /tmp/model \
-  --contexts 16,64 --out "$OUT/pb.json" 2>&1 | keep > "$OUT/pb.txt"
+t=$(within 90) && timeout "$t" python3 -m veil.benchmarks.protected_bench --he-backend native --device cuda \
+  --model /tmp/model --contexts 16,64 --out "$OUT/pb.json" 2>&1 | keep > "$OUT/pb.txt"
 grep -E "layer_server_s|tpot_s|peak|rel_err" "$OUT/pb.txt"
 stamp protected_sessions
-[ "$(el)" -lt 230 ] && timeout $(( 390 - $(el) )) python3 -m veil.benchmarks.protected_sessions --device cuda \
-  --model /tmp/model --sessions 1,4,16 --warmup --out "$OUT/ps.json" 2>&1 | keep > "$OUT/ps.txt"
+t=$(within 200) && timeout "$t" python3 -m veil.benchmarks.protected_sessions --device cuda --model /tmp/model \
+  --sessions 1,4,16 --warmup --out "$OUT/ps.json" 2>&1 | keep > "$OUT/ps.txt"
 grep -E "tpot|aggregate|server_s|equal|peak" "$OUT/ps.txt"
 stamp end
