@@ -1,3 +1,4 @@
+# Superseded (2026-12-02) by ../../../device/issue19.sh and issue22.sh, which build on kit.sh; kept as the record.
 # The next device session's second call (issue 22), after next-call.sh (the setup runs again:
 # it exports the paths every call needs). Carry [".gpukit"], timeout_s 330:
 #   bash benchmarks/results/2026-11-28-ntt-launches/scripts/next-call-engine.sh

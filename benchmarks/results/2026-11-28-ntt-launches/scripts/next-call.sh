@@ -1,3 +1,4 @@
+# Superseded (2026-12-02) by ../../../device/issue19.sh and issue22.sh, which build on kit.sh; kept as the record.
 # The next device session's first call (not run yet: no device on 2026-11-28's second session).
 # Run with the kind nvidia-h100-x1, so its figures compare with ../../2026-11-28-gpu/call1-h100
 # (the code before these launch cuts, same kind), carry [".gpukit"] (../../2026-11-24-gpu/scripts/setup.sh
