@@ -7,12 +7,9 @@
 # to compare with: ../results/2026-11-28-gpu/ (H100: rotate 5.30 ms, 16 hoisted 8.82, ct x ct +
 # relin 6.74; a layer 0.552 / 0.854 s at contexts 16 / 64 on the H200; sessions TPOT 1.40 / 2.99
 # / 5.07 s on the H100).
+BUDGET=${BUDGET:-380}
 source benchmarks/device/setup.sh > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
 tail -2 "$OUT/setup.txt"
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; stamp() { echo "== $1 at $(el) s" | tee -a "$OUT/log.txt"; }
-budget=${BUDGET:-380}
-# `within N`: a timeout of at most N seconds, or what is left of the budget; fails when under 20 s are left
-within() { local left=$(( budget - $(el) )); [ "$left" -ge 20 ] || return 1; echo $(( left < $1 ? left : $1 )); }
 git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
 keep() { grep -v "it/s"; }
 stamp tests  # every CKKS kernel and whole operation on CUDA = the CPU path, bit for bit

@@ -8,12 +8,9 @@
 # and without; transformers bf16 `generate` in static batches of 256 in the same call; then
 # `veil serve --device cuda` at concurrency 256 (the served path's host ms per engine step). Last
 # figures: ../results/2026-11-28-gpu/ (H100 22,717 output tok/s; H200 20,790 against 1,421.6).
+BUDGET=${BUDGET:-400}
 source benchmarks/device/setup.sh > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
 tail -2 "$OUT/setup.txt"
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; stamp() { echo "== $1 at $(el) s" | tee -a "$OUT/log.txt"; }
-budget=${BUDGET:-400}
-# `within N`: a timeout of at most N seconds, or what is left of the budget; fails when under 20 s are left
-within() { local left=$(( budget - $(el) )); [ "$left" -ge 20 ] || return 1; echo $(( left < $1 ? left : $1 )); }
 git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
 w="--device cuda --model /tmp/model --num-requests 256 --input-len 100,1024 --output-len 100,1024 --concurrency 256 --kv-cache-gb 40 --max-tokens-per-step 8192"
 keep() { grep -v "it/s" | grep -v "figure .*\.\(p95\|p99\|p50\)"; }

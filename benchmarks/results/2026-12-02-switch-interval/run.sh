@@ -1,20 +1,4 @@
 # veil serve with Python's GIL switch interval at its default 5 ms (before = 400bfe7) and at
 # 0.5 ms (after = 0299f4c): the tiny model (../2026-12-02-served/tiny_hf.py), 256 requests of
 # issue 22's shape, at concurrency 256 (256 sequences per step) and 64, two rounds alternated.
-py=/work/main/.venv/bin/python
-here=$(pwd)
-served=$here/../2026-12-02-served  # tiny_hf.py, served.py
-for c in 400bfe7 0299f4c; do
-  [ -d /tmp/wt-$c ] || git -C /work/main worktree add -f --detach /tmp/wt-$c $c
-  mkdir -p /tmp/ab-$c && ln -sfn /tmp/wt-$c /tmp/ab-$c/veil
-done
-[ -d /tmp/tinyhf ] || (cd $served && $py tiny_hf.py /tmp/tinyhf /tmp/wl_tiny.json)
-for rep in 1 2; do
-  for c in 400bfe7 0299f4c; do
-    $py $served/served.py $here/c256_${c}_run$rep.json --server-path /tmp/ab-$c --model /tmp/tinyhf \
-      --workload /tmp/wl_tiny.json --concurrency 256 --max-seqs 256 > $here/c256_${c}_run$rep.txt 2>&1
-    $py $served/served.py $here/c64_${c}_run$rep.json --server-path /tmp/ab-$c --model /tmp/tinyhf \
-      --workload /tmp/wl_tiny.json --concurrency 64 > $here/c64_${c}_run$rep.txt 2>&1
-    date -u +"%H:%M:%S $c run$rep done" >> $here/times.txt
-  done
-done
+COMMITS="400bfe7 0299f4c" bash ../2026-12-02-served-stack/run.sh
