@@ -2,7 +2,7 @@
 as a Hugging Face directory with the shipped tokenizer, for runs of the serving overhead, and the
 workload of those runs (issue 22's shape, token ids below 500).
 
-    python tiny_hf.py DIR WORKLOAD.json
+    python tiny_hf.py DIR WORKLOAD.json [LAYERS]   # LAYERS: 3 unless given
 """
 import json, sys
 from pathlib import Path
@@ -13,7 +13,7 @@ from veil.benchmarks.workload import random_workload
 from veil.engine.loader import load_checkpoint
 
 dst = Path(sys.argv[1]); dst.mkdir(parents=True, exist_ok=True)
-c = tiny_checkpoint(layers=3)
+c = tiny_checkpoint(layers=int(sys.argv[3]) if len(sys.argv) > 3 else 3)
 cfg = c.config
 load_checkpoint().tokenizer.save_pretrained(str(dst))
 json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden_size,
