@@ -102,7 +102,7 @@ class ModelRunner:
             raise RuntimeError("this server holds only the server half: no full-model requests")
         try:
             return prepare(chunks, self.tables, self.cache, in_flight.sampled_index if in_flight else None)
-        except BaseException:  # out of device memory in the tables' copy: nothing was written
+        except BaseException:  # e.g. out of device memory copying or growing the tables: keep nothing staged
             self.tables.discard()
             raise
 

@@ -21,10 +21,8 @@ for p in $PKGS; do
   [ -n "$v" ] || { echo "kit: $p is not in .venv (make install first)" >&2; exit 1; }
   echo "$p==$v"
 done > "$KIT/requirements.txt"
-plat=""
-for n in 2_28 2_27 2_17 2014 1; do
-  case $n in 2014|1) plat="$plat --platform manylinux${n}_x86_64" ;; *) plat="$plat --platform manylinux_${n}_x86_64" ;; esac
-done
+plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 # shellcheck disable=SC2086
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat \
   -d "$KIT/whl" -r "$KIT/requirements.txt" 2>&1 | grep -v "^WARNING: Location" || true
