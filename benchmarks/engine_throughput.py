@@ -16,7 +16,8 @@ per figure and writes JSON.
 
 Paths: ``fast`` (the served endpoint above; its client, this process, shares the machine with
 the server: the server gets ``--server-threads`` torch threads, by default torch's count as
-``veil serve``, and the report states the split), ``engine`` (the engine driven directly in
+``veil serve``, and the report states the split), ``fast-process`` (the same with
+``veil serve --engine-process``: the engine loop in a process of its own), ``engine`` (the engine driven directly in
 this process, all requests at t=0, at most c sequences per step: the set-up of the vLLM peer's
 offline ``LLM.generate``; ``veil.benchmarks.engine_direct``) and ``reference``. ``--device cuda`` runs
 all three on the GPU. Fast and engine also report steps/s and mean sequences per step.
@@ -71,9 +72,10 @@ def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str]) -> 
 
 def start_server(tmp: Path, kv_cache_gb: float, max_tokens_per_step: int, dtype: str,
                  threads: int | None = None, device: str = "cpu", model: str | None = None,
-                 max_seqs: int | None = None) -> tuple[subprocess.Popen, str, str]:
+                 max_seqs: int | None = None, engine_process: bool = False) -> tuple[subprocess.Popen, str, str]:
     return launch_server(tmp, ("plaintext",), ["--kv-cache-gb", str(kv_cache_gb), "--max-tokens-per-step",
                                                str(max_tokens_per_step), "--dtype", dtype, "--device", device,
+                                               *(["--engine-process"] if engine_process else []),
                                                *(["--max-seqs-per-step", str(max_seqs)] if max_seqs else []),
                                                *(["--threads", str(threads)] if threads else []),
                                                *(["--model", model] if model else [])])
@@ -220,36 +222,39 @@ def main(argv: list[str] | None = None) -> int:
     server_threads = args.server_threads or torch_threads  # veil serve's default
     results: dict = {"schema": "veil.engine_throughput/1", "workload": wl.description, "machine": machine_facts(),
                      "device": args.device, "dtype": args.dtype, "paths": {},
-                     "threads": {"fast.server": server_threads,
+                     "threads": {"fast.server": server_threads,  # fast-process: the engine process's
                                  "fast.client": "this process: the asyncio load generator (one Python thread)",
                                  "engine": args.engine_threads or torch_threads}}
     lines: list[str] = []
     print(f"workload: {wl.description} ({wl.output_tokens} output tokens)", file=sys.stderr, flush=True)
 
-    if "fast" in paths:
+    # the served endpoint, with the engine loop in the server's process ("fast") or in one of its
+    # own ("fast-process": veil serve --engine-process, so the two loops hold one GIL each)
+    for path in (x for x in ("fast", "fast-process") if x in paths):
         with tempfile.TemporaryDirectory() as tmp:
             # the server admits as many sequences per step as the load ever has in flight (the
             # engine path's cap is its concurrency too)
             proc, url, key = start_server(Path(tmp), args.kv_cache_gb, args.max_tokens_per_step, args.dtype,
                                           server_threads, args.device, args.model,
-                                          max(int(x) for x in args.concurrency.split(",")))
+                                          max(int(x) for x in args.concurrency.split(",")),
+                                          engine_process=path == "fast-process")
             try:
                 model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
                 # warm-up (first-call allocations), not measured
                 asyncio.run(run_fast(url, key, random_workload(2, (16, 16), (4, 4), 99), 2, float("inf"), model))
                 for c in (int(x) for x in args.concurrency.split(",")):
-                    print(f"fast path, concurrency {c}…", file=sys.stderr, flush=True)
+                    print(f"{path} path, concurrency {c}…", file=sys.stderr, flush=True)
                     steps0, seqs0, host0 = server_step_counts(url)
                     records, duration = asyncio.run(run_fast(url, key, wl, c, args.request_rate, model))
                     steps1, seqs1, host1 = server_step_counts(url)
                     s = summarize(records, duration, slo_ttft, slo_tpot)
                     s.update({"steps": steps1 - steps0, "steps_s": (steps1 - steps0) / duration,
                               "mean_seqs_per_step": (seqs1 - seqs0) / max(steps1 - steps0, 1),
-                              # the engine loop's host time per step while serving (GIL shared
-                              # with the event loop that streams the tokens)
+                              # the engine loop's host time per step while serving (in "fast", GIL
+                              # shared with the event loop that streams the tokens)
                               "host_ms_per_step": 1e3 * (host1 - host0) / max(steps1 - steps0, 1)})
-                    results["paths"].setdefault("fast", {})[f"c{c}"] = s
-                    lines += figure_lines("fast", s, f".c{c}")
+                    results["paths"].setdefault(path, {})[f"c{c}"] = s
+                    lines += figure_lines(path, s, f".c{c}")
                     print(f"  {s['output_tok_s']:.1f} output tok/s, {s['errors']} errors", file=sys.stderr, flush=True)
             finally:
                 proc.terminate()
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 "output_tok_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "duration_s")}, f".{name}.c{args.batch_size}")
             print(f"  {ref['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
 
-    ours = [p for p in ("fast", "engine") if p in results["paths"]]
+    ours = [p for p in ("fast", "fast-process", "engine") if p in results["paths"]]
     if ours and "reference" in results["paths"]:
         best_key, best = max(results["paths"]["reference"].items(), key=lambda kv: kv[1]["output_tok_s"])
         results["reference_baseline"] = best_key

@@ -3,7 +3,7 @@
 * ``veil bench --paths reference,fast,split-plain,protected --out DIR [--quick] ...`` — the overhead
   report (``veil.benchmarks.overhead``): every path in one run, results.json, report.md, plots;
   ``--replicas 1,2`` measures the server paths on ``veil serve --replicas N`` for each N.
-* ``veil bench --paths reference,fast[,engine]`` with engine-throughput options only (no ``--out``,
+* ``veil bench --paths reference,fast[,fast-process][,engine]`` with engine-throughput options only (no ``--out``,
   ``--quick`` or ``--contexts``) — the engine's throughput benchmark
   (``veil.benchmarks.engine_throughput``: 64 random requests at concurrency 16 against
   `transformers` static batches).
@@ -41,7 +41,8 @@ def cmd_bench(args) -> int:
     if "--sessions" in rest:
         return _sessions(rest, protected_sessions)
     paths = rest[rest.index("--paths") + 1] if "--paths" in rest else ",".join(overhead.ALL_PATHS)
-    engine_only = set(paths.split(",")) <= {"reference", "fast", "engine"} and not OVERHEAD_FLAGS & set(rest)
+    engine_only = (set(paths.split(",")) <= {"reference", "fast", "fast-process", "engine"}
+                   and not OVERHEAD_FLAGS & set(rest))
     if engine_only and "--help" not in rest and "-h" not in rest:
         return engine_throughput.main(rest)
     return overhead.main(rest)

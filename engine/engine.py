@@ -80,6 +80,17 @@ class DeviceOutOfMemory(RuntimeError):
     and every other sequence go on."""
 
 
+def check_request(full_model: bool, vocab_size: int, prompt_ids: list[int], max_new_tokens: int) -> None:
+    """What a full-model request must be before it reaches the loop (Engine and EngineProcess)."""
+    if not full_model:
+        raise RuntimeError("this engine holds only the server half of the model")
+    if not prompt_ids or max_new_tokens < 1:
+        raise ValueError("a request needs a prompt and at least one new token")
+    if not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab_size:
+        # checked here, not in the step: an id outside the embedding would end the loop
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+
+
 class Engine:
     def __init__(self, model: LlamaModel, k: int, cfg: EngineConfig = EngineConfig(),
                  server_secret: bytes | None = None, on_step: Callable[[StepStats], None] | None = None):
@@ -126,6 +137,19 @@ class Engine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
+    # what /metrics reads of the engine (EngineProcess has the same three)
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def kv_utilization(self) -> float:
+        return self.cache.utilization
+
     def _check_alive(self) -> None:
         if self.error is not None or (self._thread is not None and not self._thread.is_alive()):
             raise EngineDead(f"the engine loop has stopped: {self.error!r}")
@@ -157,13 +181,7 @@ class Engine:
     # -- full-model requests ---------------------------------------------------------------------
     def add_request(self, tenant: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
                     stop_ids: tuple[int, ...] = (), on_token=None, on_finish=None) -> Sequence:
-        if not self.full_model:
-            raise RuntimeError("this engine holds only the server half of the model")
-        if not prompt_ids or max_new_tokens < 1:
-            raise ValueError("a request needs a prompt and at least one new token")
-        if not 0 <= min(prompt_ids) <= max(prompt_ids) < self.model_cfg.vocab_size:
-            # checked here, not in the step: an id outside the embedding would end the loop
-            raise ValueError(f"prompt token ids must lie in [0, {self.model_cfg.vocab_size})")
+        check_request(self.full_model, self.model_cfg.vocab_size, prompt_ids, max_new_tokens)
         seq = Sequence.tokens(tenant, prompt_ids, max_new_tokens, sampling, stop_ids, on_token, on_finish)
         with self._cv:
             self._check_alive()

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
 from veil.engine.engine import DeviceOutOfMemory, Engine, EngineDead, SessionClosed, StepStats
+from veil.engine.process import EngineProcess
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
@@ -53,11 +54,12 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.batch_tokens.observe(s.num_tokens)
         metrics.kv_util.set(s.kv_utilization)
 
-    engine = Engine(half.model, half.k, cfg.engine_config(), on_step=on_step)
+    make_engine = EngineProcess if cfg.engine_process else Engine
+    engine = make_engine(half.model, half.k, cfg.engine_config(), on_step=on_step)
     # the native backend on the CPU computes with torch's intra-op threads: on the engine loop's
-    # OpenMP team (Engine.call), since a second team slows both
+    # OpenMP team (Engine.call), since a second team slows both; an engine process has its own
     cpu_native = cfg.he_backend == "native" and torch.device(cfg.device).type == "cpu"
-    protected = ProtectedService(half, cfg, engine.call if cpu_native else None)
+    protected = ProtectedService(half, cfg, engine.call if cpu_native and not cfg.engine_process else None)
 
     def drop(s: Session) -> None:
         if s.path == "protected":
@@ -134,9 +136,9 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     @app.get("/metrics")
     async def prometheus():
         metrics.sessions.set(len(sessions))
-        metrics.running.set(engine.scheduler.num_running)
-        metrics.waiting.set(engine.scheduler.num_waiting)
-        metrics.kv_util.set(engine.cache.utilization)
+        metrics.running.set(engine.num_running)
+        metrics.waiting.set(engine.num_waiting)
+        metrics.kv_util.set(engine.kv_utilization)
         metrics.protected_kv_bytes.set(protected.kv_bytes())
         metrics.protected_key_bytes.set(protected.key_bytes())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")

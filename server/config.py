@@ -46,6 +46,9 @@ class ServerConfig:
     max_seqs_per_step: int | None = None
     device: str = EngineConfig.device  # the engine's device ("cpu" | "cuda"): fast path and split sessions
     threads: int = EngineConfig.threads  # the engine loop's torch threads (0: torch's setting)
+    # the engine loop in a process of its own (engine/process.py), so that it and the HTTP event
+    # loop do not share one GIL; the protected path then computes in the server's process
+    engine_process: bool = False
     dtype: str | None = None  # weights; None → bfloat16 on CUDA, float32 on CPU (KV: Engine, ops.bf16_is_fast)
 
     def __post_init__(self) -> None:

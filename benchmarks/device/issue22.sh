@@ -6,7 +6,8 @@
 # 256-request workload (input and output lengths uniform in [100, 1024], EOS ignored) with the
 # engine driven directly, with its overlapped loop (EngineConfig.overlap, never run on a GPU yet)
 # and without; transformers bf16 `generate` in static batches of 256 in the same call; then
-# `veil serve --device cuda` at concurrency 256 (the served path's host ms per engine step). Last
+# `veil serve --device cuda` at concurrency 256, with the engine loop in the server's process and
+# in its own (--engine-process; the served path's host ms per engine step). Last
 # figures: ../results/2026-11-28-gpu/ (H100 22,717 output tok/s; H200 20,790 against 1,421.6).
 BUDGET=${BUDGET:-400}
 source benchmarks/device/setup.sh > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
@@ -17,13 +18,13 @@ keep() { grep -v "it/s" | grep -v "figure .*\.\(p95\|p99\|p50\)"; }
 show() { grep -E "output_tok_s|steps_s|step_time_share|mean_seqs|host_ms" "$1"; }
 stamp tests
 t=$(within 90) && VEIL_TEST_MODEL=/tmp/model timeout "$t" python3 -m pytest -q -p no:cacheprovider --tb=short \
-  tests/test_fastpath.py tests/test_engine_overlap.py -k cuda 2>&1 | tail -30 > "$OUT/tests.txt"; tail -4 "$OUT/tests.txt"
+  tests/test_fastpath.py tests/test_engine_overlap.py tests/test_engine_process.py -k cuda 2>&1 | tail -30 > "$OUT/tests.txt"; tail -4 "$OUT/tests.txt"
 stamp engine_overlap
 t=$(within 70) && timeout "$t" python3 -m veil.benchmarks.engine_throughput $w --paths engine --out "$OUT/engine_overlap.json" 2>&1 | keep > "$OUT/engine_overlap.txt"; show "$OUT/engine_overlap.txt"
 stamp engine_no_overlap
 t=$(within 70) && timeout "$t" python3 -m veil.benchmarks.engine_throughput $w --paths engine --no-overlap --out "$OUT/engine_no_overlap.json" 2>&1 | keep > "$OUT/engine_no_overlap.txt"; show "$OUT/engine_no_overlap.txt"
 stamp reference  # ~100 s of generate at the 1.4k tok/s measured before
 t=$(within 150) && timeout "$t" python3 -m veil.benchmarks.engine_throughput $w --paths reference --batch-size 256 --reference-dtypes bfloat16 --out "$OUT/reference.json" 2>&1 | keep > "$OUT/reference.txt"; show "$OUT/reference.txt"
-stamp served
-t=$(within 90) && timeout "$t" python3 -m veil.benchmarks.engine_throughput $w --paths fast --out "$OUT/served.json" 2>&1 | keep > "$OUT/served.txt"; show "$OUT/served.txt"
+stamp served  # in the server's process, then with --engine-process (engine/process.py: never run on a GPU yet)
+t=$(within 150) && timeout "$t" python3 -m veil.benchmarks.engine_throughput $w --paths fast,fast-process --out "$OUT/served.json" 2>&1 | keep > "$OUT/served.txt"; show "$OUT/served.txt"
 stamp end
