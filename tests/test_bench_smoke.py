@@ -9,8 +9,8 @@ from veil.benchmarks import engine_throughput
 
 def test_engine_throughput_smoke(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = engine_throughput.main(["--paths", "reference,fast,engine", "--num-requests", "4", "--input-len", "8,16",
-                                 "--output-len", "3,6", "--concurrency", "1,4", "--batch-size", "2",
+    rc = engine_throughput.main(["--paths", "reference,fast,fast-process,engine", "--num-requests", "4",
+                                 "--input-len", "8,16", "--output-len", "3,6", "--concurrency", "1,4", "--batch-size", "2",
                                  "--kv-cache-gb", "0.1", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
                                  "--out", str(out)])
     assert rc == 0
@@ -20,7 +20,8 @@ def test_engine_throughput_smoke(tmp_path, capsys):
                  "fast.errors.c4", "reference.output_tok_s.float32.c2", "reference.output_tok_s.bfloat16.c2",
                  "ratio.fast_over_reference.output_tok_s.c4", "fast.steps_s.c4", "fast.mean_seqs_per_step.c4",
                  "engine.output_tok_s.c4", "engine.steps_s.c4", "engine.mean_seqs_per_step.c4",
-                 "ratio.engine_over_reference.output_tok_s.c4"):
+                 "ratio.engine_over_reference.output_tok_s.c4", "fast-process.output_tok_s.c4",
+                 "fast-process.host_ms_per_step.c4"):
         assert name in figures, name
         assert re.fullmatch(r"[-+0-9.e]+|nan", figures[name]), figures[name]
     assert float(figures["fast.errors.c4"]) == 0 and float(figures["fast.output_tok_s.c4"]) > 0
@@ -28,6 +29,9 @@ def test_engine_throughput_smoke(tmp_path, capsys):
     assert res["schema"] == "veil.engine_throughput/1"
     ref = res["paths"]["reference"]
     assert res["paths"]["fast"]["c4"]["output_tokens"] == ref["float32.c2"]["output_tokens"]
+    # veil serve --engine-process, started by the CLI as an operator would
+    assert res["paths"]["fast-process"]["c4"]["output_tokens"] == ref["float32.c2"]["output_tokens"]
+    assert res["paths"]["fast-process"]["c4"]["errors"] == 0 and res["paths"]["fast-process"]["c4"]["steps"] > 0
     engine = res["paths"]["engine"]["c4"]
     assert engine["output_tokens"] == ref["float32.c2"]["output_tokens"] and engine["errors"] == 0
     # at most 4 sequences per step, and every step ran at least one
