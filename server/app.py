@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from fastapi import FastAPI, Request
@@ -44,6 +45,21 @@ class CreateSession(BaseModel):
     param_set: str | None = None  # protected: the CKKS parameter set the client uses
 
 
+def _he_compute(cfg: ServerConfig, engine: Engine | EngineProcess):
+    """Where the protected path's HE computes (ProtectedService's ``compute``). The native
+    backend on the CPU uses torch's intra-op threads: on the engine loop's OpenMP team
+    (``Engine.call``), since a second team in the process slows both. With the engine in a
+    process of its own, on one thread of this process that has the engine's thread count: the
+    HE worker and request threads stay at the one thread ``veil serve`` leaves them."""
+    if cfg.he_backend != "native" or torch.device(cfg.device).type != "cpu":
+        return None
+    if not cfg.engine_process:
+        return engine.call
+    threads = cfg.threads or torch.get_num_threads()
+    he = ThreadPoolExecutor(1, "veil-he", initializer=torch.set_num_threads, initargs=(threads,))
+    return lambda fn: he.submit(fn).result()
+
+
 def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> FastAPI:
     metrics = Metrics()
 
@@ -56,10 +72,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
 
     make_engine = EngineProcess if cfg.engine_process else Engine
     engine = make_engine(half.model, half.k, cfg.engine_config(), on_step=on_step)
-    # the native backend on the CPU computes with torch's intra-op threads: on the engine loop's
-    # OpenMP team (Engine.call), since a second team slows both; an engine process has its own
-    cpu_native = cfg.he_backend == "native" and torch.device(cfg.device).type == "cpu"
-    protected = ProtectedService(half, cfg, engine.call if cpu_native and not cfg.engine_process else None)
+    protected = ProtectedService(half, cfg, _he_compute(cfg, engine))
 
     def drop(s: Session) -> None:
         if s.path == "protected":

@@ -176,6 +176,25 @@ def test_a_dead_engine_process_fails_its_work_with_503_and_health_says_so(ckpt, 
         srv.stop()
 
 
+def test_native_he_beside_an_engine_process_computes_on_one_thread_with_the_engines_threads(
+        ckpt, tmp_path, live_server_cls):
+    """With the engine's OpenMP team in the child, the protected path's native HE gets one
+    thread of the server's process with the engine's thread count, not the one thread that
+    `veil serve` leaves the HE worker and the request threads."""
+    import threading
+
+    srv = live_server_cls(ckpt, tmp_path, engine_process=True, he_backend="native", threads=2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # as veil serve leaves this process's threads
+        where = [srv.app.state.protected._compute(lambda: (threading.current_thread().name, torch.get_num_threads()))
+                 for _ in range(2)]
+        assert where[0] == where[1] and where[0][0].startswith("veil-he") and where[0][1] == 2
+    finally:
+        torch.set_num_threads(before)
+        srv.stop()
+
+
 def test_views_follow_what_the_child_reports(full_model):
     """The server side's bookkeeping on messages as the child sends them (built here, no child
     started): tokens after an abort are dropped; an out-of-memory step gives its rows back; a
