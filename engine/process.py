@@ -13,7 +13,8 @@ there, as the engine thread would have. vLLM separates its engine core from its 
 same way.
 
 What does not cross: ``Engine.call`` (the protected path's native HE on the engine's OpenMP
-team), so with an engine process the protected path computes in the server's process.
+team), so with an engine process the protected path computes in the server's process
+(``server.app._he_compute``).
 """
 
 from __future__ import annotations
