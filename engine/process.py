@@ -150,14 +150,24 @@ class EngineProcess:
         return view
 
     def abort(self, view: SequenceView) -> None:
+        if self._forget(view, "abort") and view.on_finish:
+            view.on_finish("abort")
+
+    def _forget(self, view: SequenceView, op: str):
+        """Abort or close: the view is finished here at once (what the child still sends for it
+        is dropped) and the child told. Returns False if it had finished already, else the
+        waiter of a split step in flight (taken under the lock the reader takes) or True."""
         with self._lock:
             if view.finished:
-                return
-            view.finished = True  # what the child still sends for it is dropped
+                return False
+            view.finished = True
             self._views.pop(view.id, None)
-            self._send(("abort", view.id))
-        if view.on_finish:
-            view.on_finish("abort")
+            done, view.on_step_done = view.on_step_done, None
+            try:
+                self._send((op, view.id))
+            except EngineDead:
+                pass  # nothing left to free
+        return done or True
 
     # -- split sessions --------------------------------------------------------------------------
     def open_hidden(self, tenant: str) -> SequenceView:
@@ -178,17 +188,8 @@ class EngineProcess:
             view.num_inputs += rows.shape[0]
 
     def close(self, view: SequenceView) -> None:
-        with self._lock:
-            if view.finished:
-                return
-            view.finished = True
-            self._views.pop(view.id, None)
-            done, view.on_step_done = view.on_step_done, None
-            try:
-                self._send(("close", view.id))
-            except EngineDead:
-                pass  # nothing left to free
-        if done:
+        done = self._forget(view, "close")
+        if callable(done):  # the step in flight will never complete: tell its waiter
             done(SessionClosed("the session was closed"))
 
     # -- what the child sends --------------------------------------------------------------------
