@@ -1,0 +1,90 @@
+"""The converted-GGUF cache of ``veil.engine.loader``: a cached load gives exactly what converting
+the file gives (every tensor bit for bit, the config, the tokenizer), a damaged entry is
+converted again, and a cache that cannot be written costs nothing but time."""
+
+import pytest
+import torch
+
+from veil.engine import loader
+from veil.engine.loader import default_gguf_path, load_checkpoint
+
+TEXTS = ["The capital of France is", "1, 2, 3, 4,", "héllo wörld 🙂\n\n\ttabs  ", "<|im_start|>user\nhi<|im_end|>"]
+
+
+def _same(a, b):
+    assert a.config == b.config and a.source == b.source
+    assert sorted(a.tensors) == sorted(b.tensors)
+    for k, v in a.tensors.items():
+        assert v.dtype == b.tensors[k].dtype and torch.equal(v, b.tensors[k]), k
+    for text in TEXTS:
+        assert a.tokenizer(text)["input_ids"] == b.tokenizer(text)["input_ids"], text
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    assert (a.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            == b.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+    assert a.tokenizer.all_special_ids == b.tokenizer.all_special_ids
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The shipped GGUF converted by transformers (~18 s) into an empty cache: (checkpoint, cache
+    directory, the conversions made)."""
+    root, calls, real = tmp_path_factory.mktemp("models"), [], loader._convert_gguf
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VEIL_MODEL_CACHE", str(root))
+    mp.setattr(loader, "_convert_gguf", lambda path: calls.append(path) or real(path))  # counts, converts
+    try:
+        ckpt = load_checkpoint()
+    finally:
+        mp.undo()
+    return ckpt, root, calls
+
+
+def test_a_cached_load_equals_the_conversion(converted, monkeypatch):
+    from safetensors import safe_open
+
+    ckpt, root, calls = converted
+    (entry,) = root.iterdir()
+    assert entry.name.startswith("SmolLM2-135M-Instruct.Q4_1-") and (entry / "veil-cache.json").is_file()
+    assert (entry.stat().st_mode & 0o777) == 0o700  # the provider's weights: for this user only
+    with safe_open(str(entry / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()  # tied to the embedding: stored once
+    monkeypatch.setenv("VEIL_MODEL_CACHE", str(root))
+    again = load_checkpoint()
+    assert len(calls) == 1  # the second load read the entry
+    _same(ckpt, again)
+    assert again.tensors["lm_head.weight"] is again.tensors["model.embed_tokens.weight"]
+
+
+def test_a_damaged_entry_is_converted_again(converted, tmp_path, monkeypatch):
+    """The conversion is replaced by the one made above (a fake of transformers' reader, which
+    the fixture runs for real); what is under test is the cache's handling of the entry."""
+    converted, calls = converted[0], []
+    monkeypatch.setenv("VEIL_MODEL_CACHE", str(tmp_path))
+    hf_cfg = _hf_config(converted)
+    monkeypatch.setattr(loader, "_convert_gguf", lambda path: calls.append(path) or (converted, hf_cfg))
+    load_checkpoint()
+    (entry,) = tmp_path.iterdir()
+    weights = entry / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    _same(converted, load_checkpoint())
+    assert len(calls) == 2 and (entry / "veil-cache.json").is_file()
+    _same(converted, load_checkpoint())  # the rewritten entry reads again
+    assert len(calls) == 2
+
+
+def test_an_unwritable_cache_only_costs_time(converted, tmp_path, monkeypatch):
+    converted = converted[0]
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("VEIL_MODEL_CACHE", str(blocker / "models"))
+    monkeypatch.setattr(loader, "_convert_gguf", lambda path: (converted, _hf_config(converted)))  # as above
+    assert load_checkpoint() is converted
+    assert default_gguf_path().is_file()
+    monkeypatch.setenv("VEIL_MODEL_CACHE", "off")
+    assert loader.model_cache_root() is None
+
+
+def _hf_config(ckpt) -> dict:
+    from veil.engine.reference import build_reference
+
+    return {**build_reference(ckpt).config.to_dict(), "_name_or_path": ckpt.config.name}
