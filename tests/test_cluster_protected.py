@@ -1,8 +1,12 @@
-"""Protected sessions on `veil serve --replicas 2 --k 29` (Ray Serve): the tenant uploads its
-evaluation keys once, and whichever replica opens one of its protected sessions imports them from
-the cluster's key store; both replicas then run real SEAL layers for it. Skipped without the
-cluster extra; he_heavy (each replica encodes its protected layer and imports the keys, ~1 GB)."""
+"""Protected sessions on `veil serve --replicas 2 --k 29 --engine-process` (Ray Serve): the tenant
+uploads its evaluation keys once, and whichever replica opens one of its protected sessions imports
+them from the cluster's key store; both replicas then run real HE layers for it. Each replica runs
+its engine loop in a child process (tests/test_cluster.py serves the in-process engine), which
+ends with its replica. Skipped without the cluster extra; he_heavy (each replica encodes its
+protected layer and imports the keys, ~1 GB)."""
 
+import os
+import signal
 import time
 
 import httpx
@@ -23,7 +27,7 @@ K = 29  # one protected layer
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     srv = launch_cluster(tmp_path_factory.mktemp("cluster"), 2, ("protected",),
-                         ["--k", str(K), "--kv-cache-gb", "0.03"])
+                         ["--k", str(K), "--kv-cache-gb", "0.03", "--engine-process"])
     yield srv
     srv.stop()
 
@@ -69,3 +73,23 @@ def test_keys_uploaded_once_serve_every_replica(cluster, ckpt, full_model):
     for rid in replicas:  # each replica imported the keys (from the store, for all but the first)
         line = next(ln for ln in text.splitlines() if ln.startswith(f'veil_protected_key_bytes{{replica="{rid}"}}'))
         assert float(line.split()[-1]) > 100e6
+
+
+def _engine_children(pid: int) -> list:
+    import psutil
+
+    return [c for c in psutil.Process(pid).children() if "spawn_main" in " ".join(c.cmdline())]
+
+
+def test_a_replica_s_engine_child_ends_with_the_replica(cluster):
+    """Runs last: a replica killed outright leaves no engine process behind (it would hold the
+    replica's weights, KV pool and, on a GPU, its device memory), nor does the server's stop."""
+    children = {rid: _engine_children(pid) for rid, pid in cluster.replica_pids().items()}
+    assert len(children) == 2 and all(len(c) == 1 for c in children.values()), children
+    victim = next(iter(children))
+    os.kill(cluster.replica_pids()[victim], signal.SIGKILL)
+    (child,) = children[victim]
+    child.wait(30)  # raises psutil.TimeoutExpired if the child outlives its replica
+    cluster.stop()
+    for (c,) in children.values():
+        c.wait(30)
