@@ -78,7 +78,8 @@ def engine_agreement(ckpt, prompts: list[list[int]], tokens: int, dtype: torch.d
     agree, and the first position where each differs."""
     import threading
 
-    from veil.engine.engine import Engine, EngineConfig
+    from veil.engine.api import EngineConfig
+    from veil.engine.engine import Engine
     from veil.engine.loader import build_model
     from veil.engine.reference import build_reference, reference_greedy
     from veil.engine.sampling import SamplingParams

@@ -22,7 +22,8 @@ from veil.benchmarks.workload import Workload
 def run_engine(workload: Workload, device: str = "cpu", dtype: str = "float32", max_seqs: int = 16,
                kv_cache_gb: float = 4.0, max_tokens_per_step: int = 512, threads: int | None = None,
                cuda_graphs: bool = True, ckpt=None, overlap: bool | None = None) -> dict:
-    from veil.engine.engine import Engine, EngineConfig
+    from veil.engine.api import EngineConfig
+    from veil.engine.engine import Engine
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.sampling import SamplingParams
 

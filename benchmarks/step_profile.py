@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from veil.engine.engine import Engine, EngineConfig
+    from veil.engine.api import EngineConfig
+    from veil.engine.engine import Engine
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.sampling import SamplingParams
     from veil.engine.sequence import SeqKind, Sequence

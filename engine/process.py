@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from veil.engine.engine import (
+from veil.engine.api import (
     DeviceOutOfMemory,
     EngineConfig,
     EngineDead,

@@ -18,14 +18,8 @@ from collections import deque
 
 import torch
 
-from veil.engine.engine import (
-    DeviceOutOfMemory,
-    Engine,
-    EngineConfig,
-    EngineDead,
-    SessionClosed,
-    StepStats,
-)
+from veil.engine.api import DeviceOutOfMemory, EngineConfig, EngineDead, SessionClosed, StepStats
+from veil.engine.engine import Engine
 from veil.engine.model import LlamaModel
 
 _POLL_S = 0.01  # how often the child looks for events no step end has sent (a command's, an OOM's)

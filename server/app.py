@@ -22,7 +22,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
-from veil.engine.engine import DeviceOutOfMemory, Engine, EngineDead, SessionClosed, StepStats
+from veil.engine.api import DeviceOutOfMemory, EngineDead, SessionClosed, StepStats
+from veil.engine.engine import Engine
 from veil.engine.process import EngineProcess
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig

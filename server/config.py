@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from veil.crypto.backend import resolve_backend
-from veil.engine.engine import EngineConfig
+from veil.engine.api import EngineConfig
 from veil.protected.server import Limits
 
 

@@ -21,7 +21,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from veil.engine.engine import DeviceOutOfMemory, Engine
+from veil.engine.api import DeviceOutOfMemory
+from veil.engine.engine import Engine
 from veil.engine.sampling import SamplingParams
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig

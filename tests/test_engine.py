@@ -7,7 +7,8 @@ import httpx
 import pytest
 import torch
 
-from veil.engine.engine import DeviceOutOfMemory, Engine, EngineConfig, EngineDead
+from veil.engine.api import DeviceOutOfMemory, EngineConfig, EngineDead
+from veil.engine.engine import Engine
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.sampling import SamplingParams
 from veil.engine.scheduler import Scheduler, SchedulerConfig

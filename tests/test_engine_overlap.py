@@ -8,7 +8,8 @@ import threading
 import pytest
 import torch
 
-from veil.engine.engine import DeviceOutOfMemory, Engine, EngineConfig
+from veil.engine.api import DeviceOutOfMemory, EngineConfig
+from veil.engine.engine import Engine
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.sampling import SamplingParams
 from veil.engine.sequence import PENDING

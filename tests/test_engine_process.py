@@ -13,7 +13,7 @@ import torch
 
 from veil.client import VeilClient
 from veil.crypto.wire import HiddenStep
-from veil.engine.engine import DeviceOutOfMemory, EngineConfig, SessionClosed
+from veil.engine.api import DeviceOutOfMemory, EngineConfig, SessionClosed
 from veil.engine.process import EngineProcess, SequenceView
 from veil.engine.process_child import serve
 from veil.engine.sequence import SeqKind

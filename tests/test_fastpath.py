@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from veil.client.sdk import client_threads
+from veil.engine.api import EngineConfig
 from veil.engine.batch import decode_meta
 from veil.engine.block_tables import DeviceBlockTables
-from veil.engine.engine import Engine, EngineConfig
+from veil.engine.engine import Engine
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.sampling import SamplingParams
 from veil.engine.sequence import Sequence
