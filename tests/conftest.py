@@ -225,6 +225,22 @@ def client_half(ckpt):
 
 
 @pytest.fixture(scope="session")
+def holds_no_secret():
+    """``holds_no_secret(service)`` checks a protected service: every tenant's uploaded keys are
+    public (no secret key, no fold secret, the client's public fold key), and the executor's
+    own backend, which encodes the weights, holds no key at all."""
+
+    def check(svc) -> None:
+        assert svc.keys, "the client's keys were uploaded"
+        for ks in svc.keys.values():
+            assert not ks.backend.has_secret_key and ks.backend._sk is None and ks.backend._fold_secret is None
+            assert ks.backend.can_fold  # the client's fold key (``crypto/ring_switch.py``): public
+        assert not svc.executor().be.inner.has_secret_key
+
+    return check
+
+
+@pytest.fixture(scope="session")
 def live_server_cls():
     """The LiveServer class, for module-scoped servers with their own settings."""
     return LiveServer

@@ -2,9 +2,9 @@
 ``--he-backend auto`` serves wherever its C kernels build), the real parameter set
 (ckks-n16384-l7-v2), the real model, split at k=28 so the server runs 2 protected layers (the
 full k=2 split is covered by the benchmark). Keys are generated once. SEAL, the other production
-backend, serves one generation of its own (``test_a_seal_server_gives_the_same_greedy_tokens``):
-it runs ~2x slower than native here (the same two generations: ~200 s against 97 s), so the
-other tests take the native server.
+backend, serves one generation of its own in ``test_protected_path_seal.py`` (a process of its
+own: SEAL's memory pool never shrinks); it runs ~2x slower than native here (the same two
+generations: ~200 s against 97 s), so these tests take the native server.
 """
 
 import dataclasses
@@ -89,17 +89,8 @@ def test_client_decrypted_only_protocol_values(client, generations):
     assert not kinds & {"q", "k", "v", "a", "o", "h"}
 
 
-def _holds_no_secret(svc) -> None:
-    assert svc.keys, "the client's keys were uploaded"
-    for ks in svc.keys.values():
-        assert not ks.backend.has_secret_key and ks.backend._sk is None and ks.backend._fold_secret is None
-        assert ks.backend.can_fold  # the client's fold key (``crypto/ring_switch.py``): public
-    # the executor's own backend (weights encoding) has no key at all
-    assert not svc.executor().be.inner.has_secret_key
-
-
-def test_server_holds_no_secret_key(server, client, generations):
-    _holds_no_secret(server.app.state.protected)
+def test_server_holds_no_secret_key(server, client, generations, holds_no_secret):
+    holds_no_secret(server.app.state.protected)
     # the upload itself: exactly the public material fields, each a public object
     from veil.crypto.wire import unpack
 
@@ -112,7 +103,7 @@ def test_server_holds_no_secret_key(server, client, generations):
 def test_the_client_makes_the_key_set_the_server_prefers(server, client, generations):
     """A native server (it hoists the baby steps) prefers the full key set in /health; the client
     made it without being told, and the greedy tokens above came through it. A SEAL server
-    prefers the compact set (``test_a_seal_server_gives_the_same_greedy_tokens``)."""
+    prefers the compact set (``test_protected_path_seal.py``)."""
     info = httpx.get(f"{server.url}/health").json()["protected"]
     assert info == {"available": True, "he_backend": "native", "param_set": PROTECTED_PARAMS.id, "key_set": "full",
                     "ready": True}
@@ -297,30 +288,3 @@ def test_speculative_decoding_keeps_greedy_output(server, client, ckpt, full_mod
     assert s.verify_steps >= 1 and s.accepted >= 1 and s.accepted_tokens_per_step > 1.0
     steps = -(-len(ids) // c.prefill_span) + (s.output_tokens - 1 - s.accepted)  # prefill spans, then one per step
     assert s.round_trips == steps * 3 * (30 - K)
-
-
-def test_a_seal_server_gives_the_same_greedy_tokens(ckpt, full_model, live_server_cls, tmp_path_factory):
-    """A SEAL server (``--he-backend seal``): the prompt of two prefill spans and 3 tokens give
-    plain greedy's tokens. The client is not told the backend: it follows the server's /health,
-    which asks a SEAL server's compact key set (SEAL has no hoisting)."""
-    srv = live_server_cls(ckpt, tmp_path_factory.mktemp("protected-seal"), k=K, he_backend="seal")
-    c = VeilClient(srv.url, srv.keys["carol"], mode="protected", half=client_half_from(ckpt, K))
-    try:
-        c.generate_keys(progress=False)
-        ids = c.tokenizer(PROMPTS[1])["input_ids"]
-        assert len(ids) > c.prefill_span
-        assert c.generate(ids, 3, stop_at_eos=False).tokens == generate_local(full_model, ids, 3)
-        svc = srv.app.state.protected
-        assert svc.executor().be.inner.name == "seal" and svc.executor().params_id == PROTECTED_PARAMS.id
-        assert [ks.backend.name for ks in svc.keys.values()] == ["seal"]
-        info = httpx.get(f"{srv.url}/health").json()["protected"]
-        assert info["he_backend"] == "seal" and info["key_set"] == "compact"
-        assert c.he_backend == "seal" and c.key_set == "compact"
-        held = next(iter(svc.keys.values())).backend.rotation_steps
-        assert 1 in held and 3 not in held
-        _holds_no_secret(svc)
-        assert all(ks.backend._decryptor is None for ks in svc.keys.values())  # SEAL's own decryptor object
-        assert svc.executor().sessions == {}
-    finally:
-        c.close()
-        srv.stop()
