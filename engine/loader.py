@@ -10,7 +10,7 @@ A GGUF file is converted once: transformers' GGUF reader takes ~18 s for the shi
 (it parses the 49k-token vocabulary twice and builds a name map per tensor), so the dequantized
 tensors, config and tokenizer are kept as a Hugging Face directory under ``$VEIL_MODEL_CACHE``
 (default ``~/.cache/veil/models``; ``off`` disables it), keyed by the file's SHA-256 and the
-transformers version, written under a temporary name and renamed; a later load reads it in
+transformers and gguf versions, written under a temporary name and renamed; a later load reads it in
 ~0.3 s (safetensors and ``tokenizer.json``), every process of the server, the SDK and the tests.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -111,9 +112,9 @@ def model_cache_root() -> Path | None:
 
 
 def _cache_entry(root: Path, path: Path) -> Path:
-    import transformers
-
-    h = hashlib.sha256(f"veil-model-cache-{MODEL_CACHE_FORMAT} transformers-{transformers.__version__}\n".encode())
+    # gguf's quants dequantize; transformers maps the names and builds the tokenizer
+    versions = " ".join(f"{p}-{importlib.metadata.version(p)}" for p in ("transformers", "gguf"))
+    h = hashlib.sha256(f"veil-model-cache-{MODEL_CACHE_FORMAT} {versions}\n".encode())
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
             h.update(chunk)
