@@ -162,7 +162,7 @@ def _load_gguf(path: Path) -> Checkpoint:
     ckpt, hf_cfg = _convert_gguf(path)
     try:
         _write_cache_entry(entry, ckpt, hf_cfg)
-    except OSError as e:  # a full or read-only disk costs the next load time, nothing else
+    except Exception as e:  # noqa: BLE001 - a full or read-only disk costs the next load time, nothing else
         log.warning("could not cache the converted %s in %s: %s", path.name, root, e)
     return ckpt
 

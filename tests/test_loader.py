@@ -88,3 +88,16 @@ def _hf_config(ckpt) -> dict:
     from veil.engine.reference import build_reference
 
     return {**build_reference(ckpt).config.to_dict(), "_name_or_path": ckpt.config.name}
+
+
+def test_a_failed_write_only_costs_time(converted, tmp_path, monkeypatch):
+    """Whatever the writer raises (safetensors reports a full disk with its own error type)."""
+    monkeypatch.setenv("VEIL_MODEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(loader, "_convert_gguf", lambda path: (converted[0], _hf_config(converted[0])))  # as above
+
+    def full(*args, **kwargs):
+        raise RuntimeError("No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    assert load_checkpoint() is converted[0]
+    assert list(tmp_path.iterdir()) == []  # no half-written entry or temporary directory left
