@@ -131,7 +131,7 @@ def _write_cache_entry(entry: Path, ckpt: Checkpoint, hf_cfg: dict) -> None:
         tied = ckpt.config.tie_word_embeddings and "lm_head.weight" in ckpt.tensors
         tensors = {k: v.contiguous() for k, v in ckpt.tensors.items() if not (tied and k == "lm_head.weight")}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=1, default=str))
+        (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=1))
         ckpt.tokenizer.save_pretrained(tmp)
         (tmp / _DONE).write_text(json.dumps({"format": MODEL_CACHE_FORMAT, "source": ckpt.source}))
         try:
@@ -156,8 +156,6 @@ def _load_gguf(path: Path) -> Checkpoint:
             log.warning("model cache entry %s is unreadable (%s): converting %s again", entry, e, path.name)
             shutil.rmtree(entry, ignore_errors=True)
         else:
-            if ckpt.config.tie_word_embeddings and "lm_head.weight" not in ckpt.tensors:
-                ckpt.tensors["lm_head.weight"] = ckpt.tensors["model.embed_tokens.weight"]  # as the GGUF reader ties them
             return dataclasses.replace(ckpt, source=str(path), load_s=time.perf_counter() - t0)
     ckpt, hf_cfg = _convert_gguf(path)
     try:
@@ -191,6 +189,8 @@ def _load_hf_dir(path: Path) -> Checkpoint:
     tensors = load_safetensors_dir(path)
     tokenizer = load_tokenizer(path)
     cfg = ModelConfig.from_hf(hf, name=hf.get("_name_or_path") or path.name)
+    if cfg.tie_word_embeddings and "lm_head.weight" not in tensors:  # stored once, named as the GGUF reader ties it
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in cfg.eos_token_ids:
         cfg = _with_eos(cfg, tokenizer.eos_token_id)
     return Checkpoint(cfg, tensors, tokenizer, str(path), time.perf_counter() - t0)

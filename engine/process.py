@@ -150,16 +150,17 @@ class EngineProcess:
         return view
 
     def abort(self, view: SequenceView) -> None:
-        if self._forget(view, "abort") and view.on_finish:
+        forgotten, _ = self._forget(view, "abort")
+        if forgotten and view.on_finish:
             view.on_finish("abort")
 
-    def _forget(self, view: SequenceView, op: str):
+    def _forget(self, view: SequenceView, op: str) -> tuple[bool, Callable | None]:
         """Abort or close: the view is finished here at once (what the child still sends for it
-        is dropped) and the child told. Returns False if it had finished already, else the
-        waiter of a split step in flight (taken under the lock the reader takes) or True."""
+        is dropped) and the child told. Returns whether it was still open, and the waiter of a
+        split step in flight (taken under the lock the reader takes), if any."""
         with self._lock:
             if view.finished:
-                return False
+                return False, None
             view.finished = True
             self._views.pop(view.id, None)
             done, view.on_step_done = view.on_step_done, None
@@ -167,7 +168,7 @@ class EngineProcess:
                 self._send((op, view.id))
             except EngineDead:
                 pass  # nothing left to free
-        return done or True
+        return True, done
 
     # -- split sessions --------------------------------------------------------------------------
     def open_hidden(self, tenant: str) -> SequenceView:
@@ -188,8 +189,8 @@ class EngineProcess:
             view.num_inputs += rows.shape[0]
 
     def close(self, view: SequenceView) -> None:
-        done = self._forget(view, "close")
-        if callable(done):  # the step in flight will never complete: tell its waiter
+        _, done = self._forget(view, "close")
+        if done:  # the step in flight will never complete: tell its waiter
             done(SessionClosed("the session was closed"))
 
     # -- what the child sends --------------------------------------------------------------------

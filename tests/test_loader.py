@@ -2,11 +2,13 @@
 the file gives (every tensor bit for bit, the config, the tokenizer), a damaged entry is
 converted again, and a cache that cannot be written costs nothing but time."""
 
+import json
+
 import pytest
 import torch
 
 from veil.engine import loader
-from veil.engine.loader import default_gguf_path, load_checkpoint
+from veil.engine.loader import load_checkpoint
 
 TEXTS = ["The capital of France is", "1, 2, 3, 4,", "héllo wörld 🙂\n\n\ttabs  ", "<|im_start|>user\nhi<|im_end|>"]
 
@@ -58,9 +60,10 @@ def test_a_cached_load_equals_the_conversion(converted, monkeypatch):
 def test_a_damaged_entry_is_converted_again(converted, tmp_path, monkeypatch):
     """The conversion is replaced by the one made above (a fake of transformers' reader, which
     the fixture runs for real); what is under test is the cache's handling of the entry."""
-    converted, calls = converted[0], []
+    calls = []
     monkeypatch.setenv("VEIL_MODEL_CACHE", str(tmp_path))
     hf_cfg = _hf_config(converted)
+    converted = converted[0]
     monkeypatch.setattr(loader, "_convert_gguf", lambda path: calls.append(path) or (converted, hf_cfg))
     load_checkpoint()
     (entry,) = tmp_path.iterdir()
@@ -72,32 +75,39 @@ def test_a_damaged_entry_is_converted_again(converted, tmp_path, monkeypatch):
     assert len(calls) == 2
 
 
-def test_an_unwritable_cache_only_costs_time(converted, tmp_path, monkeypatch):
-    converted = converted[0]
+def _hf_config(converted) -> dict:
+    """The config dict the fixture's real conversion wrote (what ``_convert_gguf`` returns)."""
+    (entry,) = converted[1].iterdir()
+    return json.loads((entry / "config.json").read_text())
+
+
+def _block_root(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("VEIL_MODEL_CACHE", str(blocker / "models"))
-    monkeypatch.setattr(loader, "_convert_gguf", lambda path: (converted, _hf_config(converted)))  # as above
-    assert load_checkpoint() is converted
-    assert default_gguf_path().is_file()
-    monkeypatch.setenv("VEIL_MODEL_CACHE", "off")
-    assert loader.model_cache_root() is None
 
 
-def _hf_config(ckpt) -> dict:
-    from veil.engine.reference import build_reference
-
-    return {**build_reference(ckpt).config.to_dict(), "_name_or_path": ckpt.config.name}
-
-
-def test_a_failed_write_only_costs_time(converted, tmp_path, monkeypatch):
-    """Whatever the writer raises (safetensors reports a full disk with its own error type)."""
+def _fail_writer(tmp_path, monkeypatch):
     monkeypatch.setenv("VEIL_MODEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(loader, "_convert_gguf", lambda path: (converted[0], _hf_config(converted[0])))  # as above
 
-    def full(*args, **kwargs):
+    def full(*args, **kwargs):  # safetensors reports a full disk with its own error type
         raise RuntimeError("No space left on device (os error 28)")
 
     monkeypatch.setattr("safetensors.torch.save_file", full)
+
+
+@pytest.mark.parametrize("failure", [_block_root, _fail_writer], ids=["root is a file", "writer raises"])
+def test_a_cache_that_cannot_be_written_only_costs_time(converted, tmp_path, monkeypatch, failure):
+    monkeypatch.setattr(loader, "_convert_gguf", lambda path: (converted[0], _hf_config(converted)))  # as above
+    failure(tmp_path, monkeypatch)
     assert load_checkpoint() is converted[0]
-    assert list(tmp_path.iterdir()) == []  # no half-written entry or temporary directory left
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["file"])  # no half-written entry or temporary directory
+
+
+def test_off_converts_and_keeps_nothing(converted, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(loader, "_convert_gguf", lambda path: calls.append(path) or (converted[0], _hf_config(converted)))
+    monkeypatch.setenv("HOME", str(tmp_path))  # where the default cache would go
+    monkeypatch.setenv("VEIL_MODEL_CACHE", "off")
+    assert load_checkpoint() is converted[0] and load_checkpoint() is converted[0]
+    assert len(calls) == 2 and list(tmp_path.iterdir()) == []

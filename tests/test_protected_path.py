@@ -112,7 +112,7 @@ def test_the_client_makes_the_key_set_the_server_prefers(server, client, generat
     assert 1 in held and 3 in held
 
 
-def test_server_runs_production_parameters_only(server):
+def test_server_runs_production_parameters_only(server, generations):
     from veil.crypto.params import production_param_ids
 
     svc = server.app.state.protected
@@ -120,6 +120,7 @@ def test_server_runs_production_parameters_only(server):
     assert svc.cfg.he_backend == "native" and svc.executor().be.inner.name == "native"
     assert svc.executor().params_id == PROTECTED_PARAMS.id
     assert all(ks.backend.params.id == PROTECTED_PARAMS.id for ks in svc.keys.values())
+    assert [ks.backend.name for ks in svc.keys.values()] == ["native"]  # the client followed /health
 
 
 def test_sessions_and_ciphertexts_are_released(server, generations):

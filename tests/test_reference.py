@@ -48,6 +48,7 @@ def test_hf_checkpoint_directory_loads(ckpt, full_model, chat_prompts, tmp_path)
     other = load_checkpoint(tmp_path)
     assert other.config.num_layers == ckpt.config.num_layers
     assert other.config.eos_token_ids == ckpt.config.eos_token_ids
+    assert other.tensors["lm_head.weight"] is other.tensors["model.embed_tokens.weight"]  # tied, as from the GGUF
     model = build_model(other)
     ids = chat_prompts[0]
     with torch.inference_mode():
