@@ -516,9 +516,11 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     if not nonzero.any():
         raise HEError("all-zero matrix")
     keep = np.flatnonzero(nonzero)
-    vals = vals[:, keep].reshape(batch * keep.size, -1)
+    # diagonal-major: a diagonal's B encodings come out side by side, so that a batch of
+    # sessions stacks them (``RowBatch.stack_plain``) as a view where the backend allows it
+    vals = vals[:, keep].swapaxes(0, 1).reshape(keep.size * batch, -1)
     pts = be.encode_many(vals, level, float(be.prime(level)))
-    return [EncodedMatrix(be.params.id, level, plan, {keys[k]: pts[b * keep.size + j] for j, k in enumerate(keep)},
+    return [EncodedMatrix(be.params.id, level, plan, {keys[k]: pts[j * batch + b] for j, k in enumerate(keep)},
                           pack) for b in range(batch)]
 
 

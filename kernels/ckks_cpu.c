@@ -372,9 +372,10 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
 
 /* out[o, r, e] = sum_k a_k[r, e] * w[k * outs + o][e] mod q(limb of e), for rows r in [0, rows),
  * outputs o in [0, outs), and flat positions e of the [L, N] plane. a_k[r] starts at
- * a[k] + r * a_row_stride. w[.]: [L, N], shared by every row (w_row_stride 0), or one per
- * w_row_div consecutive rows (a batch's per-session plaintexts: row r reads
- * w[.] + (r / w_row_div) * w_row_stride). out: [outs / group, rows, group, L, N] -- with
+ * a[k] + r * a_row_stride. w: sets of terms * outs pointers to [L, N] weights, set s for rows
+ * [s * w_row_div, (s + 1) * w_row_div): one set that every row shares (w_row_div = rows), or one
+ * per session of a batch (its own plaintexts, or its own keys, wherever each lives: row r reads
+ * w[((r / w_row_div) * terms + k) * outs + o]). out: [outs / group, rows, group, L, N] -- with
  * group = outs the plain [rows, outs, L, N]; a hoisted set of S keys is outs = 2S, group = 2,
  * so each key's two halves land as [S, rows, 2, L, N], the layout the rotations take next.
  * The terms a may be lazy, in (-q, q); the weights w are canonical.
@@ -387,7 +388,7 @@ static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r64, uint64_t r64p
 typedef struct {
     int64_t *out;
     const int64_t *const *a, *const *w;
-    int64_t a_row_stride, w_row_stride, w_row_div, terms, outs, group, rows, n, plane;
+    int64_t a_row_stride, w_row_div, terms, outs, group, rows, n, plane;
 } MacJob;
 
 /* One block's work: positions [pos, pos + len) of limb `limb`, outputs [o0, o0 + on), on <= MAC_OUTS. */
@@ -404,7 +405,7 @@ static inline void load_term(uint64_t *x, const MacJob *m, const MacBlock *b, in
 
 /* The weights of term k, output o (of the whole job), for row r at flat position e. */
 static inline const uint64_t *weight_at(const MacJob *m, int64_t k, int64_t o, int64_t r, int64_t e) {
-    return (const uint64_t *)(m->w[k * m->outs + o] + (r / m->w_row_div) * m->w_row_stride + e);
+    return (const uint64_t *)(m->w[((r / m->w_row_div) * m->terms + k) * m->outs + o] + e);
 }
 
 /* Where output o of row r writes position e. */
@@ -580,9 +581,9 @@ static void mac_block_wide(const MacJob *m, const MacBlock *b) { (void)m, (void)
 static int use_ifma_wide(uint64_t q, int64_t n) { return use_vector_ntt(n) && q < (1ULL << 60); }
 
 void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
-              const int64_t *const *w, int64_t w_row_stride, int64_t w_row_div, int64_t terms, int64_t outs,
+              const int64_t *const *w, int64_t w_row_div, int64_t terms, int64_t outs,
               int64_t group, int64_t rows, int64_t limbs, int64_t n, const uint64_t *qs) {
-    const MacJob m = {out, a, w, a_row_stride, w_row_stride, w_row_div, terms, outs, group, rows, n, limbs * n};
+    const MacJob m = {out, a, w, a_row_stride, w_row_div, terms, outs, group, rows, n, limbs * n};
     const int64_t per_limb = (n + MAC_BLOCK - 1) / MAC_BLOCK;
     use_ifma(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(dynamic, 4)

@@ -53,7 +53,7 @@ def _library() -> ctypes.CDLL | None:
     lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int, p, ctypes.c_int]
     lib.veil_sub_mul.argtypes = [p, p, i64, p, i64, i64, i64, p, p, p, i64, i64]
     lib.veil_sub_mul.restype = None
-    lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, i64, p]
+    lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
     lib.veil_ntt_ifma.argtypes, lib.veil_ntt_ifma.restype = [], ctypes.c_int
     lib.veil_gather.argtypes, lib.veil_gather.restype = [p, p, p, i64, i64, i64], None
@@ -205,18 +205,20 @@ def _check(primes: tuple[int, ...], tensors, n: int) -> None:
         raise ValueError(f"the CPU kernels need primes below 2^62, got {max(primes)}")
 
 
-def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int,
-         w: list[torch.Tensor], outs: int, w_rows: tuple[int, int] = (0, 1), group: int | None = None) -> torch.Tensor:
+def _mac(primes, out: torch.Tensor, a_ptrs: list[int], a_row_stride: int, w_sets: list[list[int]], outs: int,
+         group: int | None = None) -> torch.Tensor:
     """``veil_mac`` into ``out`` (contiguous): ``[rows, outs, L, N]``, or with ``group``
-    ``[outs / group, rows, group, L, N]`` (a hoisted set's keys: ``[S, rows, 2, L, N]``);
-    ``w_rows``: the weights' (row stride, rows per weight row), ``(0, 1)`` for weights every
-    row shares."""
+    ``[outs / group, rows, group, L, N]`` (a hoisted set's keys: ``[S, rows, 2, L, N]``).
+    ``w_sets``: the weights' addresses, ``len(a_ptrs) * outs`` per set (term-major); one set
+    that every row shares, or one per equal run of consecutive rows (a batch's sessions)."""
     limbs, n = len(primes), out.shape[-1]
-    a_arr = (ctypes.c_void_p * len(a_ptrs))(*a_ptrs)
-    w_arr = (ctypes.c_void_p * len(w))(*[t.data_ptr() for t in w])
     rows = out.numel() // (outs * limbs * n)
-    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, w_arr, *w_rows, len(a_ptrs), outs, group or outs,
-                        rows, limbs, n, _primes(primes))
+    if not w_sets or rows % len(w_sets) or any(len(ws) != len(a_ptrs) * outs for ws in w_sets):
+        raise ValueError(f"{len(w_sets)} weight sets for {rows} rows of {len(a_ptrs)} terms x {outs} outputs")
+    a_arr = (ctypes.c_void_p * len(a_ptrs))(*a_ptrs)
+    w_arr = (ctypes.c_void_p * (len(w_sets) * len(w_sets[0])))(*[ptr for ws in w_sets for ptr in ws])
+    _library().veil_mac(out.data_ptr(), a_arr, a_row_stride, w_arr, rows // len(w_sets), len(a_ptrs), outs,
+                        group or outs, rows, limbs, n, _primes(primes))
     return out
 
 
@@ -262,21 +264,34 @@ def mac_many_cpu(primes: tuple[int, ...], a, w) -> torch.Tensor:
     if any(t.shape != a[0].shape for t in a) or any(t.shape != flat[0].shape for t in flat) or w_rows is None:
         raise ValueError("the terms must share one shape, and the weights one shape: [L, N] or per row")
     out = torch.empty((len(w), *a[0].shape), dtype=torch.int64)
-    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, flat, len(w), w_rows, group=1)
+    stride, per_set = w_rows
+    sets = 1 if stride == 0 else math.prod(a[0].shape[:-2]) // per_set
+    w_sets = [[t.data_ptr() + 8 * s * stride for t in flat] for s in range(sets)]
+    return _mac(primes, out, [t.data_ptr() for t in a], len(primes) * n, w_sets, len(w), group=1)
 
 
-def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
+def key_inner_cpu(primes: tuple[int, ...], d: torch.Tensor, keys: list) -> torch.Tensor:
     """``sum_j d_j * key_j`` (``rns.key_inner``'s contract) of digits ``d`` ``[..., K, L, N]``
     against each of S keys ``[2, K, L, N]`` (one, or a hoisted set's, in one pass over the
-    digits) -> ``[S, ..., 2, L, N]``, canonical."""
+    digits) -> ``[S, ..., 2, L, N]``, canonical. For a batch of sessions (digits ``[B, ..., K,
+    L, N]``) a step's key may instead be a sequence of B, one per session, each read where it
+    lives (no stack of the sessions' keys: 19 MB a key at level 7)."""
     n, k = d.shape[-1], d.shape[-3]
-    for key in keys:
+    if all(torch.is_tensor(key) for key in keys):
+        sets = [list(keys)]
+    elif d.dim() >= 4 and all(torch.is_tensor(key) or len(key) == d.shape[0] for key in keys):
+        sets = [[key if torch.is_tensor(key) else key[b] for key in keys] for b in range(d.shape[0])]
+    else:
+        raise ValueError("each step's key: one for every row, or one per row of the digits' leading dim")
+    flat = [key for keys_b in sets for key in keys_b]
+    for key in flat:
         if key.dim() != 4 or key.shape[:2] != (2, k):
             raise ValueError(f"a key [2, {k}, L, N] for {k} digits, got {tuple(key.shape)}")
     d = d.contiguous()
-    _check(primes, [d, *keys], n)
+    _check(primes, [d, *flat], n)
     # term j's weights for output 2s + o: key s's half o of digit j (views: a level's run of limbs)
-    w = [key[o, j].contiguous() for j in range(k) for key in keys for o in range(2)]
+    w = [[key[o, j].contiguous() for j in range(k) for key in keys_b for o in range(2)] for keys_b in sets]
     plane = len(primes) * n
     out = torch.empty((len(keys), *d.shape[:-3], 2, len(primes), n), dtype=torch.int64)
-    return _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane, w, 2 * len(keys), group=2)
+    return _mac(primes, out, [d.data_ptr() + 8 * j * plane for j in range(k)], k * plane,
+                [[t.data_ptr() for t in ws] for ws in w], 2 * len(keys), group=2)

@@ -205,6 +205,29 @@ def test_key_inner_of_a_hoisted_set_equals_twin_key_by_key(lead):
         assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, keys[1:2])[0], want[1])  # one key alone
 
 
+@pytest.mark.parametrize("lead", [(3,), (3, 2)], ids=["rows", "rows-inner"])
+def test_key_inner_of_per_row_keys_equals_twin_row_by_row(lead):
+    """A batch of sessions (``RowKeys``): each step's key is one per row, each its own tensor
+    (read in place, not stacked); row b's result is the twin's product of row b's digits with
+    row b's key, for every step of a hoisted set. A step whose key every row shares may sit
+    beside per-row ones (``rns.key_inner_many`` repeats it per row)."""
+    for n, digits in ((1024, 3), (16384, 9)):
+        run = slice(0, 5)
+        primes, basis = MASTER[run], Basis.of(MASTER[run])
+        keys = [[torch.stack([_canonical(MASTER, (digits,), n, seed=60 + 6 * s + 2 * b + o) for o in range(2)])[:, :, run]
+                 for b in range(lead[0])] for s in range(2)]
+        d = _canonical(primes, (*lead, digits), n, seed=9)
+        want = torch.stack([torch.stack([rns._key_inner(d[b], key[b], basis) for b in range(lead[0])]) for key in keys])
+        assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, keys), want)
+        shared = keys[0][1]
+        for mixed in (ckks_cpu.key_inner_cpu(primes, d, [keys[1], shared]),
+                      rns.key_inner_many(d, [keys[1], shared], basis)):  # direct, dispatched
+            assert torch.equal(mixed[0], want[1])
+            assert torch.equal(mixed[1], rns._key_inner(d, shared, basis))
+    with pytest.raises(ValueError, match="one per row"):
+        ckks_cpu.key_inner_cpu(primes, d, [keys[0][:2]])
+
+
 @pytest.mark.parametrize(("lead", "w_lead"), [((3, 2), (3, 1)), ((2,), (2,)), ((2, 2), (1, 1))],
                          ids=["batch-ct", "rows", "ones"])
 def test_mac_per_row_weights_equal_twin(lead, w_lead):

@@ -195,6 +195,29 @@ def test_matrices_encoded_together_equal_each_alone(rows, layout, shape):
             assert len(together[1].plaintexts) == len(encode_matrix(be, ws[1], 2).plaintexts) + 1
 
 
+def test_rows_encoded_together_stack_without_a_copy(rows):
+    """The shuffled FFN's per-session encodings (``encode_matrices``: a diagonal's rows come
+    out side by side) stack as a view of the encoder's output, and so do a stacked plaintext's
+    rows given back (``unstack_plain``: a session's W_down between its WEIGHTS and MLP_IN
+    steps); rows from separate encodings, or out of order, are copied. Either way the operand
+    equals the rows stacked. Four rows: the encoder's chunks (64 vectors) then hold whole
+    diagonals; a diagonal split across two chunks is copied."""
+    be = rows[0][1]
+    batch = NativeBatch([be] * 4)
+    ws = np.random.default_rng(7).standard_normal((4, 64, 64))
+    together = encode_matrices(be, ws, 2)
+    alone = [encode_matrix(be, w, 2) for w in ws]
+    for ms, shared in ((together, True), (alone, False), (together[::-1], False)):
+        for u in ms[0].plaintexts:
+            parts = [m.plaintexts[u]._obj for m in ms]
+            st = batch.stack_plain([m.plaintexts[u] for m in ms])._obj
+            assert torch.equal(st, torch.stack(parts).unsqueeze(1))
+            assert (st.untyped_storage().data_ptr() == parts[0].untyped_storage().data_ptr()) is shared
+    st = batch.stack_plain([m.plaintexts[0] for m in together])
+    again = batch.stack_plain(batch.unstack_plain(st))
+    assert again._obj.data_ptr() == st._obj.data_ptr() and torch.equal(again._obj, st._obj)
+
+
 def test_one_sessions_positions_as_rows_use_its_own_keys(rows):
     """A prefill span's products (``Circuit.matvecs`` where a batch pays): the rows are one
     session's positions, so the batch holds that session's keys themselves (one key read for all

@@ -85,14 +85,31 @@ class NativeBatch(RowBatch, NativeBackend):
         return [self._wrap(row.clone(), c.level, c.scale) for row in c.data.unbind(0)]
 
     def stack_plain(self, pts: Sequence[Plaintext]) -> Plaintext:
-        """``[B, 1, L, N]``: broadcasts against ``[B, size, L, N]``."""
+        """``[B, 1, L, N]``: broadcasts against ``[B, size, L, N]``. Rows that already lie one
+        after another in one tensor (encoded together, ``linear.encode_matrices``, or a stacked
+        plaintext's rows given back) are taken as a view of it, not copied: the first protected
+        layer's W_gate|up and W_down, shuffled for every session at every step."""
         if len(pts) != self.batch_size or len({(p.level, p.scale, p.params_id) for p in pts}) != 1 \
                 or not all(isinstance(p._obj, torch.Tensor) and p._obj.dim() == 2 for p in pts):
             raise HEError("a batch stacks one encoded plaintext per row, of one level and scale")
-        m = torch.stack([p._obj for p in pts]).unsqueeze(1)
+        rows = [p._obj for p in pts]
+        m = _adjacent_rows(rows)
+        m = (torch.stack(rows) if m is None else m).unsqueeze(1)
         return Plaintext(m, self.params.id, pts[0].level, pts[0].scale, m.numel() * 8)
 
     def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
         """Views of the rows (a row's plaintexts are read until its next step, then dropped)."""
         m = pt._obj
         return [Plaintext(m[b, 0], self.params.id, pt.level, pt.scale, pt.nbytes // m.shape[0]) for b in range(m.shape[0])]
+
+
+def _adjacent_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``torch.stack(rows)`` as a view where the rows are contiguous, of one shape, and each
+    starts where the one before ends in one storage; else None."""
+    first = rows[0]
+    size = first.numel() * first.element_size()
+    if not all(r.is_contiguous() and r.shape == first.shape and r.dtype == first.dtype
+               and r.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+               and r.data_ptr() == first.data_ptr() + b * size for b, r in enumerate(rows)):
+        return None
+    return first.as_strided((len(rows), *first.shape), (first.numel(), *first.stride()))

@@ -24,8 +24,9 @@ __all__ = ["Evaluator"]
 #: the key products' working memory: a batch of B sessions takes HOIST_CHUNK // B rotations at a
 #: time, each chunk decomposing ``c1`` again). A GPU holds 256 (16 rotations of 16 sessions at
 #: level 7: 0.6 GB of products), so a batch keeps its hoisting, and its launches stay those of
-#: one hoisted set; the 2-core CPU keeps 16 (its C kernels gain nothing from more).
-HOIST_CHUNK = {"cuda": 256, "cpu": 16}
+#: one hoisted set; the CPU takes 64 (16 rotations of 4 sessions, a quarter of that; with 16 a
+#: batch of 4 sessions would decompose ``c1`` four times per product's baby steps).
+HOIST_CHUNK = {"cuda": 256, "cpu": 64}
 
 
 class Evaluator:

@@ -103,12 +103,12 @@ def key_inner_many(d: torch.Tensor, keys, basis: Basis, compile: bool = False) -
     """``key_inner`` of the same digits against each step's key: ``[S, ..., 2, L, N]``. A step's
     key is one ``[2, K, L, N]``, or a batch's per-row keys (a sequence of them, for digits
     ``[B, K, L, N]``). On CUDA one Triton launch for every step, row and limb, each key read in
-    place; on the CPU (one key per step) one C call writes every key's result in place (no
-    stack of S results: 38 MB for 16 keys at level 7) and reads each block of digits once for
-    all keys; elsewhere a product per key (per row)."""
+    place; on the CPU one C call writes every key's result in place (no stack of S results: 38
+    MB for 16 keys at level 7) and reads each block of digits once for all keys, a batch's
+    per-row keys each where it lives; elsewhere a product per key (per row)."""
     if use_triton(d):
         return key_inner_sets_triton(d, [[k] if torch.is_tensor(k) else list(k) for k in keys], basis)
-    if d.device.type == "cpu" and ckks_cpu.available() and all(torch.is_tensor(k) for k in keys):
+    if d.device.type == "cpu" and ckks_cpu.available():
         return ckks_cpu.key_inner_cpu(basis.primes, d, keys)
     return torch.stack([key_inner(d, k, basis, compile) if torch.is_tensor(k) else
                         torch.stack([key_inner(x, r, basis, compile) for x, r in zip(d.unbind(0), k, strict=True)])
