@@ -142,8 +142,8 @@ def collect_veil(ckpt, model, k: int, chunks: list[list[int]], progress=None, la
     (one session each)."""
     from veil.crypto.backend import make_backend
     from veil.crypto.params import PROTECTED_PARAMS
-    from veil.protected.circuits import relin_key_level, rotation_key_levels
     from veil.protected.client import ProtectedClientState, softmax_weights, swiglu_from_u
+    from veil.protected.key_levels import relin_key_level, rotation_key_levels
     from veil.protected.layouts import dims_of, unpack_mlp, unpack_scores
     from veil.protected.server import ProtectedExecutor
     from veil.server.config import ServerConfig

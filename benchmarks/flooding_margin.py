@@ -36,8 +36,9 @@ import torch
 from veil.crypto.backend import make_backend
 from veil.crypto.params import PROTECTED_PARAMS, get_params
 from veil.protected import circuits, server
-from veil.protected.circuits import FLOOD_BELOW_SCALE, relin_key_level, rotation_key_levels
+from veil.protected.circuits import FLOOD_BELOW_SCALE
 from veil.protected.client import ProtectedClientState
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import SCORES_DIV, dims_of, score_slot
 from veil.protected.protocol import MsgKind
 from veil.server.config import ServerConfig

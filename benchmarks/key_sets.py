@@ -2,7 +2,7 @@
 [--backends seal,native] [--sets full,compact,minimal] [--out FILE]``.
 
 Why: the setup a protected client uploads once is its public key, its relinearization key and
-the Galois keys of ``circuits.rotation_key_levels`` for the set it picks; the sets trade those
+the Galois keys of ``key_levels.rotation_key_levels`` for the set it picks; the sets trade those
 bytes against key switches on the server (docs/PROTOCOL.md, "Keys"; the products' time under
 each set is ``protected_products --keys``). For each backend and set this makes the keys as
 the SDK does (each Galois key for the levels its rotations run at, the relinearization key for
@@ -20,7 +20,7 @@ import time
 from veil.crypto.backend import make_backend
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.engine.loader import load_checkpoint
-from veil.protected.circuits import KEY_SETS, relin_key_level, rotation_key_levels
+from veil.protected.key_levels import KEY_SETS, relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import public_material_to_bytes
 

@@ -34,8 +34,8 @@ import torch
 
 from veil.crypto.backend import backend_names, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import MsgKind
 from veil.protected.server import ProtectedExecutor

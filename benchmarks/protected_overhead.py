@@ -180,7 +180,7 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
                         key_set: str | None = None) -> dict:
     """Run every (path, context) against one server subprocess; returns results by path. The
     protected path runs ``he_backend`` on both ends, with the evaluation keys ``key_set``
-    (``circuits.KEY_SETS``; None: the set the server prefers)."""
+    (``key_levels.KEY_SETS``; None: the set the server prefers)."""
     from veil.client.sdk import VeilClient
     from veil.engine.loader import build_model, load_checkpoint
     from veil.engine.split import client_half_from
@@ -223,7 +223,7 @@ def measure_split_paths(paths: list[str], k: int, contexts: list[int], new_token
 def main(argv: list[str] | None = None) -> int:
     from veil.benchmarks.engine_throughput import machine_facts
     from veil.crypto.params import PROTECTED_PARAMS
-    from veil.protected.circuits import KEY_SETS
+    from veil.protected.key_levels import KEY_SETS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--paths", default="split-plain,protected")
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="protected: prompt positions per round trip (default and most: veil.crypto.wire.MAX_SPAN)")
     p.add_argument("--he-backend", default="seal", help="the protected path's HE backend, on both ends")
     p.add_argument("--keys", choices=["auto", *KEY_SETS], default="auto",
-                   help="protected: the evaluation-key set the client makes (circuits.rotation_key_levels); "
+                   help="protected: the evaluation-key set the client makes (key_levels.rotation_key_levels); "
                         "auto: the one the server's /health prefers, as the SDK does")
     p.add_argument("--out", type=Path, default=Path("bench_out/protected_overhead.json"))
     args = p.parse_args(argv)

@@ -57,7 +57,7 @@ from veil.crypto.linear import (
 )
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.engine.loader import load_checkpoint
-from veil.protected.circuits import KEY_SETS
+from veil.protected.key_levels import KEY_SETS
 from veil.protected.layouts import LayoutDims, dims_of, hidden_layout
 from veil.protected.protocol import LEVELS
 from veil.protected.weights import MATRIX_LAYOUTS, input_spans, matrix_shapes

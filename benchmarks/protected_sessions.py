@@ -33,8 +33,8 @@ import torch
 from veil.benchmarks.protected_bench import PROMPT, _seed_cache
 from veil.crypto.backend import make_backend
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.server import ProtectedExecutor
 from veil.protected.weights import layer_weights_from_tensors

@@ -130,7 +130,7 @@ class VeilClient:
                  half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str | None = None,
                  speculate: int = 0, threads: int | None = None, key_set: str | None = None):
         from veil.crypto.backend import backend_names
-        from veil.protected.circuits import KEY_SETS
+        from veil.protected.key_levels import KEY_SETS
 
         self.threads = client_threads(server_url, threads)
         if self.threads is not None:
@@ -144,7 +144,7 @@ class VeilClient:
         if not 0 <= speculate < MAX_SPAN or (speculate and mode != "protected"):
             raise ValueError(f"speculate drafts 0..{MAX_SPAN - 1} tokens per step, on the protected path")
         self.speculate = speculate  # protected: drafted tokens per decode step (prompt lookup)
-        # protected: which evaluation keys to make (circuits.KEY_SETS: "full", "compact" or
+        # protected: which evaluation keys to make (key_levels.KEY_SETS: "full", "compact" or
         # "minimal", each with fewer bytes and more key switches on the server than the one
         # before); None: the set the server's /health prefers (full where it does not say)
         if key_set is not None and key_set not in KEY_SETS:
@@ -242,7 +242,7 @@ class VeilClient:
 
         from veil.crypto.backend import backend_names, make_backend
         from veil.crypto.params import PROTECTED_PARAMS
-        from veil.protected.circuits import KEY_SETS, relin_key_level, rotation_key_levels
+        from veil.protected.key_levels import KEY_SETS, relin_key_level, rotation_key_levels
         from veil.protected.layouts import dims_of
 
         if self.he_backend is None or self.key_set is None:

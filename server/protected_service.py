@@ -32,7 +32,7 @@ from veil.crypto.backend import HEBackend, KeyMaterialError, make_backend
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.crypto.wire import WireError
 from veil.engine.split import ServerHalf
-from veil.protected.circuits import relin_key_level, rotation_key_levels
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import ProtectedMessage, public_material_from_bytes
 from veil.protected.scheduler import StepScheduler

@@ -16,8 +16,8 @@ import torch
 
 from veil.crypto.backend import CiphertextError
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import CtPayload, DeviceOutOfMemory, MsgKind
 from veil.protected.server import ProtectedExecutor

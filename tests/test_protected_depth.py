@@ -15,8 +15,8 @@ import torch
 
 from veil.crypto.params import PROTECTED_PARAMS
 from veil.engine.generate import generate_local
-from veil.protected.circuits import relin_key_level, rotation_key_levels
 from veil.protected.client import ProtectedClientState
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import MAX_SPAN
 from veil.protected.server import ProtectedExecutor

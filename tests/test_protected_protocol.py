@@ -17,8 +17,9 @@ import torch
 
 from veil.crypto.backend import CiphertextError, HEError
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import Circuit, relin_key_level, rotation_key_levels
+from veil.protected.circuits import Circuit
 from veil.protected.client import HeadroomExceeded, ProtectedClientState
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import (
     SCORES_DIV,
     dims_of,

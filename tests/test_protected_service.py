@@ -11,7 +11,7 @@ import pytest
 from veil.crypto.backend import make_backend
 from veil.crypto.linear import rotation_steps_of
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.protected.circuits import relin_key_level, rotation_key_levels
+from veil.protected.key_levels import relin_key_level, rotation_key_levels
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import public_material_to_bytes
 from veil.protected.weights import product_plan
