@@ -41,9 +41,9 @@ from veil.crypto.backend import (
     Plaintext,
     PublicMaterial,
     RefreshMask,
-    RowBatch,
 )
 from veil.crypto.params import CkksParams
+from veil.crypto.row_batch import RowBatch
 from veil.crypto.sampling import standard_normal, urandom_u64
 
 __all__ = ["PlainBackend"]

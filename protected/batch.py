@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from veil.crypto.backend import Ciphertext, RowBatch
+from veil.crypto.backend import Ciphertext
 from veil.crypto.linear import EncodedMatrix
+from veil.crypto.row_batch import RowBatch
 from veil.protected.kv import LayerKV
 from veil.protected.layouts import weights_period
 from veil.protected.protocol import MsgKind, ProtectedMessage

@@ -24,9 +24,10 @@ from collections.abc import Sequence
 
 import torch
 
-from veil.crypto.backend import Ciphertext, HEError, Plaintext, RowBatch
+from veil.crypto.backend import Ciphertext, HEError, Plaintext
 from veil.crypto.native import keys as K
 from veil.crypto.native.backend import NativeBackend
+from veil.crypto.row_batch import RowBatch
 
 __all__ = ["NativeBatch"]
 
