@@ -12,11 +12,13 @@ tensors, config and tokenizer are kept as a Hugging Face directory under ``$VEIL
 (default ``~/.cache/veil/models``; ``off`` disables it), keyed by the file's SHA-256 and the
 transformers and gguf versions, written under a temporary name and renamed; a later load reads it
 (safetensors and ``tokenizer.json``: 0.23 s once torch and transformers are imported), in every
-process of the server, the SDK and the tests.
+process of the server, the SDK and the tests. Each file keeps its ``KEEP_PER_SOURCE`` most
+recently used entries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -103,6 +105,11 @@ def _convert_gguf(path: Path) -> tuple[Checkpoint, dict]:
 
 MODEL_CACHE_FORMAT = 1
 _DONE = "veil-cache.json"  # written last inside the entry: its presence marks a whole entry
+#: Entries kept per source file (each ~520 MB for the shipped model): a new transformers or gguf,
+#: or a changed file, writes a new one, and the least recently used beyond this many go. Two,
+#: so that two environments sharing a cache (the project's and a peer's venv) keep theirs.
+KEEP_PER_SOURCE = 2
+_STALE_TMP_S = 3600  # a writer's temporary directory older than this was left by a crash
 
 
 def model_cache_root() -> Path | None:
@@ -141,6 +148,26 @@ def _write_cache_entry(entry: Path, ckpt: Checkpoint, hf_cfg: dict) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _prune(entry, ckpt.source)
+
+
+def _prune(entry: Path, source: str) -> None:
+    """Drop the entries of ``source`` beyond the ``KEEP_PER_SOURCE`` most recently used (``entry``,
+    just written, among them; a hit touches its marker) and temporary directories of crashed
+    writers. A process still reading a dropped entry finds it damaged and converts again."""
+    now, mine = time.time(), []
+    for d in entry.parent.iterdir():
+        try:
+            if d.name.startswith(".tmp-"):
+                if now - d.stat().st_mtime > _STALE_TMP_S:
+                    shutil.rmtree(d, ignore_errors=True)
+            elif d != entry and json.loads((d / _DONE).read_text()).get("source") == source:
+                mine.append(((d / _DONE).stat().st_mtime, d))
+        except (OSError, ValueError, AttributeError):  # not an entry, or one being removed
+            continue
+    for _, d in sorted(mine, reverse=True)[KEEP_PER_SOURCE - 1 :]:
+        log.info("model cache: dropping %s, an older conversion of %s", d.name, source)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _load_gguf(path: Path) -> Checkpoint:
@@ -156,6 +183,8 @@ def _load_gguf(path: Path) -> Checkpoint:
             log.warning("model cache entry %s is unreadable (%s): converting %s again", entry, e, path.name)
             shutil.rmtree(entry, ignore_errors=True)
         else:
+            with contextlib.suppress(OSError):  # recently used (``_prune``); a read-only cache still serves
+                os.utime(entry / _DONE)
             return dataclasses.replace(ckpt, source=str(path), load_s=time.perf_counter() - t0)
     ckpt, hf_cfg = _convert_gguf(path)
     try:

@@ -111,3 +111,33 @@ def test_off_converts_and_keeps_nothing(converted, tmp_path, monkeypatch):
     monkeypatch.setenv("VEIL_MODEL_CACHE", "off")
     assert load_checkpoint() is converted[0] and load_checkpoint() is converted[0]
     assert len(calls) == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_each_file_keeps_its_most_recently_used_entries(converted, tmp_path, monkeypatch):
+    """A new transformers or gguf (here: a new cache format, which changes the key the same way)
+    writes a new entry; beyond ``KEEP_PER_SOURCE`` the least recently used of the same file go,
+    a hit counting as a use. Another file's entries and a live writer's temporary directory
+    stay; a crashed writer's goes. The conversion is the fixture's, replayed (a fake of
+    transformers' reader; the cache is what is under test)."""
+    import os
+    import time
+
+    calls = []
+    monkeypatch.setattr(loader, "_convert_gguf", lambda path: calls.append(path) or (converted[0], _hf_config(converted)))
+    monkeypatch.setenv("VEIL_MODEL_CACHE", str(tmp_path))
+    other = tmp_path / "other-0"
+    other.mkdir()
+    (other / "veil-cache.json").write_text(json.dumps({"format": 1, "source": "/elsewhere/other.gguf"}))
+    crashed, live = tmp_path / ".tmp-crashed", tmp_path / ".tmp-live"
+    crashed.mkdir(), live.mkdir()
+    os.utime(crashed, (time.time() - 7200,) * 2)
+    entries = {}
+    for fmt in (1, 2, 1, 3):  # the second load of 1 is a hit: it makes 1 more recent than 2
+        monkeypatch.setattr(loader, "MODEL_CACHE_FORMAT", fmt)
+        time.sleep(0.05)  # marker times apart
+        assert load_checkpoint() is not None
+        entries[fmt] = loader._cache_entry(tmp_path, loader.default_gguf_path())
+    assert len(calls) == 3  # formats 1, 2, 3 converted; the second 1 read its entry
+    assert loader.KEEP_PER_SOURCE == 2
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {entries[1].name, entries[3].name, "other-0", ".tmp-live"}  # 2, least recently used, went
