@@ -36,7 +36,8 @@ from veil.protected.batch import (
     stack_sessions,
     step_key,
 )
-from veil.protected.circuits import Circuit, Constants
+from veil.protected.circuits import Circuit
+from veil.protected.constants import Constants
 from veil.protected.kv import LayerKV, SpanUndo, append_span, truncate_span
 from veil.protected.layouts import dims_of
 from veil.protected.protocol import (

@@ -7,8 +7,9 @@ import torch
 
 from veil.crypto.backend import make_backend
 from veil.crypto.params import HE_STANDARD_MAX_LOG_Q_128, PROTECTED_PARAMS
-from veil.protected.circuits import Circuit, Constants
+from veil.protected.circuits import Circuit
 from veil.protected.client import softmax_weights, swiglu_from_u
+from veil.protected.constants import Constants
 from veil.protected.key_levels import rotation_key_levels, score_lane_groups
 from veil.protected.layouts import (
     SCORES_DIV,
