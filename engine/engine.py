@@ -45,9 +45,10 @@ class Engine:
                  server_secret: bytes | None = None, on_step: Callable[[StepStats], None] | None = None):
         mcfg = model.cfg
         # The KV cache (and the attention over it) follows the weights where bf16 is fast (CUDA,
-        # CPUs with AMX-BF16). Elsewhere on CPU it stays fp32 whatever the weights: torch's CPU
-        # attention is there several times slower in bf16, and converting the gathered context
-        # every layer costs more than the doubled cache memory.
+        # CPUs with AMX-BF16, or with AVX512-BF16 under the C kernels: ops.bf16_is_fast).
+        # Elsewhere on CPU it stays fp32 whatever the weights: torch's CPU attention is there
+        # several times slower in bf16, and converting the gathered context every layer costs
+        # more than the doubled cache memory.
         weights = next(model.parameters()).dtype
         dtype = weights if ops.bf16_is_fast(cfg.device) else torch.float32
         num_layers = model.last - model.first

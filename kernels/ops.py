@@ -48,6 +48,7 @@ __all__ = [
     "add_rms_norm",
     "apply_rope",
     "bf16_is_fast",
+    "bf16_is_fast_on_cpu",
     "build_rope_cache",
     "paged_decode_attention",
     "paged_prefill_attention",
@@ -68,18 +69,27 @@ def _use_c(*tensors: torch.Tensor) -> bool:
 
 @functools.cache
 def bf16_is_fast(device: str = "cpu") -> bool:
-    """Whether torch computes bf16 matmuls and attention on ``device`` at least as fast as fp32:
-    on CUDA, and on CPUs with AMX-BF16 (oneDNN's tile units; Linux's /proc/cpuinfo names the
-    flag). Measured on the 2-core Xeon with AMX: bf16 GEMM 2-4x fp32 at 16-64 rows, the CPU
-    attention of 16 decode rows at context 304 0.33 ms against 0.58 ms; on the AMD EPYC
-    without AMX (AVX512_BF16 only) bf16 attention was several times slower than fp32."""
+    """Whether bf16 attention (and the bf16 KV cache it reads) is at least as fast as fp32 on
+    ``device``: on CUDA; on CPUs with AMX-BF16 (oneDNN's tile units, torch's own attention
+    included); and on CPUs with AVX512-BF16 where the engine's C kernels run, whose attention
+    takes q·k as bf16 pairs (``vdpbf16ps``). Measured: the 2-core Xeon with AMX, the attention of
+    16 decode rows at context 304 0.33 ms against 0.58 ms in fp32; the 2-core EPYC with
+    AVX512-BF16 and no AMX, bf16 weights served 1.28x faster with a bf16 cache than with an fp32
+    one (benchmarks/results/2026-12-02-epyc-fastpath), while torch's bf16 attention there, the
+    twins' (``VEIL_CPU_KERNELS=0``), was several times slower than fp32."""
     if torch.device(device).type == "cuda":
         return True
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+            flags = next((line for line in f if line.startswith("flags")), "").split()
     except OSError:
         return False
+    return bf16_is_fast_on_cpu(flags, llama_cpu.available())
+
+
+def bf16_is_fast_on_cpu(flags, c_kernels: bool) -> bool:
+    """``bf16_is_fast`` for a CPU with these /proc/cpuinfo ``flags``, with or without the C kernels."""
+    return "amx_bf16" in flags or ("avx512_bf16" in flags and c_kernels)
 
 
 def add_rms_norm(

@@ -26,7 +26,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "of the protected path")
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="weights dtype (default: bfloat16 on CUDA, float32 on CPU; the KV cache follows the "
-                        "weights where bf16 is fast: CUDA and AMX-BF16 CPUs; float32 elsewhere)")
+                        "weights where bf16 is fast: CUDA, CPUs with AMX-BF16, and CPUs with AVX512-BF16 where the C "
+                        "kernels run; float32 elsewhere)")
     p.add_argument("--threads", type=int,
                    help="torch intra-op threads of the engine loop (default: torch's, i.e. the cores or "
                         "OMP_NUM_THREADS; on the 2-core development VM 2 threads served the engine_throughput "

@@ -56,9 +56,11 @@ class ServerConfig:
 
     @property
     def model_dtype(self) -> str:
-        # CPU: fp32, the dtype the accuracy figures are measured in, and the faster one on CPUs
-        # without AMX (an AMD EPYC's fp32 GEMM beat its bf16 one at 16 rows); where the CPU has
-        # AMX-BF16, --dtype bfloat16 is ~1.9x faster (benchmarks/results/2026-11-26-cpu-fastpath).
+        # CPU: fp32, the dtype the accuracy figures are measured in (the split path then matches
+        # transformers token for token). Where the CPU has bf16 dot products --dtype bfloat16 is
+        # much faster on the must-show workload: 1.9x with AMX-BF16
+        # (benchmarks/results/2026-11-26-cpu-fastpath), 3.0x on an EPYC with AVX512-BF16
+        # (benchmarks/results/2026-12-02-epyc-fastpath), at 0.90-0.98 greedy agreement.
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
 
     def engine_config(self) -> EngineConfig:

@@ -150,6 +150,19 @@ def test_cpu_kv_cache_is_bf16_only_where_bf16_is_fast(full_model, monkeypatch, f
         e.stop()
 
 
+def test_bf16_is_fast_on_amx_or_on_avx512_bf16_under_the_c_kernels():
+    """AMX-BF16 is fast for torch's own attention too; AVX512-BF16 only for the C kernels'
+    (their vdpbf16ps path): with the twins (``VEIL_CPU_KERNELS=0``, no compiler) bf16 attention
+    there was several times slower than fp32. Neither flag: fp32."""
+    from veil.kernels.ops import bf16_is_fast_on_cpu
+
+    amx, avx512 = "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile".split(), "fpu avx2 avx512f avx512_bf16".split()
+    assert bf16_is_fast_on_cpu(amx, True) and bf16_is_fast_on_cpu(amx, False)
+    assert bf16_is_fast_on_cpu(avx512, True) and not bf16_is_fast_on_cpu(avx512, False)
+    assert not bf16_is_fast_on_cpu("fpu avx2 fma".split(), True)
+    assert not bf16_is_fast_on_cpu(["avx512_bf16x"], True)  # whole flags, not substrings
+
+
 def test_client_threads_leave_a_core_to_a_loopback_server(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert client_threads("http://127.0.0.1:8443") == 1
