@@ -47,8 +47,8 @@ class StepHandle:
 @dataclass
 class LayerWeights:
     """A layer's norms and matrices; each matrix a `Linear` laid out once for the device's GEMM
-    (veil.kernels.linear: oneDNN-prepacked bf16 or an [in, out] fp32 copy on CPU, the
-    transposed view on CUDA)."""
+    (veil.kernels.linear: oneDNN-prepacked bf16 and fp32 on CPU, an [in, out] fp32 copy where
+    oneDNN refuses, the transposed view on CUDA)."""
 
     input_norm: torch.Tensor
     qkv: Linear  # [d] -> [q + 2 kv]: one GEMM for the three projections

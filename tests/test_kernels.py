@@ -532,20 +532,23 @@ def test_kernels_compile_for_gpu():
 
 # --------------------------------------------------------------------------- fixed-weight GEMM
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_layouts_equal_the_plain_product(dtype):
-    """`Linear` (a weight laid out once: oneDNN-prepacked bf16 or an [in, out] fp32 copy on
-    CPU) equals `x @ W.T` on the weight as given, for every row count a step may bring, with
-    leading dims kept."""
-    from veil.kernels.linear import Linear, onednn_prepacks_bf16
+@pytest.mark.parametrize("onednn", [True, False])
+def test_linear_layouts_equal_the_plain_product(dtype, onednn, monkeypatch):
+    """`Linear` (a weight laid out once: oneDNN-prepacked where oneDNN takes it, else an
+    [in, out] fp32 copy or the plain view on CPU) equals `x @ W.T` on the weight as given, for
+    every row count a step may bring, with leading dims kept; the prepack is made for 16 rows."""
+    from veil.kernels import linear
 
+    if not onednn:  # a CPU whose oneDNN refuses the dtype, e.g. bf16 on an AVX2-only CPU
+        monkeypatch.setattr(linear, "onednn_prepacks", lambda dtype: False)
+    elif not linear.onednn_prepacks(dtype):
+        pytest.skip(f"oneDNN does not prepack {dtype} on this CPU")
     gen = _gen(40)
     w = torch.randn(96, 64, generator=gen).to(dtype)
-    lin = Linear(w, "cpu")
-    expected = {torch.float32: "in-out copy", torch.bfloat16: "onednn-packed"}[dtype]
-    if dtype == torch.bfloat16 and not onednn_prepacks_bf16():  # e.g. an AVX2-only CPU
-        expected = "view"
-    assert lin.layout == expected
-    for shape in ((1, 64), (5, 64), (16, 64), (64, 64), (300, 64), (2, 3, 64)):
+    lin = linear.Linear(w, "cpu")
+    fallback = "in-out copy" if dtype == torch.float32 else "view"
+    assert lin.layout == ("onednn-packed" if onednn else fallback)
+    for shape in ((1, 64), (5, 64), (16, 64), (17, 64), (64, 64), (300, 64), (2, 3, 64)):
         x = torch.randn(*shape, generator=gen).to(dtype)
         got = lin(x)
         assert got.shape == (*shape[:-1], 96) and got.dtype == dtype
