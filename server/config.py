@@ -59,8 +59,9 @@ class ServerConfig:
         # CPU: fp32, the dtype the accuracy figures are measured in (the split path then matches
         # transformers token for token). Where the CPU has bf16 dot products --dtype bfloat16 is
         # much faster on the must-show workload: 1.9x with AMX-BF16
-        # (benchmarks/results/2026-11-26-cpu-fastpath), 3.0x on an EPYC with AVX512-BF16
-        # (benchmarks/results/2026-12-02-epyc-fastpath), at 0.90-0.98 greedy agreement.
+        # (benchmarks/results/2026-11-26-cpu-fastpath), ~2x on an EPYC with AVX512-BF16
+        # (benchmarks/results/2026-12-02-epyc-fastpath, 2026-12-03-fp32-prepack), at 0.90-0.98
+        # greedy agreement.
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
 
     def engine_config(self) -> EngineConfig:
