@@ -148,6 +148,59 @@ static inline __attribute__((always_inline)) void bf16_row(
 }
 #endif
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define F32_ROW 1
+/* bf16_row for fp32 q and caches on AVX-512 (the generic loop below reads each block once per
+ * KV head and reduces one 16-lane vector per score the compiler's way): a block read once, front
+ * to back, for all KV heads; q·k and the weighted values by FMAs in fp32. nc = d / 16 chunks of
+ * 16 floats; hq <= 16 and d <= 256. */
+static inline __attribute__((always_inline)) void f32_row(
+    const float *q, i64 q_sh, const float *kc, const float *vc, const int32_t *tab, i64 len, i64 bs,
+    i64 num_blocks, float scale, const i64 hkv, const i64 g, const i64 nc, float *sc, float *out, int32_t *bad) {
+    const i64 hq = hkv * g, d = 16 * nc, row_st = hkv * d;
+    for (i64 p0 = 0, n; p0 < len; p0 += bs) {
+        const i64 blk = score_block(tab, p0, len, bs, num_blocks, &n, sc, hq, bad);
+        if (blk < 0) continue;
+        const float *kb = kc + blk * bs * row_st;
+        for (i64 o = 0; o < n; o++)
+            for (i64 h = 0; h < hkv; h++) {
+                __m512 kv[16];
+                for (i64 c = 0; c < nc; c++) kv[c] = _mm512_loadu_ps(kb + o * row_st + h * d + 16 * c);
+                for (i64 j = 0; j < g; j++) {
+                    const float *qi = q + (h * g + j) * q_sh;
+                    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qi), kv[0]);
+                    for (i64 c = 1; c < nc; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), kv[c], acc);
+                    sc[(h * g + j) * len + p0 + o] = _mm512_reduce_add_ps(acc) * scale;
+                }
+            }
+    }
+    float inv[16];
+    for (i64 i = 0; i < hq; i++) inv[i] = softmax_numerators(sc + i * len, len);
+    __m512 acc[16][16];
+    for (i64 i = 0; i < hq; i++)
+        for (i64 c = 0; c < nc; c++) acc[i][c] = _mm512_setzero_ps();
+    for (i64 p0 = 0; p0 < len; p0 += bs) {
+        const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
+        if (blk < 0 || blk >= num_blocks) continue; /* flagged by score_block */
+        const float *vb = vc + blk * bs * row_st;
+        for (i64 o = 0; o < n; o++)
+            for (i64 h = 0; h < hkv; h++) {
+                __m512 vf[16];
+                for (i64 c = 0; c < nc; c++) vf[c] = _mm512_loadu_ps(vb + o * row_st + h * d + 16 * c);
+                for (i64 j = 0; j < g; j++) {
+                    const __m512 w = _mm512_set1_ps(sc[(h * g + j) * len + p0 + o]);
+                    for (i64 c = 0; c < nc; c++) acc[h * g + j][c] = _mm512_fmadd_ps(w, vf[c], acc[h * g + j][c]);
+                }
+            }
+    }
+    for (i64 i = 0; i < hq; i++) {
+        const __m512 f = _mm512_set1_ps(inv[i]);
+        for (i64 c = 0; c < nc; c++) _mm512_storeu_ps(out + i * d + 16 * c, _mm512_mul_ps(acc[i][c], f));
+    }
+}
+#endif
+
 /* One KV head h of one row, any dtype and shape: the G query heads' scores against each key
  * row converted to fp32, the softmax, the weighted values. qf: [G][d] scratch; sc: [G][len];
  * row: [d]; out: [G][d] fp32. */
@@ -233,6 +286,17 @@ int veil_paged_attention(void *out, const void *q, i64 q_st, i64 q_sh, int q_dty
                     bf16_row((const uint16_t *)qt, q_sh, kc, vc, tab, len, bs, num_blocks, scale, hkv, g, d / 32, sc,
                              acc, &bad);
                 store_row((char *)out + t * hq * d * qsz, 1, hq * d, acc);
+                continue;
+            }
+#endif
+#ifdef F32_ROW
+            if (q_dtype == 0 && kv_dtype == 0 && d % 16 == 0 && d <= 256 && hq <= 16) {
+                if (hkv == 3 && g == 3 && d == 64) /* SmolLM2-135M's heads: loops unrolled */
+                    f32_row((const float *)qt, q_sh, kc, vc, tab, len, bs, num_blocks, scale, 3, 3, 4, sc, acc, &bad);
+                else
+                    f32_row((const float *)qt, q_sh, kc, vc, tab, len, bs, num_blocks, scale, hkv, g, d / 16, sc, acc,
+                            &bad);
+                store_row((char *)out + t * hq * d * qsz, 0, hq * d, acc);
                 continue;
             }
 #endif
