@@ -89,8 +89,47 @@ static inline float softmax_numerators(float *s, i64 len) {
     return sum > 0.0f ? 1.0f / sum : 0.0f;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+/* The second half of the AVX-512 row kernels below: each head's scores sc[i] [len] to softmax
+ * numerators, then out[i] = their weighted sum of the values over their sum, every block read
+ * once, front to back, for all KV heads; bf16
+ * values (bf16 = 1) widened to fp32, then fp32 FMAs. nv = d / 16 vectors; hq <= 16, d <= 256.
+ * `bf16` is a constant at every call, so the load's branch folds away when inlined. */
+static inline __attribute__((always_inline)) void softmax_and_values(
+    const void *vc, int bf16, const int32_t *tab, i64 len, i64 bs, i64 num_blocks, const i64 hkv, const i64 g,
+    const i64 nv, float *sc, float *out) {
+    const i64 hq = hkv * g, d = 16 * nv, row_st = hkv * d;
+    float inv[16];
+    for (i64 i = 0; i < hq; i++) inv[i] = softmax_numerators(sc + i * len, len);
+    __m512 acc[16][16];
+    for (i64 i = 0; i < hq; i++)
+        for (i64 c = 0; c < nv; c++) acc[i][c] = _mm512_setzero_ps();
+    for (i64 p0 = 0; p0 < len; p0 += bs) {
+        const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
+        if (blk < 0 || blk >= num_blocks) continue; /* flagged by score_block */
+        for (i64 o = 0; o < n; o++)
+            for (i64 h = 0; h < hkv; h++) {
+                const i64 at = (blk * bs + o) * row_st + h * d;
+                __m512 vf[16];
+                for (i64 c = 0; c < nv; c++)
+                    vf[c] = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                       (const __m256i *)((const uint16_t *)vc + at + 16 * c))), 16))
+                                 : _mm512_loadu_ps((const float *)vc + at + 16 * c);
+                for (i64 j = 0; j < g; j++) {
+                    const __m512 w = _mm512_set1_ps(sc[(h * g + j) * len + p0 + o]);
+                    for (i64 c = 0; c < nv; c++) acc[h * g + j][c] = _mm512_fmadd_ps(w, vf[c], acc[h * g + j][c]);
+                }
+            }
+    }
+    for (i64 i = 0; i < hq; i++) {
+        const __m512 f = _mm512_set1_ps(inv[i]);
+        for (i64 c = 0; c < nv; c++) _mm512_storeu_ps(out + i * d + 16 * c, _mm512_mul_ps(acc[i][c], f));
+    }
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define BF16_ROW 1
 /* One row of veil_paged_attention for bf16 q and caches on AVX512-BF16, all its heads (the
  * generic loop below converts and reduces one 64-element row at a time per head; see
@@ -120,40 +159,15 @@ static inline __attribute__((always_inline)) void bf16_row(
                 }
             }
     }
-    float inv[16];
-    for (i64 i = 0; i < hq; i++) inv[i] = softmax_numerators(sc + i * len, len);
-    __m512 acc[16][16];
-    for (i64 i = 0; i < hq; i++)
-        for (i64 c = 0; c < 2 * nc; c++) acc[i][c] = _mm512_setzero_ps();
-    for (i64 p0 = 0; p0 < len; p0 += bs) {
-        const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
-        if (blk < 0 || blk >= num_blocks) continue; /* flagged by score_block */
-        const uint16_t *vb = vc + blk * bs * row_st;
-        for (i64 o = 0; o < n; o++)
-            for (i64 h = 0; h < hkv; h++) {
-                __m512 vf[16];
-                for (i64 c = 0; c < 2 * nc; c++)
-                    vf[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                        _mm256_loadu_si256((const __m256i *)(vb + o * row_st + h * d + 16 * c))), 16));
-                for (i64 j = 0; j < g; j++) {
-                    const __m512 w = _mm512_set1_ps(sc[(h * g + j) * len + p0 + o]);
-                    for (i64 c = 0; c < 2 * nc; c++) acc[h * g + j][c] = _mm512_fmadd_ps(w, vf[c], acc[h * g + j][c]);
-                }
-            }
-    }
-    for (i64 i = 0; i < hq; i++) {
-        const __m512 f = _mm512_set1_ps(inv[i]);
-        for (i64 c = 0; c < 2 * nc; c++) _mm512_storeu_ps(out + i * d + 16 * c, _mm512_mul_ps(acc[i][c], f));
-    }
+    softmax_and_values(vc, 1, tab, len, bs, num_blocks, hkv, g, 2 * nc, sc, out);
 }
 #endif
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
 #define F32_ROW 1
 /* bf16_row for fp32 q and caches on AVX-512 (the generic loop below reads each block once per
  * KV head and reduces one 16-lane vector per score the compiler's way): a block read once, front
- * to back, for all KV heads; q·k and the weighted values by FMAs in fp32. nc = d / 16 chunks of
+ * to back, for all KV heads; q·k by FMAs in fp32. nc = d / 16 chunks of
  * 16 floats; hq <= 16 and d <= 256. */
 static inline __attribute__((always_inline)) void f32_row(
     const float *q, i64 q_sh, const float *kc, const float *vc, const int32_t *tab, i64 len, i64 bs,
@@ -175,29 +189,7 @@ static inline __attribute__((always_inline)) void f32_row(
                 }
             }
     }
-    float inv[16];
-    for (i64 i = 0; i < hq; i++) inv[i] = softmax_numerators(sc + i * len, len);
-    __m512 acc[16][16];
-    for (i64 i = 0; i < hq; i++)
-        for (i64 c = 0; c < nc; c++) acc[i][c] = _mm512_setzero_ps();
-    for (i64 p0 = 0; p0 < len; p0 += bs) {
-        const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
-        if (blk < 0 || blk >= num_blocks) continue; /* flagged by score_block */
-        const float *vb = vc + blk * bs * row_st;
-        for (i64 o = 0; o < n; o++)
-            for (i64 h = 0; h < hkv; h++) {
-                __m512 vf[16];
-                for (i64 c = 0; c < nc; c++) vf[c] = _mm512_loadu_ps(vb + o * row_st + h * d + 16 * c);
-                for (i64 j = 0; j < g; j++) {
-                    const __m512 w = _mm512_set1_ps(sc[(h * g + j) * len + p0 + o]);
-                    for (i64 c = 0; c < nc; c++) acc[h * g + j][c] = _mm512_fmadd_ps(w, vf[c], acc[h * g + j][c]);
-                }
-            }
-    }
-    for (i64 i = 0; i < hq; i++) {
-        const __m512 f = _mm512_set1_ps(inv[i]);
-        for (i64 c = 0; c < nc; c++) _mm512_storeu_ps(out + i * d + 16 * c, _mm512_mul_ps(acc[i][c], f));
-    }
+    softmax_and_values(vc, 0, tab, len, bs, num_blocks, hkv, g, nc, sc, out);
 }
 #endif
 
