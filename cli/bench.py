@@ -43,6 +43,9 @@ def cmd_bench(args) -> int:
     paths = rest[rest.index("--paths") + 1] if "--paths" in rest else ",".join(overhead.ALL_PATHS)
     engine_only = (set(paths.split(",")) <= {"reference", "fast", "fast-process", "engine"}
                    and not OVERHEAD_FLAGS & set(rest))
+    if "--help" in rest or "-h" in rest:
+        # One parser's help names only its own flags: the modes first, then the overhead report's.
+        print("Modes:\n" + __doc__.split("\n\n")[1].strip() + "\n\nThe overhead report's options:\n")
     if engine_only and "--help" not in rest and "-h" not in rest:
         return engine_throughput.main(rest)
     return overhead.main(rest)

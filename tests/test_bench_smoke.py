@@ -4,7 +4,10 @@
 import json
 import re
 
+import pytest
+
 from veil.benchmarks import engine_throughput
+from veil.cli.main import main as veil_main
 
 
 def test_engine_throughput_smoke(tmp_path, capsys):
@@ -58,3 +61,15 @@ def test_key_sets_smoke(tmp_path, capsys):
         assert abs(figures[f"keys.seal.{key_set}.setup_bytes"] - r["setup_bytes"]) <= 1e-5 * r["setup_bytes"]  # 6 digits
         assert r["public_key_bytes"] + r["relin_key_bytes"] + r["galois_key_bytes"] < r["setup_bytes"]
     assert res["minimal"]["galois_keys"] < res["compact"]["galois_keys"]
+
+
+def test_bench_help_lists_every_mode(capsys):
+    """`veil bench --help` names the modes that other parsers own (engine throughput, the
+    protected-path benchmark, sessions batched, a peer's rows), then the overhead report's flags."""
+    with pytest.raises(SystemExit) as done:
+        veil_main(["bench", "--help"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    for mode in ("--protected-overhead", "--he-backend native --sessions 1,4,16", "--paths reference,fast[,fast-process][,engine]",
+                 "--from EARLIER.json", "--concurrency CONCURRENCY"):
+        assert mode in printed, mode
