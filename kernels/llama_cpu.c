@@ -89,54 +89,115 @@ static inline float softmax_numerators(float *s, i64 len) {
     return sum > 0.0f ? 1.0f / sum : 0.0f;
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
-/* The second half of the AVX-512 row kernels below: each head's scores sc[i] [len] to softmax
+/* The row kernels below are written once over a vector of VW floats: AVX-512's 16 lanes where
+ * the build has it, AVX2's 8 with FMA elsewhere (a CPU without AVX-512 would otherwise take the
+ * generic loop for fp32). */
+#if defined(__AVX512F__)
+#define VW 16
+typedef __m512 vec;
+static inline vec v_zero(void) { return _mm512_setzero_ps(); }
+static inline vec v_set1(float x) { return _mm512_set1_ps(x); }
+static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec v_load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline void v_store(float *p, vec x) { _mm512_storeu_ps(p, x); }
+static inline vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec v_mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline float v_sum(vec x) { return _mm512_reduce_add_ps(x); }
+#else
+#define VW 8
+typedef __m256 vec;
+static inline vec v_zero(void) { return _mm256_setzero_ps(); }
+static inline vec v_set1(float x) { return _mm256_set1_ps(x); }
+static inline vec v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vec v_load_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline void v_store(float *p, vec x) { _mm256_storeu_ps(p, x); }
+static inline vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec v_mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline float v_sum(vec x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+#endif
+#define MAX_NV (256 / VW) /* vectors in a head of d <= 256 */
+
+/* The second half of the row kernels below: each head's scores sc[i] [len] to softmax
  * numerators, then out[i] = their weighted sum of the values over their sum, every block read
- * once, front to back, for all KV heads; bf16
- * values (bf16 = 1) widened to fp32, then fp32 FMAs. nv = d / 16 vectors; hq <= 16, d <= 256.
- * `bf16` is a constant at every call, so the load's branch folds away when inlined. */
+ * once, front to back, for all KV heads; bf16 values (bf16 = 1) widened to fp32, then fp32
+ * FMAs. nv = d / VW vectors; hq <= 16, d <= 256. `bf16` is a constant at every call, so the
+ * load's branch folds away when inlined. */
 static inline __attribute__((always_inline)) void softmax_and_values(
     const void *vc, int bf16, const int32_t *tab, i64 len, i64 bs, i64 num_blocks, const i64 hkv, const i64 g,
     const i64 nv, float *sc, float *out) {
-    const i64 hq = hkv * g, d = 16 * nv, row_st = hkv * d;
+    const i64 hq = hkv * g, d = VW * nv, row_st = hkv * d;
     float inv[16];
     for (i64 i = 0; i < hq; i++) inv[i] = softmax_numerators(sc + i * len, len);
-    __m512 acc[16][16];
+    vec acc[16][MAX_NV];
     for (i64 i = 0; i < hq; i++)
-        for (i64 c = 0; c < nv; c++) acc[i][c] = _mm512_setzero_ps();
+        for (i64 c = 0; c < nv; c++) acc[i][c] = v_zero();
     for (i64 p0 = 0; p0 < len; p0 += bs) {
         const i64 blk = tab[p0 / bs], n = len - p0 < bs ? len - p0 : bs;
         if (blk < 0 || blk >= num_blocks) continue; /* flagged by score_block */
         for (i64 o = 0; o < n; o++)
             for (i64 h = 0; h < hkv; h++) {
                 const i64 at = (blk * bs + o) * row_st + h * d;
-                __m512 vf[16];
+                vec vf[MAX_NV];
                 for (i64 c = 0; c < nv; c++)
-                    vf[c] = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                                       (const __m256i *)((const uint16_t *)vc + at + 16 * c))), 16))
-                                 : _mm512_loadu_ps((const float *)vc + at + 16 * c);
+                    vf[c] = bf16 ? v_load_bf16((const uint16_t *)vc + at + VW * c) : v_load((const float *)vc + at + VW * c);
                 for (i64 j = 0; j < g; j++) {
-                    const __m512 w = _mm512_set1_ps(sc[(h * g + j) * len + p0 + o]);
-                    for (i64 c = 0; c < nv; c++) acc[h * g + j][c] = _mm512_fmadd_ps(w, vf[c], acc[h * g + j][c]);
+                    const vec w = v_set1(sc[(h * g + j) * len + p0 + o]);
+                    for (i64 c = 0; c < nv; c++) acc[h * g + j][c] = v_fma(w, vf[c], acc[h * g + j][c]);
                 }
             }
     }
     for (i64 i = 0; i < hq; i++) {
-        const __m512 f = _mm512_set1_ps(inv[i]);
-        for (i64 c = 0; c < nv; c++) _mm512_storeu_ps(out + i * d + 16 * c, _mm512_mul_ps(acc[i][c], f));
+        const vec f = v_set1(inv[i]);
+        for (i64 c = 0; c < nv; c++) v_store(out + i * d + VW * c, v_mul(acc[i][c], f));
     }
+}
+
+#define F32_ROW 1
+/* One row of veil_paged_attention for fp32 q and caches, all its heads (the generic loop below
+ * reads each block once per KV head and reduces one vector per score the compiler's way): a
+ * block read once, front to back, for all KV heads; q·k by FMAs in fp32. nc = d / VW vectors;
+ * hq <= 16 and d <= 256. Inlined per shape, so the loops over heads and vectors unroll for the
+ * shapes in use. sc: [hq][len]; out: [hq][d] fp32. */
+static inline __attribute__((always_inline)) void f32_row(
+    const float *q, i64 q_sh, const float *kc, const float *vc, const int32_t *tab, i64 len, i64 bs,
+    i64 num_blocks, float scale, const i64 hkv, const i64 g, const i64 nc, float *sc, float *out, int32_t *bad) {
+    const i64 hq = hkv * g, d = VW * nc, row_st = hkv * d;
+    for (i64 p0 = 0, n; p0 < len; p0 += bs) {
+        const i64 blk = score_block(tab, p0, len, bs, num_blocks, &n, sc, hq, bad);
+        if (blk < 0) continue;
+        const float *kb = kc + blk * bs * row_st;
+        for (i64 o = 0; o < n; o++)
+            for (i64 h = 0; h < hkv; h++) {
+                vec kv[MAX_NV];
+                for (i64 c = 0; c < nc; c++) kv[c] = v_load(kb + o * row_st + h * d + VW * c);
+                for (i64 j = 0; j < g; j++) {
+                    const float *qi = q + (h * g + j) * q_sh;
+                    vec acc = v_mul(v_load(qi), kv[0]);
+                    for (i64 c = 1; c < nc; c++) acc = v_fma(v_load(qi + VW * c), kv[c], acc);
+                    sc[(h * g + j) * len + p0 + o] = v_sum(acc) * scale;
+                }
+            }
+    }
+    softmax_and_values(vc, 0, tab, len, bs, num_blocks, hkv, g, nc, sc, out);
 }
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define BF16_ROW 1
-/* One row of veil_paged_attention for bf16 q and caches on AVX512-BF16, all its heads (the
- * generic loop below converts and reduces one 64-element row at a time per head; see
- * benchmarks/results/2026-11-27-cpu-engine-kernels for what this path measures). Each cache block is read once, front to back, for all KV heads: q·k by vdpbf16ps
- * (bf16 pairs multiplied exactly, summed in fp32), the values converted to fp32 and accumulated
- * with FMAs. nc = d / 32 chunks of 32 bf16; hq <= 16 and d <= 256. Inlined per shape, so the
- * loops over heads and chunks unroll for the shapes in use. sc: [hq][len]; out: [hq][d] fp32. */
+/* f32_row for bf16 q and caches on AVX512-BF16 (the generic loop converts and reduces one
+ * 64-element row at a time per head; see benchmarks/results/2026-11-27-cpu-engine-kernels for
+ * what this path measures): q·k by vdpbf16ps (bf16 pairs multiplied exactly, summed in fp32),
+ * the values as in f32_row. nc = d / 32 chunks of 32 bf16; hq <= 16 and d <= 256. */
 static inline __attribute__((always_inline)) void bf16_row(
     const uint16_t *q, i64 q_sh, const uint16_t *kc, const uint16_t *vc, const int32_t *tab, i64 len, i64 bs,
     i64 num_blocks, float scale, const i64 hkv, const i64 g, const i64 nc, float *sc, float *out, int32_t *bad) {
@@ -159,37 +220,7 @@ static inline __attribute__((always_inline)) void bf16_row(
                 }
             }
     }
-    softmax_and_values(vc, 1, tab, len, bs, num_blocks, hkv, g, 2 * nc, sc, out);
-}
-#endif
-
-#if defined(__AVX512F__)
-#define F32_ROW 1
-/* bf16_row for fp32 q and caches on AVX-512 (the generic loop below reads each block once per
- * KV head and reduces one 16-lane vector per score the compiler's way): a block read once, front
- * to back, for all KV heads; q·k by FMAs in fp32. nc = d / 16 chunks of
- * 16 floats; hq <= 16 and d <= 256. */
-static inline __attribute__((always_inline)) void f32_row(
-    const float *q, i64 q_sh, const float *kc, const float *vc, const int32_t *tab, i64 len, i64 bs,
-    i64 num_blocks, float scale, const i64 hkv, const i64 g, const i64 nc, float *sc, float *out, int32_t *bad) {
-    const i64 hq = hkv * g, d = 16 * nc, row_st = hkv * d;
-    for (i64 p0 = 0, n; p0 < len; p0 += bs) {
-        const i64 blk = score_block(tab, p0, len, bs, num_blocks, &n, sc, hq, bad);
-        if (blk < 0) continue;
-        const float *kb = kc + blk * bs * row_st;
-        for (i64 o = 0; o < n; o++)
-            for (i64 h = 0; h < hkv; h++) {
-                __m512 kv[16];
-                for (i64 c = 0; c < nc; c++) kv[c] = _mm512_loadu_ps(kb + o * row_st + h * d + 16 * c);
-                for (i64 j = 0; j < g; j++) {
-                    const float *qi = q + (h * g + j) * q_sh;
-                    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qi), kv[0]);
-                    for (i64 c = 1; c < nc; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), kv[c], acc);
-                    sc[(h * g + j) * len + p0 + o] = _mm512_reduce_add_ps(acc) * scale;
-                }
-            }
-    }
-    softmax_and_values(vc, 0, tab, len, bs, num_blocks, hkv, g, nc, sc, out);
+    softmax_and_values(vc, 1, tab, len, bs, num_blocks, hkv, g, d / VW, sc, out);
 }
 #endif
 
@@ -282,11 +313,12 @@ int veil_paged_attention(void *out, const void *q, i64 q_st, i64 q_sh, int q_dty
             }
 #endif
 #ifdef F32_ROW
-            if (q_dtype == 0 && kv_dtype == 0 && d % 16 == 0 && d <= 256 && hq <= 16) {
+            if (q_dtype == 0 && kv_dtype == 0 && d % VW == 0 && d <= 256 && hq <= 16) {
                 if (hkv == 3 && g == 3 && d == 64) /* SmolLM2-135M's heads: loops unrolled */
-                    f32_row((const float *)qt, q_sh, kc, vc, tab, len, bs, num_blocks, scale, 3, 3, 4, sc, acc, &bad);
+                    f32_row((const float *)qt, q_sh, kc, vc, tab, len, bs, num_blocks, scale, 3, 3, 64 / VW, sc, acc,
+                            &bad);
                 else
-                    f32_row((const float *)qt, q_sh, kc, vc, tab, len, bs, num_blocks, scale, hkv, g, d / 16, sc, acc,
+                    f32_row((const float *)qt, q_sh, kc, vc, tab, len, bs, num_blocks, scale, hkv, g, d / VW, sc, acc,
                             &bad);
                 store_row((char *)out + t * hq * d * qsz, 0, hq * d, acc);
                 continue;

@@ -78,14 +78,25 @@ def test_prefill_attention_matches_twin(dtype):
         llama_cpu.prefill_attention(q, kc, vc, tables, cu, torch.tensor([4, 9, 40, 20, 33]), 0.125)
 
 
+def _has_cpu_flags(*names: str) -> bool:
+    return set(names) <= set(cbuild._cpu_flags().split())
+
+
+# Builds other than -march=native, what other CPUs run: the portable build takes the generic
+# attention loop in both dtypes; the AVX2 build takes the row kernel at 8 lanes for fp32.
+BUILDS = [pytest.param((), id="portable"),
+          pytest.param(("-mavx2", "-mfma"), id="avx2",
+                       marks=pytest.mark.skipif(not _has_cpu_flags("avx2", "fma"), reason="no AVX2 + FMA"))]
+
+
 @needs_c
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_portable_build_matches_twin(monkeypatch, dtype):
-    """The library built without -march=native (what a CPU without AVX512-BF16 runs: the generic
-    attention loop for bf16 too) against the twins."""
-    lib = llama_cpu._declare(cbuild.load(llama_cpu._SOURCE, llama_cpu._FLAGS))
+@pytest.mark.parametrize("hq,hkv", [(9, 3), (8, 1)])
+def test_other_builds_match_twin(monkeypatch, build, dtype, hq, hkv):
+    lib = llama_cpu._declare(cbuild.load(llama_cpu._SOURCE, (*llama_cpu._FLAGS, *build)))
     monkeypatch.setattr(llama_cpu, "_library", lambda: lib)
-    q, kc, vc, tables, lens = _paged(dtype, hq=9, hkv=3)
+    q, kc, vc, tables, lens = _paged(dtype, hq=hq, hkv=hkv)
     torch.testing.assert_close(llama_cpu.paged_attention(q, kc, vc, tables, lens, 0.125).float(),
                                paged_decode_attention_torch(q, kc, vc, tables, lens, 0.125).float(), **TOL[dtype])
     x = torch.randn(4, 2 * 96).to(dtype)
