@@ -96,35 +96,31 @@ static inline float softmax_numerators(float *s, i64 len) {
  * generic loop for fp32). */
 #if defined(__AVX512F__)
 #define VW 16
+#define V(op) _mm512_##op
 typedef __m512 vec;
-static inline vec v_zero(void) { return _mm512_setzero_ps(); }
-static inline vec v_set1(float x) { return _mm512_set1_ps(x); }
-static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
 static inline vec v_load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
-static inline void v_store(float *p, vec x) { _mm512_storeu_ps(p, x); }
-static inline vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec v_mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 static inline float v_sum(vec x) { return _mm512_reduce_add_ps(x); }
 #else
 #define VW 8
+#define V(op) _mm256_##op
 typedef __m256 vec;
-static inline vec v_zero(void) { return _mm256_setzero_ps(); }
-static inline vec v_set1(float x) { return _mm256_set1_ps(x); }
-static inline vec v_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline vec v_load_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
-static inline void v_store(float *p, vec x) { _mm256_storeu_ps(p, x); }
-static inline vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec v_mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 static inline float v_sum(vec x) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 #endif
+static inline vec v_zero(void) { return V(setzero_ps)(); }
+static inline vec v_set1(float x) { return V(set1_ps)(x); }
+static inline vec v_load(const float *p) { return V(loadu_ps)(p); }
+static inline void v_store(float *p, vec x) { V(storeu_ps)(p, x); }
+static inline vec v_fma(vec a, vec b, vec c) { return V(fmadd_ps)(a, b, c); }
+static inline vec v_mul(vec a, vec b) { return V(mul_ps)(a, b); }
 #define MAX_NV (256 / VW) /* vectors in a head of d <= 256 */
 
 /* The second half of the row kernels below: each head's scores sc[i] [len] to softmax
