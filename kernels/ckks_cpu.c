@@ -6,6 +6,9 @@
  * whole [B, L, N] array per stage, and a 16,384-point limb (128 KB) no longer sits in L1 between
  * passes; here a row stays in cache across its 14 stages.
  *
+ * veil_add_mod, veil_sub_mul, veil_gather: a ciphertext addition, the rescale's and ModDown's
+ * tail, an automorphism, each in one pass.
+ *
  * veil_mac: sum_k a_k * w_k mod q, the products summed exactly in 128 bits and reduced once per
  * output: dot_plain's ct x pt sums (twin ckks_ops.mac_torch) and the key inner product of a key
  * switch or of a hoisted set's keys (twin rns._key_inner, key by key), in AVX-512 registers
@@ -315,8 +318,11 @@ static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
     return r;
 }
 
-/* Rows [0, rows) of x (contiguous, n each) -> out; row r is a residue of limb r % limbs, whose
- * prime and table are qs[limb], tabs[limb]. out may equal x (not with bcast).
+/* Rows [0, rows) of x -> out (contiguous, n each); row r is a residue of limb r % limbs, whose
+ * prime and table are qs[limb], tabs[limb]. x's polynomials (limbs contiguous rows each, one row
+ * with bcast) start x_stride elements apart: a run of limbs of a wider tensor (the dropped limb
+ * of ModDown and the rescale) is read in place, not copied first. out may equal x (not with
+ * bcast).
  * bcast: x holds one row per polynomial, any |x| < 2^62 (a centred integer from another
  * basis), and row r transforms x's row r / limbs reduced mod its limb's prime: ModDown's and
  * the rescale's "the dropped limb in every other basis", without a [.., L, N] reduced copy.
@@ -327,7 +333,7 @@ static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
  * centre (inverse only): the coefficients leave centred, (-q/2, q/2], as the key switch's
  * digits and the dropped limb of ModDown and the rescale want them (a pass over the row while it
  * is in cache, instead of a torch pass over the whole tensor). */
-void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, int64_t n,
+void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t x_stride, int64_t rows, int64_t limbs, int64_t n,
                    const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast, const int64_t *same,
                    int centre) {
     use_ifma(3, 16); /* decided before the threads start */
@@ -335,13 +341,13 @@ void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t rows, int64_t limbs, 
     for (int64_t r = 0; r < rows; r++) {
         const int64_t limb = r % limbs;
         uint64_t *a = (uint64_t *)(out + r * n);
-        const int64_t *src = x + r * n;
+        const int64_t *src = x + (r / limbs) * x_stride + limb * n;
         if (same && limb == (r / limbs) % (limbs - 1) + 1) {
             memcpy(a, same + (r / limbs) * n, (size_t)n * sizeof(int64_t));
             continue;
         }
         if (bcast) { /* reduced into the output row, then transformed in place */
-            const int64_t *row = x + (r / limbs) * n;
+            const int64_t *row = x + (r / limbs) * x_stride;
             const double qinv = 1.0 / (double)qs[limb];
             for (int64_t j = 0; j < n; j++) out[r * n + j] = reduce_any(row[j], qs[limb], qinv);
             src = out + r * n;
@@ -635,6 +641,23 @@ void veil_sub_mul(int64_t *out, const int64_t *x, int64_t x_row_stride, const in
                 v -= (v >= q) ? q : 0;
             }
             dst[j] = v;
+        }
+    }
+}
+
+/* out = x + y mod q in [0, q) for canonical x, y [rows, L, N] (contiguous): the evaluator's
+ * additions in one pass, where the torch twin (Basis.add) makes five and allocates three. */
+void veil_add_mod(int64_t *out, const int64_t *x, const int64_t *y, int64_t rows, int64_t limbs, int64_t n,
+                  const uint64_t *qs) {
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < rows * limbs; b++) {
+        const uint64_t q = qs[b % limbs];
+        const uint64_t *xs = (const uint64_t *)x + b * n, *ys = (const uint64_t *)y + b * n;
+        uint64_t *dst = (uint64_t *)out + b * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) {
+            const uint64_t v = xs[j] + ys[j]; /* < 2q < 2^63 */
+            dst[j] = v >= q ? v - q : v;
         }
     }
 }

@@ -50,13 +50,14 @@ def _library() -> ctypes.CDLL | None:
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
     lib.veil_ntt_table.argtypes = [p, p, p, i64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
-    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int, p, ctypes.c_int]
+    lib.veil_ntt_rows.argtypes = [p, p, i64, i64, i64, i64, p, p, ctypes.c_int, ctypes.c_int, p, ctypes.c_int]
     lib.veil_sub_mul.argtypes = [p, p, i64, p, i64, i64, i64, p, p, p, i64, i64]
     lib.veil_sub_mul.restype = None
     lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
     lib.veil_ntt_ifma.argtypes, lib.veil_ntt_ifma.restype = [], ctypes.c_int
     lib.veil_gather.argtypes, lib.veil_gather.restype = [p, p, p, i64, i64, i64], None
+    lib.veil_add_mod.argtypes, lib.veil_add_mod.restype = [p, p, p, i64, i64, i64, p], None
     return lib
 
 
@@ -104,6 +105,18 @@ def _tables(primes: tuple[int, ...], n: int) -> _Tables:
     return _Tables(primes, n)
 
 
+def _polys(x: torch.Tensor, limbs: int) -> torch.Tensor:
+    """``x [..., limbs, N]`` as ``[P, limbs, N]`` polynomials of contiguous limbs, one stride
+    apart: a view where it can be one (a run of limbs of a wider tensor is read in place), else
+    a contiguous copy."""
+    n = x.shape[-1]
+    try:
+        rows = x.view(-1, limbs, n)
+    except RuntimeError:  # the leading dims do not merge into one stride
+        return x.contiguous().view(-1, limbs, n)
+    return rows if rows.stride(-1) == 1 and (limbs == 1 or rows.stride(-2) == n) else rows.contiguous()
+
+
 def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool, centre: bool = False) -> torch.Tensor:
     """Forward (coefficients -> NTT form) or inverse NTT of ``x [..., len(primes), N]``, int64 on
     the CPU with ``|x| < q`` per limb; a new tensor, canonical ``[0, q)``, or with ``centre``
@@ -112,10 +125,10 @@ def ntt_cpu(primes: tuple[int, ...], x: torch.Tensor, inverse: bool, centre: boo
     _check(primes, [x], n)
     if centre and not inverse:
         raise ValueError("centre is for the inverse transform")
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), x.numel() // n, len(primes), n, _primes(primes),
-                             _tables(primes, n).ptrs, int(inverse), 0, None, int(centre))
+    rows = _polys(x, len(primes))
+    out = torch.empty(x.shape, dtype=torch.int64)
+    _library().veil_ntt_rows(out.data_ptr(), rows.data_ptr(), rows.stride(0), x.numel() // n, len(primes), n,
+                             _primes(primes), _tables(primes, n).ptrs, int(inverse), 0, None, int(centre))
     return out
 
 
@@ -136,7 +149,7 @@ def ntt_reduced_cpu(primes: tuple[int, ...], x: torch.Tensor, same: torch.Tensor
         same = same.contiguous()
         _check(primes[1:], [same], n)
     out = torch.empty((*x.shape[:-2], len(primes), n), dtype=torch.int64)
-    _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), out.numel() // n, len(primes), n, _primes(primes),
+    _library().veil_ntt_rows(out.data_ptr(), x.data_ptr(), n, out.numel() // n, len(primes), n, _primes(primes),
                              _tables(primes, n).ptrs, 0, 1, None if same is None else same.data_ptr(), 0)
     return out
 
@@ -165,17 +178,26 @@ def sub_mul_cpu(primes: tuple[int, ...], x: torch.Tensor, r: torch.Tensor, const
         y_every = 3 - plus.shape[-3]  # C = 1: every second row (the pair's first); C = 2: every row
         plus = plus.contiguous()
         y_rows = plus.numel() // (limbs * n)
-    try:  # rows of L contiguous limbs at one stride: a view, no copy
-        rows = x.view(-1, limbs, n)
-    except RuntimeError:  # the leading dims do not merge into one stride
-        rows = x.contiguous().view(-1, limbs, n)
-    if rows.stride(-1) != 1 or rows.stride(-2) != n:
-        rows = rows.contiguous()
+    rows = _polys(x, limbs)
     r = r.contiguous()
     out = torch.empty(x.shape, dtype=torch.int64)
     _library().veil_sub_mul(out.data_ptr(), rows.data_ptr(), rows.stride(0), r.data_ptr(), rows.shape[0], limbs,
                             n, _primes(primes), _primes(tuple(consts)), None if plus is None else plus.data_ptr(),
                             y_every, y_rows)
+    return out
+
+
+def add_cpu(primes: tuple[int, ...], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x + y mod q`` in ``[0, q)`` for canonical ``x``, ``y`` ``[..., L, N]`` of one shape
+    (``Basis.add``'s contract) in one pass."""
+    n = x.shape[-1]
+    _check(primes, [x, y], n)
+    if x.shape != y.shape:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)}: one shape")
+    x, y = x.contiguous(), y.contiguous()
+    out = torch.empty(x.shape, dtype=torch.int64)
+    _library().veil_add_mod(out.data_ptr(), x.data_ptr(), y.data_ptr(), x.numel() // (len(primes) * n),
+                            len(primes), n, _primes(primes))
     return out
 
 

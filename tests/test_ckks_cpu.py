@@ -65,6 +65,20 @@ def test_ntt_kernel_equals_twin(primes, n):
         ckks_cpu.ntt_cpu(primes, x, inverse=False, centre=True)
 
 
+@pytest.mark.parametrize("start,stop", [(1, 4), (4, 5), (0, 5)])
+def test_ntt_of_a_run_of_limbs_is_read_in_place(start, stop):
+    """A run of limbs of a wider tensor (ModDown's and the rescale's dropped limb, a level's data
+    limbs): the transform reads the view at its stride and equals the transform of a copy."""
+    primes = MASTER[:5]
+    wide = _signed(primes, (3, 2), 64, seed=start)
+    x, run = wide[..., start:stop, :], primes[start:stop]
+    assert not x.is_contiguous() or stop - start == len(primes)
+    assert ckks_cpu._polys(x, stop - start).data_ptr() == x.data_ptr()  # a view, no copy
+    for inverse in (False, True):
+        assert torch.equal(ckks_cpu.ntt_cpu(run, x, inverse), ckks_cpu.ntt_cpu(run, x.contiguous(), inverse))
+    assert torch.equal(ckks_cpu.ntt_cpu(run, x, False), NttTables(Basis.of(run), 64).twin(x.contiguous(), inverse=False))
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_production_size_on_a_level_view_any_thread_count(threads):
     """A level's tables are a view into the master tables; the 12 rows (3 polynomials of 4
@@ -395,3 +409,23 @@ def test_gather_equals_twin_and_stays_inside_its_row():
     assert torch.equal(far, x[:1, ..., 5:6].expand(far.shape))
     with pytest.raises(ValueError):
         ckks_cpu.gather_cpu(x[..., :1000], index[:, :1000])  # not a power of two
+
+
+@pytest.mark.parametrize("primes", [MASTER, MIXED], ids=["protected", "60-50-40"])
+def test_add_equals_twin_at_the_edges(primes, monkeypatch):
+    """``add_cpu`` (the evaluator's additions) equals ``Basis.add`` bit for bit, the sums of the
+    edges included (q - 1 + q - 1 lands on q - 2, 1 + q - 1 on 0); ``rns.add`` dispatches to it."""
+    basis = Basis.of(primes)
+    x, y = _canonical(primes, (2, 3), 64, seed=11), _canonical(primes, (2, 3), 64, seed=12)
+    q = basis.q.view(-1, 1)
+    x[..., :4] = torch.cat([q - 1, q - 1, q * 0, q * 0 + 1], 1)
+    y[..., :4] = torch.cat([q - 1, q * 0, q * 0, q - 1], 1)
+    want = basis.add(x, y)
+    assert torch.equal(ckks_cpu.add_cpu(primes, x, y), want)
+    assert torch.equal(want[..., :4], torch.cat([q - 2, q - 1, q * 0, q * 0], 1).expand(2, 3, -1, -1))
+    calls = []
+    monkeypatch.setattr(ckks_cpu, "add_cpu", lambda *a: calls.append(a) or basis.add(*a[1:]))
+    assert torch.equal(rns.add(x[:, 1:], y[:, 1:], basis), want[:, 1:]) and len(calls) == 1  # dispatched
+    monkeypatch.undo()
+    with pytest.raises(ValueError):
+        ckks_cpu.add_cpu(primes, x, y[:1])

@@ -116,10 +116,12 @@ def key_inner_many(d: torch.Tensor, keys, basis: Basis, compile: bool = False) -
 
 
 def add(x: torch.Tensor, y: torch.Tensor, basis: Basis) -> torch.Tensor:
-    """``x + y`` in ``[0, q)`` for equal shapes: one Triton launch on CUDA (``ckks_ops``),
-    ``Basis.add`` elsewhere."""
+    """``x + y`` in ``[0, q)`` for equal shapes: one Triton launch on CUDA (``ckks_ops``), one C
+    pass on the CPU (``ckks_cpu``, where it could be built), ``Basis.add`` elsewhere."""
     if use_triton(x) and x.shape == y.shape:
         return ckks_ops.add_triton(x, y, basis)
+    if x.device.type == "cpu" and x.shape == y.shape and ckks_cpu.available():
+        return ckks_cpu.add_cpu(basis.primes, x, y)
     return basis.add(x, y)
 
 
