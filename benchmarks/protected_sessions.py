@@ -14,8 +14,10 @@ waiting for its slowest client only, as S SDKs on their own machines would (deri
 clients' timed steps, no network).
 
 Per session count: the step's wall time, the TPOT every session sees (all finish together),
-aggregate tokens/s (S / wall), server seconds by operation, and each session's next token from
-its decrypted h_L (final norm and LM head in the clear) against the plaintext model's.
+aggregate tokens/s (S / wall), server seconds by operation, the cores the server's work kept
+busy (its CPU seconds, every thread's, over its wall seconds) and the page faults it took, and
+each session's next token from its decrypted h_L (final norm and LM head in the clear) against
+the plaintext model's.
 ``--warmup`` first steps each count once untimed (fresh sessions either way), so that compiled
 code is timed warm.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -106,15 +109,19 @@ def main(argv: list[str] | None = None) -> None:
         ex.be.reset()
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        server = client = slowest = 0.0  # slowest: each round trip's slowest client, summed
+        server = server_cpu = client = slowest = 0.0  # slowest: each round trip's slowest client, summed
+        faults = 0
         t0 = time.perf_counter()
         msgs = [c.token_message(h0[p]) for c, p in zip(states, pos, strict=True)]
         outs: list = [None] * n
         while any(m is not None for m in msgs):
             live = [i for i, m in enumerate(msgs) if m is not None]
-            ts = time.perf_counter()
+            ts, tp = time.perf_counter(), time.process_time()  # process time: every thread's CPU seconds
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             replies = ex.handle_batch([msgs[i] for i in live])
             server += time.perf_counter() - ts
+            server_cpu += time.process_time() - tp
+            faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             round_max = 0.0
             for i, reply in zip(live, replies, strict=True):
                 if isinstance(reply, Exception):
@@ -138,6 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         fig(f"aggregate_tok_s.s{n}", n / wall)
         fig(f"sessions.server_s.s{n}", server)
         fig(f"sessions.client_s.s{n}", client)
+        # how many of the machine's cores the server's work kept busy: on a CPU, what batching
+        # sessions can still win is the idle remainder plus what shared weight reads save
+        fig(f"sessions.server_cpu_cores.s{n}", server_cpu / server)
+        # pages the server's work touched for the first time: each is a fault and a zeroed page
+        # (30 us apiece on the development VM), what a heap that keeps growing costs
+        fig(f"sessions.server_page_faults.s{n}", faults)
         # derived, not timed: the step as S SDKs on their own machines would see it, each round
         # trip waiting for its slowest client instead of all of them in turn (no network)
         fig(f"sessions.tpot_s.own_clients.s{n}", wall - client + slowest)
