@@ -231,3 +231,28 @@ def test_decode_plaintext_gives_the_values_with_their_encoding_error(pair, rng):
     pt = server.encode(v, 0)
     with pytest.raises(HEError, match="parameter set"):
         server.decode_plaintext(Plaintext(pt._obj, "ckks-n16384-l7-v2", 0, pt.scale, pt.nbytes))
+
+
+def test_a_dropped_server_backend_frees_its_tables(pair, rng):
+    """A server makes a backend per key upload, and drops the ones it refuses: once dropped, the
+    backend and its context (NTT tables, RNS constants, Galois indices: on CUDA, device memory)
+    are freed, whatever operations filled the context's caches (a cache on the class would
+    hold every context alive)."""
+    import gc
+    import weakref
+
+    from veil.crypto.backend import make_backend
+
+    client, _ = pair
+    server = make_backend(P, "native", allow_test_backends=True)
+    server.import_public_material(client.export_public_material())
+    ct = server.deserialize(client.encrypt_to_bytes(rng.standard_normal(SLOTS)))
+    prod = server.relinearize(server.multiply(ct, ct))
+    server.rescale(prod)
+    server.rotate_many(ct, [1, 3])
+    server.rotate(ct, -5)
+    server.mod_switch_to(ct, 1)
+    gone = weakref.ref(server._ctx)
+    del server, ct, prod
+    gc.collect()
+    assert gone() is None

@@ -20,6 +20,24 @@ from veil.crypto.params import CkksParams
 
 __all__ = ["RnsContext", "galois_element"]
 
+
+def _per_context(method):
+    """``functools.cache`` kept in the context itself. A cache on the method would be the
+    class's, keyed by ``self``: it would keep every context ever made alive, with its tables
+    and constants (on CUDA, device memory), long after its backend is gone. A server makes a
+    backend for every key upload, including those it then refuses."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def cached(self, *args):
+        key = (name, args)
+        if key not in self._memo:
+            self._memo[key] = method(self, *args)
+        return self._memo[key]
+
+    return cached
+
+
 def galois_element(step: int, n: int) -> int:
     """Galois element of a left rotation of the N/2 slots by ``step``: ``3^step mod 2N``
     (3 has order N/2 mod 2N, so a step and the step minus N/2 are the same rotation)."""
@@ -48,20 +66,21 @@ class RnsContext:
         self.compile = compile
         self._ntt = NttTables(self._basis, self.n, compile)
         self._galois: dict[int, torch.Tensor] = {}
+        self._memo: dict[tuple, object] = {}
 
     # ---- bases ---------------------------------------------------------------------------------
     def _check_level(self, level: int) -> None:
         if not 0 <= level <= self.top:
             raise ValueError(f"level {level} outside [0, {self.top}]")
 
-    @functools.cache  # noqa: B019 (one context per backend; a handful of levels)
+    @_per_context  # a handful of levels
     def data(self, level: int) -> tuple[Basis, NttTables]:
         """Basis and NTT tables of the data limbs ``q_0..q_level``."""
         self._check_level(level)
         s = slice(1, level + 2)
         return self._basis.limbs(s), self._ntt.limbs(s)
 
-    @functools.cache  # noqa: B019
+    @_per_context
     def ext(self, level: int) -> tuple[Basis, NttTables]:
         """``[p, q_0..q_level]``: the basis a key switch at ``level`` works in."""
         self._check_level(level)
@@ -85,26 +104,26 @@ class RnsContext:
         w = torch.tensor(values, dtype=torch.int64, device=self.device).view(-1, 1)
         return basis.const(w)
 
-    @functools.cache  # noqa: B019
+    @_per_context
     def rescale_const(self, level: int) -> MulConst:
         """``q_level^-1 mod q_i`` for ``i < level`` (a rescale at ``level``)."""
         ql = self.data_primes[level]
         basis, _ = self.data(level - 1)
         return self._const(basis, [pow(ql, -1, q) for q in basis.primes])
 
-    @functools.cache  # noqa: B019
+    @_per_context
     def p_inv(self, level: int) -> MulConst:
         """``p^-1 mod q_i``, ``i <= level`` (ModDown)."""
         basis, _ = self.data(level)
         return self._const(basis, [pow(self.special_prime, -1, q) for q in basis.primes])
 
-    @functools.cache  # noqa: B019
+    @_per_context
     def p_mod(self, level: int) -> MulConst:
         """``p mod q_i``, ``i <= level`` (the gadget factor of a key-switching key)."""
         basis, _ = self.data(level)
         return self._const(basis, [self.special_prime % q for q in basis.primes])
 
-    @functools.cache  # noqa: B019
+    @_per_context
     def garner(self, level: int) -> tuple[list[MulConst], list[MulConst]]:
         """Mixed-radix constants of ``q_0..q_level``: for each ``k >= 1``, ``P_j mod q_k``
         (``P_j = q_0...q_{j-1}``, ``j < k``) and ``P_k^-1 mod q_k``."""
@@ -117,7 +136,7 @@ class RnsContext:
             inv.append(self._const(bk, [pow(math.prod(primes[:k]), -1, primes[k])]))
         return radix, inv
 
-    @functools.cache  # noqa: B019
+    @_per_context
     def radix_residues(self, level: int, radices: tuple[int, ...]) -> MulConst:
         """``radix_k mod q_i`` as ``[level+1, K, 1]``: turns digits ``y_k`` of an integer
         ``sum_k y_k * radix_k`` into residues (``rns.digits_to_residues``)."""
@@ -132,7 +151,7 @@ class RnsContext:
             idx = self._galois[g] = automorphism_index(g, self.n, self.device)
         return idx
 
-    @functools.cache  # noqa: B019 (a product's baby steps: the same few sets every time)
+    @_per_context  # a product's baby steps: the same few sets every time
     def galois_indices(self, elements: tuple[int, ...]) -> torch.Tensor:
         """``[len(elements), N]``: the gather indices of a hoisted set of rotations, stacked once."""
         return torch.stack([self.galois_index(g) for g in elements])
