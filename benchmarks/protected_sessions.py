@@ -18,8 +18,10 @@ aggregate tokens/s (S / wall), server seconds by operation, the cores the server
 busy (its CPU seconds, every thread's, over its wall seconds) and the page faults it took, and
 each session's next token from its decrypted h_L (final norm and LM head in the clear) against
 the plaintext model's.
-``--warmup`` first steps each count once untimed (fresh sessions either way), so that compiled
-code is timed warm.
+``--warmup [STEPS]`` first steps each count untimed, once or STEPS times (fresh sessions either
+way), so that compiled code is timed warm and, on the CPU, the heap has grown to the size the
+step needs (benchmarks/results/2026-12-03-context-leak: 4-session steps fault fresh pages for
+about three steps).
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ctx", type=int, default=16, help="the timed step's position + 1")
     ap.add_argument("--spread", action="store_true",
                     help="session b steps at position ctx - 1 - b: the batch's rows stand at different positions")
-    ap.add_argument("--warmup", action="store_true",
-                    help="step each session count once untimed first (with VEIL_NATIVE_COMPILE=1 the first "
-                         "step of a batch size compiles)")
+    ap.add_argument("--warmup", type=int, nargs="?", const=1, default=0, metavar="STEPS",
+                    help="step each session count STEPS times (1 without a number) untimed first: compiled "
+                         "code warm (with VEIL_NATIVE_COMPILE=1 the first step of a batch size compiles) and, "
+                         "on the CPU, the heap grown to its steady size (about three steps at 4 sessions)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
     ex.be.synchronize = True  # on CUDA: each op kind's seconds are its own (protected/timing.py)
 
-    for n, timed in [(n, t) for n in counts for t in ((False, True) if args.warmup else (True,))]:
+    for n, timed in [(n, t) for n in counts for t in (False,) * args.warmup + (True,)]:
         sessions, states = [], []
         pos = [args.ctx - 1 - (b if args.spread else 0) for b in range(n)]
         for be, p in zip(clients[:n], pos, strict=True):
