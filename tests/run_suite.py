@@ -100,22 +100,26 @@ def _env(u: Unit, jobs: int) -> dict[str, str]:
 
 
 def run(units: list[Unit], jobs: int, logdir: Path) -> None:
-    pending, running = list(units), {}  # pid -> (unit, start)
+    pending, running = list(units), {}  # pid -> (unit, start, Popen)
     while pending or running:
         for u in list(pending):
-            if _may_start(u, [r for r, _ in running.values()], jobs):
+            if _may_start(u, [r for r, _, _ in running.values()], jobs):
                 u.log = logdir / (u.module.replace("/", "_") + ("_heavy" if u.marks == "he_heavy" else "") + ".log")
                 cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "-m", u.marks,
                        u.module]
                 with open(u.log, "w") as f:
                     p = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=_env(u, jobs))
-                running[p.pid] = (u, time.monotonic())
+                # the Popen is kept: one dropped while its child runs goes on subprocess's list of
+                # orphans, whose next Popen reaps it if it has exited, before wait4 below can see it
+                # (the unit would never report, and the solo units after it never start)
+                running[p.pid] = (u, time.monotonic(), p)
                 pending.remove(u)
         pid, status, usage = os.wait4(-1, 0)  # reaps the unit and its peak RSS (KB on Linux)
         if pid not in running:
             continue
-        u, start = running.pop(pid)
-        u.rc, u.seconds, u.peak_gb = os.waitstatus_to_exitcode(status), time.monotonic() - start, usage.ru_maxrss / 2**20
+        u, start, p = running.pop(pid)
+        p.returncode = u.rc = os.waitstatus_to_exitcode(status)  # reaped here: subprocess must not wait for it
+        u.seconds, u.peak_gb = time.monotonic() - start, usage.ru_maxrss / 2**20
         verdict = "ok" if u.rc in OK else f"FAILED (exit {u.rc})"
         print(f"\n== {u.name}: {verdict}, {u.seconds:.0f} s, peak {u.peak_gb:.1f} GB", flush=True)
         print(u.log.read_text().rstrip(), flush=True)

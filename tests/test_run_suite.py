@@ -21,3 +21,21 @@ def test_two_at_a_time_one_heavy_solo_alone():
     assert may_start(normal2, [normal], 2) and not may_start(normal2, [normal], 1)
     assert not may_start(solo, [normal], 2) and may_start(solo, [], 2)  # nothing beside a solo unit
     assert not may_start(normal, [solo], 2) and not may_start(heavy, [solo], 2)
+
+
+def test_no_unit_is_left_for_subprocess_to_reap(tmp_path):
+    """The runner reaps its units itself (``wait4``, for their peak RSS), so none of its Popen
+    objects may land on ``subprocess``'s list of children dropped while running: the next Popen
+    reaps those that have exited, and a unit reaped there never reports (the run then waits for
+    it and ends in ECHILD). Unit 1 outlives unit 0 and is running when unit 2 starts."""
+    import subprocess
+
+    units = []
+    for i, seconds in enumerate((0, 3, 0)):
+        f = tmp_path / f"test_unit{i}.py"
+        f.write_text(f"import time\n\n\ndef test_wait():\n    time.sleep({seconds})\n")
+        units.append(Unit(str(f), "not he_heavy", "normal"))
+    run_suite.run(units, 2, tmp_path)
+    assert [u.rc for u in units] == [0, 0, 0]
+    mine = {u.module for u in units}
+    assert not [p for p in subprocess._active if p.args[-1] in mine]  # CPython's list, POSIX
