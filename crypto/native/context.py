@@ -31,9 +31,11 @@ def _per_context(method):
     @functools.wraps(method)
     def cached(self, *args):
         key = (name, args)
-        if key not in self._memo:
-            self._memo[key] = method(self, *args)
-        return self._memo[key]
+        try:  # one lookup on the hot path: data(level) is asked for hundreds of times a layer
+            return self._memo[key]
+        except KeyError:
+            out = self._memo[key] = method(self, *args)
+            return out
 
     return cached
 
@@ -65,7 +67,6 @@ class RnsContext:
         self._basis = Basis.of(self.master_primes, self.device)
         self.compile = compile
         self._ntt = NttTables(self._basis, self.n, compile)
-        self._galois: dict[int, torch.Tensor] = {}
         self._memo: dict[tuple, object] = {}
 
     # ---- bases ---------------------------------------------------------------------------------
@@ -145,11 +146,9 @@ class RnsContext:
                          device=self.device).unsqueeze(-1)
         return basis.const(w)
 
+    @_per_context
     def galois_index(self, g: int) -> torch.Tensor:
-        idx = self._galois.get(g)
-        if idx is None:
-            idx = self._galois[g] = automorphism_index(g, self.n, self.device)
-        return idx
+        return automorphism_index(g, self.n, self.device)
 
     @_per_context  # a product's baby steps: the same few sets every time
     def galois_indices(self, elements: tuple[int, ...]) -> torch.Tensor:
