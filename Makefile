@@ -5,6 +5,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The checkout's top-level folders are the `veil.*` subpackages (pyproject.toml); a python that
+# puts the checkout on sys.path (`python -m` run here) would also import them under their bare
+# names, and `kernels` is a real distribution's name: transformers >= 5.25 imports Hugging Face's.
+export PYTHONSAFEPATH := 1
 
 .PHONY: install demo test lint clean
 

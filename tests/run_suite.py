@@ -92,8 +92,13 @@ def _env(u: Unit, jobs: int) -> dict[str, str]:
     """Units that may run beside another get one OpenMP thread each (torch's intra-op pool):
     two processes with a thread per core each oversubscribe the cores, and an OpenMP region
     waits for its slowest thread (measured: tests/test_native_backend.py took 41 s beside a
-    SEAL module instead of 6 s alone). Solo units keep every core."""
-    env = dict(os.environ)
+    SEAL module instead of 6 s alone). Solo units keep every core.
+
+    Every unit, and every process it starts, runs with PYTHONSAFEPATH: a unit starts in the
+    checkout, and `python -m` would put it first on sys.path, where each top-level folder
+    shadows a distribution of the same import name. transformers >= 5.25 depends on
+    Hugging Face's `kernels` and imports it at start-up, and got ours instead."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
     if jobs > 1 and u.kind != "solo":
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env

@@ -39,3 +39,17 @@ def test_no_unit_is_left_for_subprocess_to_reap(tmp_path):
     assert [u.rc for u in units] == [0, 0, 0]
     mine = {u.module for u in units}
     assert not [p for p in subprocess._active if p.args[-1] in mine]  # CPython's list, POSIX
+
+
+def test_a_unit_never_imports_the_checkouts_folders_by_their_bare_names():
+    """A unit starts in the checkout; without PYTHONSAFEPATH, `python -m` and `python -c` put
+    it first on sys.path and `import kernels` finds the repository's kernels/ (veil.kernels)
+    instead of Hugging Face's `kernels`, which transformers >= 5.25 imports at start-up."""
+    import subprocess
+
+    unit = Unit("tests/test_wide.py", "not he_heavy", "normal")
+    probe = "import importlib.util as u; s = u.find_spec('kernels'); print(s.origin if s else '')"
+    for jobs in (1, 2):
+        out = subprocess.run([sys.executable, "-c", probe], cwd=run_suite.ROOT, env=run_suite._env(unit, jobs),
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert not out.startswith(str(Path(run_suite.ROOT).resolve())), out

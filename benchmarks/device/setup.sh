@@ -10,7 +10,7 @@ t0=$(date +%s)  # the budget counts from here, set-up included
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpukit/whl/*.whl || return 1
 mkdir -p /tmp/ns/veil
 for d in client server crypto protected engine kernels cli benchmarks cluster; do ln -sfn "$PWD/$d" /tmp/ns/veil/$d; done
-export PYTHONPATH=/tmp/ns:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRITON_INTERPRET=0
+export PYTHONSAFEPATH=1 PYTHONPATH=/tmp/ns:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRITON_INTERPRET=0
 [ -f /tmp/model/model.safetensors ] || python3 benchmarks/device/random_model.py .gpukit/smollm2-shape /tmp/model || return 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
