@@ -157,6 +157,7 @@ class VeilClient:
         self.he = None  # protected: this client's CKKS backend, holding the secret key
         self.last_protected_transcript: list = []
         self._keys_id: str | None = None
+        self._uploaded_keys_id: str | None = None  # the keys close() deletes: the ones this client uploaded
         self._material: bytes | None = None
         self.half = half if half is not None else load_client_half(Path(bundle) if bundle else None, k)
         self.model, self.tokenizer, self.cfg = self.half.model, self.half.tokenizer, self.half.config
@@ -167,6 +168,14 @@ class VeilClient:
                                  headers={"Authorization": f"Bearer {api_key}"})
 
     def close(self) -> None:
+        """Drop the evaluation keys this client uploaded (best effort: else the server drops them
+        ``key_ttl_s`` after their last session), then the connections."""
+        if self._uploaded_keys_id is not None:
+            try:
+                self.http.delete(f"/v1/keys/{self._uploaded_keys_id}")
+            except httpx.HTTPError:
+                pass
+            self._uploaded_keys_id = self._keys_id = None
         self.http.close()
 
     def __enter__(self):
@@ -281,7 +290,7 @@ class VeilClient:
             data = memoryview(self._material)
             chunks = (bytes(data[i:i + (1 << 20)]) for i in range(0, len(data), 1 << 20))
             r = self._post("/v1/keys", content=chunks, headers={"Content-Type": CONTENT_TYPE}, retry=False)
-            self._keys_id = r.json()["keys_id"]
+            self._keys_id = self._uploaded_keys_id = r.json()["keys_id"]
             if stats is not None:
                 stats.setup_bytes += len(self._material)
         return self._keys_id

@@ -95,6 +95,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                 await asyncio.sleep(cfg.sweep_interval_s)
                 if n := sessions.sweep():
                     log.info("expired %d idle sessions", n)
+                if n := protected.keys.sweep():  # after the sessions: their keys' idle time starts there
+                    log.info("dropped %d evaluation-key sets no session used for %g s", n, cfg.key_ttl_s)
 
         task = asyncio.create_task(sweeper())
         try:

@@ -29,6 +29,10 @@ class ServerConfig:
     max_key_bytes: int = 1 << 30  # largest evaluation-key upload (the Galois keys are ~410 MB)
     max_key_bytes_per_tenant: int = 2 << 30
     max_key_bytes_total: int = 8 << 30
+    # a key set no session has used for this long is dropped (its client uploads it again on its
+    # next session, 404 keys_not_found); an upload over a limit first drops the tenant's own
+    # unused sets, least recently used first
+    key_ttl_s: float = 3600.0
     max_protected_sessions: int = 8  # concurrent protected sessions on this server
     max_protected_kv_bytes: int = 4 << 30  # encrypted KV cache of one protected session
     max_protected_kv_bytes_total: int = 16 << 30  # encrypted KV cache of all protected sessions

@@ -23,8 +23,9 @@ from veil.protected.protocol import (
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError
 from veil.server.http_common import bearer_tenant, read_body
+from veil.server.key_sets import KeysError
 from veil.server.metrics import Metrics
-from veil.server.protected_service import KeysError, ProtectedService
+from veil.server.protected_service import ProtectedService
 from veil.server.sessions import Session, SessionStore
 from veil.server.tenants import Tenant, TenantStore
 
@@ -51,6 +52,19 @@ class ProtectedApi:
             metrics.bytes_in.labels("protected_setup").inc(len(body))
             return {"keys_id": ks.id, "param_set": protected.params.id, "bytes": ks.nbytes}
 
+        @self.router.delete("/v1/keys/{keys_id}", status_code=204)
+        async def delete_keys(keys_id: str, request: Request):
+            """Drop the tenant's evaluation keys now (else they go ``key_ttl_s`` after their last
+            session): 404 if it has none by that id, 409 while a session uses them."""
+            tenant = bearer_tenant(request, tenants)
+            if "protected" not in tenant.scopes:
+                raise ApiError(403, "forbidden", "this key lacks the 'protected' scope")
+            try:
+                protected.keys.drop(tenant.name, keys_id)
+            except KeysError as e:
+                raise ApiError(e.status, e.code, str(e)) from None
+            return Response(status_code=204)
+
     async def create_session(self, tenant: Tenant, keys_id: str | None, param_set: str | None) -> dict:
         """POST /v1/sessions with path "protected", once the shared checks (scope, split point,
         model fingerprint) have passed."""
@@ -71,6 +85,8 @@ class ProtectedApi:
                                      max_on_path=cfg.max_protected_sessions)
         except OverflowError as e:
             raise ApiError(429, "too_many_sessions", str(e)) from None
+        except KeysError as e:  # dropped between the look-up and the open (the TTL, an upload's room)
+            raise ApiError(e.status, e.code, str(e)) from None
         return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
                 "hidden_size": half.config.hidden_size, "model": half.config.name,
                 "model_fingerprint": half.fingerprint, "param_set": protected.params.id,

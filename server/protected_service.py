@@ -4,7 +4,8 @@ tenants' evaluation keys, the executor (built on first use), and one HE worker.
 * **Keys.** A client uploads its public material once (``POST /v1/keys``); it is validated
   (parameter set, sizes, every Galois step the executor needs) and imported into a key-only
   backend, stored per tenant under the SHA-256 of its bytes. Sessions name the keys they use.
-  A tenant never sees or uses another tenant's keys: the store is keyed by tenant.
+  A tenant never sees or uses another tenant's keys: the store is keyed by tenant. How long a
+  set is kept: ``veil.server.key_sets``.
 * **Executor.** Encoding the protected layers' weights takes seconds per layer and about
   0.42 GB per layer, so it happens once, on the first protected request, not at start-up: a
   server that only serves plaintext tenants never pays for it.
@@ -24,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -39,27 +39,9 @@ from veil.protected.scheduler import StepScheduler
 from veil.protected.server import ProtectedExecutor, ProtectedSession
 from veil.protected.weights import layer_weights_from_tensors
 from veil.server.config import ServerConfig
+from veil.server.key_sets import KeysError, KeySet, KeySets
 
 log = logging.getLogger("veil.server.protected")
-
-
-class KeysError(ValueError):
-    """Bad or over-limit key material; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code = status, code
-
-
-@dataclass
-class KeySet:
-    """One tenant's uploaded evaluation keys, imported into a key-only backend."""
-
-    id: str  # SHA-256 of the uploaded bytes
-    tenant: str
-    backend: HEBackend = field(repr=False)
-    nbytes: int = 0  # uploaded
-    resident: int = 0  # held in the backend's memory (the device's, on CUDA)
 
 
 class ProtectedService:
@@ -90,8 +72,7 @@ class ProtectedService:
         #: (the circuits compose what it lacks: ``linear.baby_steps``, ``linear.rotate``)
         self.required_levels = {} if self.unavailable else rotation_key_levels(dims, key_set="minimal")
         self.required_relin_level = relin_key_level()
-        self.keys: dict[tuple[str, str], KeySet] = {}
-        self._keys_lock = threading.Lock()
+        self.keys = KeySets(cfg, self._weights_bytes)
         self._build_lock = threading.Lock()
         self._executor: ProtectedExecutor | None = None
         self._scheduler: StepScheduler | None = None  # the one HE worker (see the module doc)
@@ -145,17 +126,9 @@ class ProtectedService:
     def add_keys(self, tenant: str, data: bytes) -> KeySet:
         self.require()
         key_id = hashlib.sha256(data).hexdigest()
-        with self._keys_lock:
-            if (tenant, key_id) in self.keys:
-                return self.keys[(tenant, key_id)]
-            mine = sum(k.nbytes for k in self.keys.values() if k.tenant == tenant)
-            total = sum(k.nbytes for k in self.keys.values())
-        if mine + len(data) > self.cfg.max_key_bytes_per_tenant:
-            raise KeysError(429, "key_bytes_per_tenant", "evaluation keys would exceed "
-                                                         f"max_key_bytes_per_tenant={self.cfg.max_key_bytes_per_tenant}")
-        if total + len(data) > self.cfg.max_key_bytes_total:
-            raise KeysError(429, "key_bytes_total",
-                            f"evaluation keys would exceed max_key_bytes_total={self.cfg.max_key_bytes_total}")
+        if (ks := self.keys.cached(tenant, key_id)) is not None:
+            return ks
+        self.keys.check_room(tenant, len(data))  # before the import, where it could not fit anyway
         try:
             material = public_material_from_bytes(data, max_bytes=len(data))
         except WireError as e:
@@ -190,41 +163,42 @@ class ProtectedService:
             raise KeysError(503, "device_out_of_memory", "the device ran out of memory importing the keys") from None
         if be.has_secret_key:  # cannot happen through import; checked because it must never be
             raise KeysError(400, "bad_keys", "key material holds a secret key")
-        ks = KeySet(key_id, tenant, be, len(data), be.resident_bytes() or len(data))
-        with self._keys_lock:
-            budget = self.cfg.protected_device_bytes
-            if budget is not None and self.resident_bytes() + ks.resident > budget:
-                raise KeysError(429, "device_memory", f"evaluation keys ({ks.resident} bytes in memory) would exceed "
-                                                      f"protected_device_gb={budget / (1 << 30):g} with the "
-                                                      f"{self.resident_bytes()} bytes of weights and keys held")
-            self.keys.setdefault((tenant, key_id), ks)
-        return self.keys[(tenant, key_id)]
+        return self.keys.put(KeySet(key_id, tenant, be, len(data), be.resident_bytes() or len(data)))
 
     def _backend(self) -> HEBackend:
         """A backend of the configured kind; the native one computes on the server's device."""
         name = self.cfg.he_backend
         return make_backend(self.params, name, **({"device": self.cfg.device} if name == "native" else {}))
 
+    def _weights_bytes(self) -> int:
+        return self._executor.encoded_bytes if self._executor is not None else 0
+
     def resident_bytes(self) -> int:
         """Memory the protected path holds: encoded weights and every tenant's imported keys."""
-        weights = self._executor.encoded_bytes if self._executor is not None else 0
-        return weights + sum(k.resident for k in self.keys.values())
+        return self._weights_bytes() + self.keys.resident()
 
     def key_set(self, tenant: str, key_id: str) -> KeySet | None:
         return self.keys.get((tenant, key_id))
 
     def key_bytes(self, tenant: str | None = None) -> int:
-        return sum(k.nbytes for k in self.keys.values() if tenant is None or k.tenant == tenant)
+        return self.keys.nbytes(tenant)
 
     # ---- sessions and steps --------------------------------------------------------------
     def open(self, keys: KeySet, session_id: str) -> ProtectedSession:
-        """A new executor session (no HE work: it does not wait for the HE lock)."""
-        return self.executor().new_session(keys.backend, session_id)
+        """A new executor session (no HE work: it does not wait for the HE lock); 404 where the
+        keys were dropped since the caller looked them up."""
+        self.keys.acquire(keys, session_id)
+        try:
+            return self.executor().new_session(keys.backend, session_id)
+        except BaseException:
+            self.keys.release(session_id)
+            raise
 
     def close(self, session_id: str) -> None:
         """Release a session's ciphertexts. Called from the event loop (DELETE, TTL sweep), so it
         does not wait for the HE lock: dropping the dict entry is atomic, and a step running for
         this session finishes on its own reference and is then garbage."""
+        self.keys.release(session_id)
         if self._executor is not None:
             self._executor.drop_session(session_id)
 

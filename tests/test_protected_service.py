@@ -16,7 +16,8 @@ from veil.protected.layouts import dims_of
 from veil.protected.protocol import public_material_to_bytes
 from veil.protected.weights import product_plan
 from veil.server.config import ServerConfig
-from veil.server.protected_service import KeysError, ProtectedService
+from veil.server.key_sets import KeysError
+from veil.server.protected_service import ProtectedService
 
 
 @pytest.fixture(scope="module")
@@ -267,5 +268,135 @@ def test_a_model_the_layouts_cannot_hold_still_serves_the_plaintext_paths(ckpt, 
             sess = c.open_session()
             assert sess.forward([5, 6, 7]).shape == (v,)
             sess.close()
+    finally:
+        srv.stop()
+
+
+# ---- key sets' lifetime: TTL, an upload's room, DELETE -----------------------------------------
+@pytest.fixture(scope="module")
+def minimal_uploads(ckpt):
+    """Three different key sets of the minimal kind, each from fresh keys."""
+    client = make_backend(PROTECTED_PARAMS, "native")
+    steps = rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count), key_set="minimal")
+    out = []
+    for _ in range(3):
+        client.generate_keys(steps, relin_key_level())
+        out.append(public_material_to_bytes(client.export_public_material()))
+    assert len(set(out)) == 3
+    return out
+
+
+@pytest.fixture(scope="module")
+def half29(ckpt):
+    """A real server half whose executor (layer 29 only) encodes in seconds: sessions open on it."""
+    from veil.engine.split import server_half_from
+
+    return server_half_from(ckpt, 29)
+
+
+def test_key_sets_no_session_uses_expire_after_the_key_ttl(half29, minimal_uploads):
+    """``KeySets.sweep`` drops a key set once no session has used it for ``key_ttl_s``, counted from
+    its upload or its last session's close; never one that an open session uses. A session
+    opened on dropped keys is refused with 404 ``keys_not_found`` and leaves no session behind."""
+    import time
+
+    svc = ProtectedService(half29, ServerConfig(he_backend="native", key_ttl_s=60))
+    a, b = (svc.add_keys("alice", u) for u in minimal_uploads[:2])
+    c = svc.add_keys("bob", minimal_uploads[2])
+    svc.open(a, "s1")
+    now = time.monotonic()
+    assert svc.keys.sweep(now + 30) == 0 and len(svc.keys) == 3
+    assert svc.keys.sweep(now + 61) == 2 and list(svc.keys.values()) == [a]  # b and c unused; a in use
+    svc.close("s1")
+    closed = time.monotonic()
+    assert svc.keys.sweep(closed + 59) == 0 and svc.keys.sweep(closed + 61) == 1 and not svc.keys
+    assert svc.resident_bytes() == svc.executor().encoded_bytes  # nothing of the keys is counted
+    with pytest.raises(KeysError) as e:
+        svc.open(a, "s2")
+    assert (e.value.status, e.value.code) == (404, "keys_not_found")
+    assert "s2" not in svc.executor().sessions and not svc.keys._by_session
+    again = svc.add_keys("alice", minimal_uploads[0])  # what the SDK does on that 404
+    assert again is not a and again.id == a.id and svc.open(again, "s3") is svc.executor().sessions["s3"]
+    assert b.id != c.id
+
+
+def test_an_upload_over_a_limit_drops_the_tenants_own_unused_sets_first(half29, minimal_uploads):
+    """An upload that would exceed the tenant's or the server's key bytes first drops that
+    tenant's unused key sets, least recently used first; never one in use, never another
+    tenant's. Where that cannot make room the upload is refused (429) and nothing is dropped."""
+    size = max(len(u) for u in minimal_uploads)
+    u0, u1, u2 = minimal_uploads
+    svc = ProtectedService(half29, ServerConfig(he_backend="native", max_key_bytes_per_tenant=2 * size,
+                                                max_key_bytes_total=3 * size))
+    a0, a1 = svc.add_keys("alice", u0), svc.add_keys("alice", u1)
+    svc.open(a1, "alice-1")
+    b2 = svc.add_keys("bob", u2)
+    a2 = svc.add_keys("alice", u2)  # over alice's 2 sets: her unused a0 goes, a1 (in use) stays
+    assert set(svc.keys.values()) == {a1, a2, b2}
+    b0 = svc.add_keys("bob", u0)  # over the server's 3: bob's own unused b2 goes, not alice's a2
+    assert set(svc.keys.values()) == {a1, a2, b0} and a0.id == b0.id  # the same bytes, bob's copy
+    svc.open(a2, "alice-2")
+    before = dict(svc.keys)
+    with pytest.raises(KeysError) as e:  # both of alice's sets are in use
+        svc.add_keys("alice", u0)
+    assert (e.value.status, e.value.code) == (429, "key_bytes_per_tenant") and svc.keys == before
+    svc.open(b0, "bob-0")
+    svc.close("alice-2")
+    with pytest.raises(KeysError) as e:  # alice's a2 could go, but bob's b0 holds the third share
+        svc.add_keys("carol", u1)
+    assert (e.value.status, e.value.code) == (429, "key_bytes_total") and svc.keys == before
+    assert svc.add_keys("alice", u1) is a1  # the same keys again: nothing new
+    a3 = svc.add_keys("alice", u0)  # her now unused a2 makes the room
+    assert set(svc.keys.values()) == {a1, b0, a3} and a3 is not a0
+
+
+def test_keys_are_deleted_over_http_only_by_their_tenant_and_only_when_unused(ckpt, live_server_cls, tmp_path,
+                                                                          minimal_uploads):
+    """``DELETE /v1/keys/{id}``: 204, then the keys are gone (a session naming them: 404); 404
+    for another tenant's keys (they look absent) and for unknown ones, 403 without the protected
+    scope, 409 while a session uses them (they stay). ``VeilClient.close`` deletes its keys."""
+    import httpx
+
+    from veil.client import VeilClient
+    from veil.crypto.wire import CONTENT_TYPE
+
+    srv = live_server_cls(ckpt, tmp_path / "keys", k=29, he_backend="native")
+    try:
+        def as_(tenant):
+            return {"Authorization": f"Bearer {srv.keys[tenant]}"}
+
+        def upload(data, tenant="carol"):
+            r = httpx.post(f"{srv.url}/v1/keys", content=data, headers={**as_(tenant), "Content-Type": CONTENT_TYPE},
+                           timeout=120)
+            assert r.status_code == 201, r.text
+            return r.json()["keys_id"]
+
+        def delete(kid, tenant="carol"):
+            r = httpx.delete(f"{srv.url}/v1/keys/{kid}", headers=as_(tenant))
+            return r.status_code, (r.json()["error"]["code"] if r.status_code >= 400 else None)
+
+        def open_session(kid):
+            return httpx.post(f"{srv.url}/v1/sessions", headers=as_("carol"), timeout=120,
+                              json={"path": "protected", "k": 29, "keys_id": kid, "param_set": PROTECTED_PARAMS.id})
+
+        kid = upload(minimal_uploads[0])
+        assert delete(kid, "bob") == (404, "keys_not_found") and delete(kid, "alice")[0] == 403
+        assert delete("0" * 64) == (404, "keys_not_found")
+        r = open_session(kid)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert delete(kid) == (409, "keys_in_use")
+        assert srv.app.state.protected.key_set("carol", kid) is not None
+        assert httpx.delete(f"{srv.url}/v1/sessions/{sid}", headers=as_("carol")).status_code == 204
+        assert delete(kid) == (204, None) and delete(kid) == (404, "keys_not_found")
+        r = open_session(kid)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "keys_not_found"
+
+        kid = upload(minimal_uploads[1])
+        client = VeilClient(srv.url, srv.keys["carol"], mode="protected", half=SimpleNamespace(
+            model=None, tokenizer=None, config=ckpt.config, k=29))
+        client._keys_id = client._uploaded_keys_id = kid  # as ensure_keys leaves them after its upload
+        client.close()
+        assert srv.app.state.protected.key_set("carol", kid) is None
     finally:
         srv.stop()
