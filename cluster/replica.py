@@ -24,7 +24,7 @@ from veil.server.app import create_app
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
 from veil.server.http_common import bearer_tenant
-from veil.server.protected_service import KeysError
+from veil.server.key_sets import KeysError
 from veil.server.tenants import Tenant, TenantStore
 
 log = logging.getLogger("veil.cluster")
