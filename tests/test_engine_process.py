@@ -5,6 +5,7 @@ sessions' outputs, out-of-memory steps, and a dead engine."""
 import concurrent.futures as cf
 import json
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -132,6 +133,13 @@ def test_an_out_of_memory_step_in_the_child_is_503_and_taken_back(ckpt, tmp_path
     session to the whole model's tokens."""
     import veil.server.app as app_module
 
+    # The spawned child unpickles _OomOnce by this module's name (pytest's importlib mode names it
+    # tests.test_engine_process) and takes this process's sys.path. The checkout itself is not on
+    # it (PYTHONSAFEPATH: its kernels/ would shadow Hugging Face's `kernels`), so the child gets a
+    # folder that holds only a link to tests/.
+    (tmp_path / "importable").mkdir()
+    (tmp_path / "importable" / "tests").symlink_to(Path(__file__).resolve().parent)
+    monkeypatch.syspath_prepend(str(tmp_path / "importable"))
     monkeypatch.setattr(app_module, "EngineProcess", _OomOnce)
     srv = live_server_cls(ckpt, tmp_path, engine_process=True)
     try:
