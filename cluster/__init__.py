@@ -29,4 +29,6 @@ Layout of one application (``veil``) on a Ray cluster:
   replicas (a Ray Serve deployment-scoped actor: it outlives replicas). A replica asked to open a
   protected session with keys it has not imported fetches them from the store and imports them
   first. Each replica that serves a tenant's protected sessions holds its own imported copy.
+  ``DELETE /v1/keys/{id}`` drops the store's copy and that replica's; each copy, and the
+  store's, also goes once no session has named it for ``key_ttl_s`` (``keys.KeyStore``).
 """

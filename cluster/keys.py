@@ -6,42 +6,90 @@ their SHA-256 (the ``keys_id`` the single-process server answers), after a repli
 them; a replica that lacks a tenant's keys imports them from here, validating them again (a
 replica trusts no input it did not check). The limits are the server's per-tenant and total
 key-byte limits, so the cluster holds at most what one server would.
+
+Like a server's own key sets (``veil.server.key_sets``) the uploads do not stay for ever: one
+that no session has named for ``ttl_s`` is dropped (replicas ``touch`` the keys of every
+protected session they open), as is one its tenant deletes, and an upload over a limit first
+drops the same tenant's least recently used uploads. A replica keeps its own imported copy while
+its sessions use it; a session elsewhere that names dropped keys gets 404 and the SDK uploads
+them again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 
 
 class KeyStore:
-    def __init__(self, max_bytes_per_tenant: int, max_bytes_total: int):
-        self.max_bytes_per_tenant, self.max_bytes_total = max_bytes_per_tenant, max_bytes_total
+    def __init__(self, max_bytes_per_tenant: int, max_bytes_total: int, ttl_s: float = 3600.0):
+        self.max_bytes_per_tenant, self.max_bytes_total, self.ttl_s = max_bytes_per_tenant, max_bytes_total, ttl_s
         self._keys: dict[tuple[str, str], bytes] = {}
+        self._used: dict[tuple[str, str], float] = {}  # stored, fetched or touched (monotonic)
 
     def _bytes(self, tenant: str | None = None) -> int:
         return sum(len(v) for (t, _), v in self._keys.items() if tenant is None or t == tenant)
 
-    def refusal(self, tenant: str, nbytes: int) -> tuple[int, str, str] | None:
-        """(status, code, message) when ``nbytes`` more for ``tenant`` would exceed a limit."""
-        if self._bytes(tenant) + nbytes > self.max_bytes_per_tenant:
-            return 429, "key_bytes_per_tenant", ("evaluation keys would exceed max_key_bytes_per_tenant="
-                                                 f"{self.max_bytes_per_tenant}")
-        if self._bytes() + nbytes > self.max_bytes_total:
-            return 429, "key_bytes_total", f"evaluation keys would exceed max_key_bytes_total={self.max_bytes_total}"
+    def _sweep(self, now: float | None) -> None:
+        cutoff = (time.monotonic() if now is None else now) - self.ttl_s
+        for key in [k for k, t in self._used.items() if t < cutoff]:
+            del self._keys[key], self._used[key]
+
+    def _room(self, tenant: str, nbytes: int) -> tuple[list, tuple[int, str, str] | None]:
+        """The tenant's uploads, least recently used first, to drop for ``nbytes`` more to fit,
+        or (status, code, message) where dropping all of them would not do."""
+        mine = sorted((k for k in self._keys if k[0] == tenant), key=self._used.__getitem__)
+        own, total, victims = self._bytes(tenant), self._bytes(), []
+        while True:
+            if own + nbytes > self.max_bytes_per_tenant:
+                refused = 429, "key_bytes_per_tenant", ("evaluation keys would exceed max_key_bytes_per_tenant="
+                                                        f"{self.max_bytes_per_tenant}")
+            elif total + nbytes > self.max_bytes_total:
+                refused = 429, "key_bytes_total", f"evaluation keys would exceed max_key_bytes_total={self.max_bytes_total}"
+            else:
+                return victims, None
+            if not mine:
+                return [], refused
+            victims.append(v := mine.pop(0))
+            own, total = own - len(self._keys[v]), total - len(self._keys[v])
+
+    def refusal(self, tenant: str, nbytes: int, now: float | None = None) -> tuple[int, str, str] | None:
+        """(status, code, message) when ``nbytes`` more for ``tenant`` could not fit even after
+        dropping its own uploads."""
+        self._sweep(now)
+        return self._room(tenant, nbytes)[1]
+
+    def put(self, tenant: str, data: bytes, now: float | None = None) -> tuple[int, str, str] | None:
+        """Store validated key bytes; None when stored (or already there), else the refusal."""
+        self._sweep(now)
+        key = (tenant, hashlib.sha256(data).hexdigest())
+        if key not in self._keys:
+            victims, refused = self._room(tenant, len(data))
+            if refused is not None:
+                return refused
+            for v in victims:
+                del self._keys[v], self._used[v]
+            self._keys[key] = data
+        self._used[key] = time.monotonic() if now is None else now
         return None
 
-    def put(self, tenant: str, data: bytes) -> tuple[int, str, str] | None:
-        """Store validated key bytes; None when stored (or already there), else the refusal."""
-        key = (tenant, hashlib.sha256(data).hexdigest())
-        if key in self._keys:
-            return None
-        refused = self.refusal(tenant, len(data))
-        if refused is None:
-            self._keys[key] = data
-        return refused
+    def get(self, tenant: str, key_id: str, now: float | None = None) -> bytes | None:
+        return self._keys.get((tenant, key_id)) if self.touch(tenant, key_id, now) else None
 
-    def get(self, tenant: str, key_id: str) -> bytes | None:
-        return self._keys.get((tenant, key_id))
+    def touch(self, tenant: str, key_id: str, now: float | None = None) -> bool:
+        """A session names the keys: they count as used now. False where they are not stored."""
+        self._sweep(now)
+        if (tenant, key_id) not in self._keys:
+            return False
+        self._used[(tenant, key_id)] = time.monotonic() if now is None else now
+        return True
+
+    def drop(self, tenant: str, key_id: str) -> bool:
+        """``DELETE /v1/keys/{id}``; False where the tenant has no such upload."""
+        if self._keys.pop((tenant, key_id), None) is None:
+            return False
+        del self._used[(tenant, key_id)]
+        return True
 
     def nbytes(self) -> int:
         return self._bytes()

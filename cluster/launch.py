@@ -50,7 +50,7 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
 
     keys = DeploymentActorConfig(name=KEY_STORE, actor_class=ray.remote(KeyStore), actor_options={"num_cpus": 0},
                                  init_kwargs={"max_bytes_per_tenant": cfg.max_key_bytes_per_tenant,
-                                              "max_bytes_total": cfg.max_key_bytes_total})
+                                              "max_bytes_total": cfg.max_key_bytes_total, "ttl_s": cfg.key_ttl_s})
     engine = serve.deployment(
         VeilReplica, name="VeilReplica", num_replicas=cc.replicas, max_ongoing_requests=cc.max_ongoing_requests,
         ray_actor_options={"num_cpus": cc.replica_cpus}, health_check_period_s=cc.health_check_period_s,

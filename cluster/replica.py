@@ -88,6 +88,9 @@ class VeilReplica:
             if refused is not None:
                 yield refused
                 return
+        if req.method == "DELETE" and req.path.startswith("/v1/keys/"):
+            yield await self._delete_keys(req)
+            return
         async for item in call_app(self.app, req, self._header):
             yield item
 
@@ -119,6 +122,18 @@ class VeilReplica:
             return self._error(*refused)
         return head
 
+    async def _delete_keys(self, req: Forwarded) -> Head:
+        """``DELETE /v1/keys/{id}``: this replica's copy (409 while one of its sessions uses it)
+        and the store's; 204 where either held them. Other replicas drop their copies once
+        unused for ``key_ttl_s``."""
+        from ray import serve
+
+        head, tenant = await self._whole(req), self._tenant(req)
+        if tenant is None or head.status not in (204, 404):
+            return head  # 401, 403, 409: the app's answer
+        dropped = await serve.get_deployment_actor(KEY_STORE).drop.remote(tenant.name, req.path.rsplit("/", 1)[-1])
+        return Head(204, self._header, b"", False) if dropped else head
+
     async def _import_keys(self, req: Forwarded) -> Head | None:
         """Import the tenant's keys from the store if a protected session needs them and this
         replica has not got them; an answer only when the import is refused."""
@@ -131,9 +146,13 @@ class VeilReplica:
         keys_id = body.get("keys_id") if isinstance(body, dict) and body.get("path") == "protected" else None
         tenant = self._tenant(req) if isinstance(keys_id, str) else None
         protected = self.app.state.protected
-        if tenant is None or protected.key_set(tenant.name, keys_id) is not None:
+        if tenant is None:
             return None
-        data = await serve.get_deployment_actor(KEY_STORE).get.remote(tenant.name, keys_id)
+        store = serve.get_deployment_actor(KEY_STORE)
+        if protected.key_set(tenant.name, keys_id) is not None:
+            await store.touch.remote(tenant.name, keys_id)  # in use: the store keeps them for other replicas
+            return None
+        data = await store.get.remote(tenant.name, keys_id)
         if data is None:
             return None  # never uploaded (or another tenant's): the app answers 404 keys_not_found
         try:

@@ -33,13 +33,15 @@ def cluster(tmp_path_factory):
 
 
 def test_keys_uploaded_once_serve_every_replica(cluster, ckpt, full_model):
-    uploads, answered = [], []
+    uploads, answered, deletes = [], [], []
     with VeilClient(cluster.url, cluster.key, mode="protected", half=client_half_from(ckpt, K)) as client:
         client.generate_keys(progress=False)
 
         def seen(r):
             if r.request.url.path == "/v1/keys":
                 uploads.append(r.status_code)
+            elif r.request.url.path.startswith("/v1/keys/"):
+                deletes.append(r.status_code)
             elif r.request.url.path.endswith("/steps"):
                 answered.append((r.request.url.path.split("/")[3].split(".")[0], r.headers.get(REPLICA_HEADER)))
 
@@ -66,13 +68,14 @@ def test_keys_uploaded_once_serve_every_replica(cluster, ckpt, full_model):
             assert [int(s.forward(ids).argmax())] == expected
         for s in sessions:
             s.close()
+        text = httpx.get(f"{cluster.url}/metrics", timeout=60).text
+        replicas = {s.id.split(".")[0] for s in sessions}
+        for rid in replicas:  # each replica imported the keys (from the store, for all but the first)
+            line = next(ln for ln in text.splitlines() if ln.startswith(f'veil_protected_key_bytes{{replica="{rid}"}}'))
+            assert float(line.split()[-1]) > 100e6
     assert uploads == [201]  # once, although two replicas use the keys
     assert answered and all(pin == by for pin, by in answered)
-    text = httpx.get(f"{cluster.url}/metrics", timeout=60).text
-    replicas = {s.id.split(".")[0] for s in sessions}
-    for rid in replicas:  # each replica imported the keys (from the store, for all but the first)
-        line = next(ln for ln in text.splitlines() if ln.startswith(f'veil_protected_key_bytes{{replica="{rid}"}}'))
-        assert float(line.split()[-1]) > 100e6
+    assert deletes == [204]  # the client's close: the store's copy and that replica's
 
 
 def _engine_children(pid: int) -> list:

@@ -31,17 +31,28 @@ def test_session_ids_carry_the_prefix():
     assert store.get(s.id, "alice") is s and store.get(s.id, "bob") is None
 
 
-def test_key_store_limits_and_idempotence():
+def test_key_store_limits_lifetime_and_idempotence():
+    """The cluster's key store: the same bytes stored once; another tenant's keys look absent; an
+    upload over a limit first drops the same tenant's least recently used uploads (never
+    another tenant's), and is refused with nothing dropped where that cannot make room; an
+    upload no session has named for ``ttl_s`` goes; a tenant deletes its own."""
     import hashlib
 
-    ks = KeyStore(max_bytes_per_tenant=10, max_bytes_total=15)
-    assert ks.put("a", b"x" * 6) is None and ks.put("a", b"x" * 6) is None  # same bytes: stored once
-    assert ks.nbytes() == 6
-    assert ks.get("a", hashlib.sha256(b"x" * 6).hexdigest()) == b"x" * 6
-    assert ks.get("b", hashlib.sha256(b"x" * 6).hexdigest()) is None  # another tenant's keys look absent
-    assert ks.put("a", b"y" * 5)[1] == "key_bytes_per_tenant"
-    assert ks.refusal("b", 10)[1] == "key_bytes_total" and ks.put("b", b"z" * 10)[1] == "key_bytes_total"
-    assert ks.put("b", b"z" * 9) is None and ks.nbytes() == 15
+    def sha(b):
+        return hashlib.sha256(b).hexdigest()
+
+    ks = KeyStore(max_bytes_per_tenant=10, max_bytes_total=15, ttl_s=60)
+    x, y, z = b"x" * 6, b"y" * 5, b"z" * 9
+    assert ks.put("a", x, now=0) is None and ks.put("a", x, now=1) is None and ks.nbytes() == 6
+    assert ks.get("a", sha(x), now=1) == x and ks.get("b", sha(x), now=1) is None
+    assert ks.put("a", b"w" * 11, now=2)[1] == "key_bytes_per_tenant" and ks.get("a", sha(x), now=2) == x
+    assert ks.put("b", z, now=3) is None and ks.nbytes() == 15
+    assert ks.refusal("c", 1, now=4)[1] == "key_bytes_total" and ks.put("c", b"c", now=4)[1] == "key_bytes_total"
+    assert ks.put("a", y, now=5) is None  # over the total: a's own x goes, b's z stays
+    assert ks.get("a", sha(x), now=5) is None and ks.get("a", sha(y), now=5) == y and ks.nbytes() == 14
+    assert ks.touch("b", sha(z), now=62)  # last used at 3: still within the TTL, and now used again
+    assert ks.get("a", sha(y), now=66) is None and ks.touch("b", sha(z), now=100)  # y unused since 5
+    assert ks.drop("b", sha(z)) and not ks.drop("b", sha(z)) and not ks.touch("b", sha(z)) and ks.nbytes() == 0
 
 
 def test_metrics_merge_labels_every_replica():
