@@ -4,7 +4,8 @@ For each session count S (``--sessions 1,4``) it opens S sessions, each with its
 its own evaluation keys, on one executor of the protected layers ``[layer, layer + 2)`` (default
 28: the k=28 split of SmolLM2's 30 layers, whose last two layers are the protected ones), seeds
 each session's encrypted KV cache with ``ctx - 1`` positions (bench-only shortcut, as in
-``protected_bench``) and times one decode step of all S sessions in lockstep: every round trip
+``protected_bench``) and times decode steps of all S sessions in lockstep (``--steps``, each one
+position further on the same sessions, keys and caches, as a served batch runs): every round trip
 hands the S messages to ``ProtectedExecutor.handle_batch``, which runs them as one batched
 evaluation on the native backend (``veil.protected.batch``); S = 1 is the ordinary one-session
 step. With ``--spread`` session b steps at position ``ctx - 1 - b`` instead, so the batch's rows
@@ -13,15 +14,16 @@ between round trips in this process; ``tpot_s.own_clients`` is the step with eac
 waiting for its slowest client only, as S SDKs on their own machines would (derived from the
 clients' timed steps, no network).
 
-Per session count: the step's wall time, the TPOT every session sees (all finish together),
+Per session count, the means over the timed steps (the JSON keeps each step): the step's wall
+time, the TPOT every session sees (all finish together),
 aggregate tokens/s (S / wall), server seconds by operation, the cores the server's work kept
 busy (its CPU seconds, every thread's, over its wall seconds) and the page faults it took, and
 each session's next token from its decrypted h_L (final norm and LM head in the clear) against
 the plaintext model's.
-``--warmup [STEPS]`` first steps each count untimed, once or STEPS times (fresh sessions either
-way), so that compiled code is timed warm and, on the CPU, the heap has grown to the size the
-step needs (benchmarks/results/2026-12-03-context-leak: 4-session steps fault fresh pages for
-about three steps).
+``--warmup [STEPS]`` first steps the sessions untimed, once or STEPS times, so that compiled code
+is timed warm and, on the CPU, the heap has grown to the size the step needs
+(benchmarks/results/2026-12-03-context-leak: with fresh sessions and keys for every step, as this
+benchmark had it until then, 4-session steps faulted fresh pages for about three steps).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from veil.protected.weights import layer_weights_from_tensors
 from veil.server.config import ServerConfig
 
 FIGURES: dict[str, float] = {}
+STEPS: dict[int, list[dict]] = {}  # session count -> each timed step's record (the JSON's)
 
 
 def fig(name: str, value: float) -> None:
@@ -53,22 +56,68 @@ def fig(name: str, value: float) -> None:
     print(f"figure protected.{name} {value:.6g}", flush=True)
 
 
+def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, logits, device: str) -> dict:
+    """One decode step of every session in lockstep at its position in ``pos``: each round trip
+    hands all pending messages to ``handle_batch``; the clients run one after another; each
+    session's token from its h_L by ``logits`` (final norm and LM head in the clear)."""
+    ex.be.reset()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    n = len(states)
+    server = server_cpu = client = slowest = 0.0  # slowest: each round trip's slowest client, summed
+    faults = 0
+    t0 = time.perf_counter()
+    msgs = [c.token_message(h0[p]) for c, p in zip(states, pos, strict=True)]
+    outs: list = [None] * n
+    while any(m is not None for m in msgs):
+        live = [i for i, m in enumerate(msgs) if m is not None]
+        ts, tp = time.perf_counter(), time.process_time()  # process time: every thread's CPU seconds
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        replies = ex.handle_batch([msgs[i] for i in live])
+        server += time.perf_counter() - ts
+        server_cpu += time.process_time() - tp
+        faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        round_max = 0.0
+        for i, reply in zip(live, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            tc = time.perf_counter()
+            nxt = states[i].handle(reply)
+            dt = time.perf_counter() - tc
+            client, round_max = client + dt, max(round_max, dt)
+            if isinstance(nxt, np.ndarray):
+                outs[i], msgs[i] = nxt, None
+            else:
+                msgs[i] = nxt
+        slowest += round_max
+    wall = time.perf_counter() - t0
+    tokens = [int(logits(torch.from_numpy(h).float()[None])[-1].argmax()) for h in outs]
+    return {"positions": list(pos), "wall": wall, "server": server, "server_cpu": server_cpu, "client": client,
+            "slowest": slowest, "faults": faults, "tokens": tokens, "times": dict(ex.be.times),
+            "matvec_by_shape": {str(k): v for k, v in ex.be.matvec_by_shape.items()}, "counts": dict(ex.be.counts),
+            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if device.startswith("cuda") else 0.0}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sessions", default="1,4")
     ap.add_argument("--layer", type=int, default=28, help="first of the two protected layers")
-    ap.add_argument("--ctx", type=int, default=16, help="the timed step's position + 1")
+    ap.add_argument("--ctx", type=int, default=16, help="the first step's position + 1")
     ap.add_argument("--spread", action="store_true",
                     help="session b steps at position ctx - 1 - b: the batch's rows stand at different positions")
     ap.add_argument("--warmup", type=int, nargs="?", const=1, default=0, metavar="STEPS",
-                    help="step each session count STEPS times (1 without a number) untimed first: compiled "
-                         "code warm (with VEIL_NATIVE_COMPILE=1 the first step of a batch size compiles) and, "
-                         "on the CPU, the heap grown to its steady size (about three steps at 4 sessions)")
+                    help="step the sessions STEPS times (1 without a number) untimed first: compiled code "
+                         "warm (with VEIL_NATIVE_COMPILE=1 the first step of a batch size compiles) and, on "
+                         "the CPU, the heap grown to its steady size")
+    ap.add_argument("--steps", type=int, default=1,
+                    help="timed decode steps of the same sessions, one position further each (figures: their mean)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))
     args = ap.parse_args(argv)
     counts = [int(s) for s in args.sessions.split(",")]
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps >= 1 and --warmup >= 0")
 
     from veil.engine.loader import build_model, load_checkpoint
 
@@ -78,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--layer must be num_layers - 2 = {cfg.num_layers - 2}: the last layer's h_L gives the token")
     dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
     layers = (args.layer, args.layer + 1)
-    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.ctx]
+    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.ctx + args.warmup + args.steps - 1]
     with torch.no_grad():
         h0 = model.run_layers(model.embed(ids), 0, layers[0])
         h1 = model.run_layers(h0, layers[0], layers[1])
@@ -97,10 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
     ex.be.synchronize = True  # on CUDA: each op kind's seconds are its own (protected/timing.py)
 
-    for n, timed in [(n, t) for n in counts for t in (False,) * args.warmup + (True,)]:
+    for n in counts:
+        pos0 = [args.ctx - 1 - (b if args.spread else 0) for b in range(n)]
         sessions, states = [], []
-        pos = [args.ctx - 1 - (b if args.spread else 0) for b in range(n)]
-        for be, p in zip(clients[:n], pos, strict=True):
+        for be, p in zip(clients[:n], pos0, strict=True):
             key_set = make_backend(PROTECTED_PARAMS, "native", device=args.device)
             key_set.import_public_material(be.export_public_material())
             s = ex.new_session(key_set)
@@ -109,73 +158,48 @@ def main(argv: list[str] | None = None) -> None:
             _seed_cache(ex, c, s, weights[1], cfg, layers[1], h1, p)
             sessions.append(s)
             states.append(c)
-        ex.be.reset()
-        if args.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-        server = server_cpu = client = slowest = 0.0  # slowest: each round trip's slowest client, summed
-        faults = 0
-        t0 = time.perf_counter()
-        msgs = [c.token_message(h0[p]) for c, p in zip(states, pos, strict=True)]
-        outs: list = [None] * n
-        while any(m is not None for m in msgs):
-            live = [i for i, m in enumerate(msgs) if m is not None]
-            ts, tp = time.perf_counter(), time.process_time()  # process time: every thread's CPU seconds
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            replies = ex.handle_batch([msgs[i] for i in live])
-            server += time.perf_counter() - ts
-            server_cpu += time.process_time() - tp
-            faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-            round_max = 0.0
-            for i, reply in zip(live, replies, strict=True):
-                if isinstance(reply, Exception):
-                    raise reply
-                tc = time.perf_counter()
-                nxt = states[i].handle(reply)
-                dt = time.perf_counter() - tc
-                client, round_max = client + dt, max(round_max, dt)
-                if isinstance(nxt, np.ndarray):
-                    outs[i], msgs[i] = nxt, None
-                else:
-                    msgs[i] = nxt
-            slowest += round_max
-        wall = time.perf_counter() - t0
-        if not timed:
-            for s in sessions:
-                ex.drop_session(s.id)
-            continue
-        tokens = [int(model.logits(torch.from_numpy(h).float()[None])[-1].argmax()) for h in outs]
-        fig(f"sessions.tpot_s.s{n}", wall)
-        fig(f"aggregate_tok_s.s{n}", n / wall)
-        fig(f"sessions.server_s.s{n}", server)
-        fig(f"sessions.client_s.s{n}", client)
-        # how many of the machine's cores the server's work kept busy: on a CPU, what batching
-        # sessions can still win is the idle remainder plus what shared weight reads save
-        fig(f"sessions.server_cpu_cores.s{n}", server_cpu / server)
-        # pages the server's work touched for the first time: each is a fault and a zeroed page
-        # (30 us apiece on the development VM), what a heap that keeps growing costs
-        fig(f"sessions.server_page_faults.s{n}", faults)
-        # derived, not timed: the step as S SDKs on their own machines would see it, each round
-        # trip waiting for its slowest client instead of all of them in turn (no network)
-        fig(f"sessions.tpot_s.own_clients.s{n}", wall - client + slowest)
-        fig(f"aggregate_tok_s.own_clients.s{n}", n / (wall - client + slowest))
-        for kind, sec in sorted(ex.be.times.items()):
-            fig(f"sessions.server_s.{kind}.s{n}", sec)
-        if args.device.startswith("cuda"):  # weights, every session's keys and caches, the step's peak
-            fig(f"sessions.device_peak_gb.s{n}", torch.cuda.max_memory_allocated() / 1e9)
-        fig(f"sessions.tokens_equal_plaintext.s{n}", float(tokens == [want[p] for p in pos]))
-        print(f"# s{n}: positions {pos}, tokens {tokens}, plaintext {[want[p] for p in pos]}", flush=True)
-        for shape, dt in sorted(ex.be.matvec_by_shape.items()):
-            print(f"# s{n}: matvec {shape}: {dt:.3f} s", flush=True)
-        print(f"# s{n}: counts {dict(ex.be.counts)}", flush=True)
+        timed = [_step(ex, states, [p + i for p in pos0], h0, model.logits, args.device)
+                 for i in range(args.warmup + args.steps)][args.warmup:]
         for s in sessions:
             ex.drop_session(s.id)
+        mean = {k: sum(r[k] for r in timed) / len(timed) for k in ("wall", "server", "server_cpu", "client",
+                                                                    "slowest", "faults")}
+        fig(f"sessions.tpot_s.s{n}", mean["wall"])
+        fig(f"aggregate_tok_s.s{n}", n / mean["wall"])
+        fig(f"sessions.server_s.s{n}", mean["server"])
+        fig(f"sessions.client_s.s{n}", mean["client"])
+        # how many of the machine's cores the server's work kept busy: on a CPU, what batching
+        # sessions can still win is the idle remainder plus what shared weight reads save
+        fig(f"sessions.server_cpu_cores.s{n}", mean["server_cpu"] / mean["server"])
+        # pages the server's work touched for the first time: each is a fault and a zeroed page
+        # (30 us apiece on the development VM), what a heap that keeps growing costs
+        fig(f"sessions.server_page_faults.s{n}", mean["faults"])
+        # derived, not timed: the step as S SDKs on their own machines would see it, each round
+        # trip waiting for its slowest client instead of all of them in turn (no network)
+        own = mean["wall"] - mean["client"] + mean["slowest"]
+        fig(f"sessions.tpot_s.own_clients.s{n}", own)
+        fig(f"aggregate_tok_s.own_clients.s{n}", n / own)
+        for kind in sorted({k for r in timed for k in r["times"]}):
+            fig(f"sessions.server_s.{kind}.s{n}", sum(r["times"].get(kind, 0.0) for r in timed) / len(timed))
+        if args.device.startswith("cuda"):  # weights, every session's keys and caches, the steps' peak
+            fig(f"sessions.device_peak_gb.s{n}", max(r["peak_gb"] for r in timed))
+        tokens = [r["tokens"] for r in timed]
+        plain = [[want[p + args.warmup + i] for p in pos0] for i in range(len(timed))]
+        fig(f"sessions.tokens_equal_plaintext.s{n}", float(tokens == plain))
+        STEPS[n] = timed
+        for i, (r, w) in enumerate(zip(timed, plain, strict=True)):
+            print(f"# s{n} step {i}: positions {r['positions']}, wall {r['wall']:.3f} s, server {r['server']:.3f} s, "
+                  f"faults {r['faults']}, tokens {r['tokens']}, plaintext {w}", flush=True)
+        for shape, dt in sorted(timed[-1]["matvec_by_shape"].items()):
+            print(f"# s{n}: last step's matvec {shape}: {dt:.3f} s", flush=True)
+        print(f"# s{n}: last step's counts {timed[-1]['counts']}", flush=True)
     if len(counts) > 1 and counts[0] == 1:
         for n in counts[1:]:
             fig(f"sessions.aggregate_speedup.s{n}", FIGURES[f"aggregate_tok_s.s{n}"] / FIGURES["aggregate_tok_s.s1"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "spread": args.spread,
-                                    "warmup": args.warmup, "device": args.device,
-                                    "model": ckpt.source, "figures": FIGURES}, indent=2))
+                                    "warmup": args.warmup, "steps": args.steps, "device": args.device,
+                                    "model": ckpt.source, "figures": FIGURES, "steps_by_sessions": STEPS}, indent=2))
 
 
 if __name__ == "__main__":
