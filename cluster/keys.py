@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import time
 
+from veil.server.key_sets import KeysError, byte_limits, room_for
+
 
 class KeyStore:
     def __init__(self, max_bytes_per_tenant: int, max_bytes_total: int, ttl_s: float = 3600.0):
@@ -39,19 +41,16 @@ class KeyStore:
         """The tenant's uploads, least recently used first, to drop for ``nbytes`` more to fit,
         or (status, code, message) where dropping all of them would not do."""
         mine = sorted((k for k in self._keys if k[0] == tenant), key=self._used.__getitem__)
-        own, total, victims = self._bytes(tenant), self._bytes(), []
-        while True:
-            if own + nbytes > self.max_bytes_per_tenant:
-                refused = 429, "key_bytes_per_tenant", ("evaluation keys would exceed max_key_bytes_per_tenant="
-                                                        f"{self.max_bytes_per_tenant}")
-            elif total + nbytes > self.max_bytes_total:
-                refused = 429, "key_bytes_total", f"evaluation keys would exceed max_key_bytes_total={self.max_bytes_total}"
-            else:
-                return victims, None
-            if not mine:
-                return [], refused
-            victims.append(v := mine.pop(0))
-            own, total = own - len(self._keys[v]), total - len(self._keys[v])
+        own, total = self._bytes(tenant), self._bytes()
+
+        def over(dropped: list) -> KeysError | None:
+            freed = sum(len(self._keys[v]) for v in dropped)
+            return byte_limits(own - freed, total - freed, nbytes, self.max_bytes_per_tenant, self.max_bytes_total)
+
+        try:
+            return room_for(mine, over), None
+        except KeysError as e:
+            return [], (e.status, e.code, str(e))
 
     def refusal(self, tenant: str, nbytes: int, now: float | None = None) -> tuple[int, str, str] | None:
         """(status, code, message) when ``nbytes`` more for ``tenant`` could not fit even after

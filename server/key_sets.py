@@ -15,11 +15,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
-from veil.crypto.backend import HEBackend
-from veil.server.config import ServerConfig
+if TYPE_CHECKING:  # the cluster's key store (cluster/keys.py) imports this module without torch
+    from veil.crypto.backend import HEBackend
+    from veil.server.config import ServerConfig
+
+T = TypeVar("T")
 
 log = logging.getLogger("veil.server.protected")
 
@@ -30,6 +34,27 @@ class KeysError(ValueError):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
         self.status, self.code = status, code
+
+
+def byte_limits(own: int, total: int, nbytes: int, max_per_tenant: int, max_total: int) -> KeysError | None:
+    """The refusal (429) where ``nbytes`` more would take the tenant past ``own`` + ``nbytes`` >
+    ``max_per_tenant`` or everyone past ``max_total``; None where it fits."""
+    if own + nbytes > max_per_tenant:
+        return KeysError(429, "key_bytes_per_tenant", f"evaluation keys would exceed max_key_bytes_per_tenant={max_per_tenant}")
+    if total + nbytes > max_total:
+        return KeysError(429, "key_bytes_total", f"evaluation keys would exceed max_key_bytes_total={max_total}")
+    return None
+
+
+def room_for(idle: Sequence[T], over: Callable[[list[T]], KeysError | None]) -> list[T]:
+    """The shortest prefix of ``idle`` (least recently used first) whose dropping leaves
+    ``over(dropped)`` None; raises what ``over`` answers where dropping all of them would not do."""
+    victims: list[T] = []
+    while (refusal := over(victims)) is not None:
+        if len(victims) == len(idle):
+            raise refusal
+        victims.append(idle[len(victims)])
+    return victims
 
 
 @dataclass(eq=False)  # a held resource: equal only to itself
@@ -106,25 +131,18 @@ class KeySets(Mapping):
         idle = sorted((k for k in self._held.values() if k.tenant == tenant and not k.sessions),
                       key=lambda k: k.last_used)
         mine, total, held = self.nbytes(tenant), self.nbytes(), self._weights_bytes() + self.resident()
-        victims: list[KeySet] = []
-        while True:
-            if mine + nbytes > cfg.max_key_bytes_per_tenant:
-                refusal = KeysError(429, "key_bytes_per_tenant", "evaluation keys would exceed "
-                                                                 f"max_key_bytes_per_tenant={cfg.max_key_bytes_per_tenant}")
-            elif total + nbytes > cfg.max_key_bytes_total:
-                refusal = KeysError(429, "key_bytes_total",
-                                    f"evaluation keys would exceed max_key_bytes_total={cfg.max_key_bytes_total}")
-            elif resident is not None and budget is not None and held + resident > budget:
+
+        def over(dropped: list[KeySet]) -> KeysError | None:
+            freed, unheld = sum(v.nbytes for v in dropped), sum(v.resident for v in dropped)
+            refusal = byte_limits(mine - freed, total - freed, nbytes, cfg.max_key_bytes_per_tenant,
+                                  cfg.max_key_bytes_total)
+            if refusal is None and resident is not None and budget is not None and held - unheld + resident > budget:
                 refusal = KeysError(429, "device_memory", f"evaluation keys ({resident} bytes in memory) would exceed "
                                                           f"protected_device_gb={budget / (1 << 30):g} with the "
-                                                          f"{held} bytes of weights and keys held")
-            else:
-                return victims
-            if not idle:
-                raise refusal
-            v = idle.pop(0)
-            victims.append(v)
-            mine, total, held = mine - v.nbytes, total - v.nbytes, held - v.resident
+                                                          f"{held - unheld} bytes of weights and keys held")
+            return refusal
+
+        return room_for(idle, over)
 
     # ---- dropping --------------------------------------------------------------------------
     def drop(self, tenant: str, key_id: str) -> None:
