@@ -36,14 +36,18 @@ class ProtectedApi:
         self.cfg, self.half, self.protected, self.sessions, self.metrics = cfg, half, protected, sessions, metrics
         self.router = APIRouter()
 
+        def protected_tenant(request: Request) -> Tenant:
+            tenant = bearer_tenant(request, tenants)
+            if "protected" not in tenant.scopes:
+                raise ApiError(403, "forbidden", "this key lacks the 'protected' scope")
+            return tenant
+
         @self.router.post("/v1/keys", status_code=201)
         async def upload_keys(request: Request):
             """The client's public evaluation material (msgpack, see crypto/wire.py). Answers the
             keys' id (SHA-256 of the bytes), which sessions name. Uploading the same bytes again
             is free: keys are cached per tenant by fingerprint."""
-            tenant = bearer_tenant(request, tenants)
-            if "protected" not in tenant.scopes:
-                raise ApiError(403, "forbidden", "this key lacks the 'protected' scope")
+            tenant = protected_tenant(request)
             body = await read_body(request, cfg.max_key_bytes)
             try:
                 ks = await asyncio.to_thread(protected.add_keys, tenant.name, body)
@@ -56,9 +60,7 @@ class ProtectedApi:
         async def delete_keys(keys_id: str, request: Request):
             """Drop the tenant's evaluation keys now (else they go ``key_ttl_s`` after their last
             session): 404 if it has none by that id, 409 while a session uses them."""
-            tenant = bearer_tenant(request, tenants)
-            if "protected" not in tenant.scopes:
-                raise ApiError(403, "forbidden", "this key lacks the 'protected' scope")
+            tenant = protected_tenant(request)
             try:
                 protected.keys.drop(tenant.name, keys_id)
             except KeysError as e:

@@ -394,7 +394,7 @@ def test_keys_are_deleted_over_http_only_by_their_tenant_and_only_when_unused(ck
 
         kid = upload(minimal_uploads[1])
         client = VeilClient(srv.url, srv.keys["carol"], mode="protected", half=SimpleNamespace(
-            model=None, tokenizer=None, config=ckpt.config, k=29))
+            model=None, tokenizer=None, config=ckpt.config, k=29))  # stand-in half: close() reads no model
         client._keys_id = client._uploaded_keys_id = kid  # as ensure_keys leaves them after its upload
         client.close()
         assert srv.app.state.protected.key_set("carol", kid) is None
