@@ -61,10 +61,10 @@ class ClusterServer:
 
 
 def launch_cluster(tmp: Path, replicas: int, scopes: tuple[str, ...] = ("plaintext", "protected"),
-                   serve_args: list[str] | None = None) -> ClusterServer:
+                   serve_args: list[str] | None = None, cwd: Path | None = None) -> ClusterServer:
     from veil.benchmarks.engine_throughput import launch_server
 
-    proc, url, key = launch_server(tmp, scopes, ["--replicas", str(replicas), *(serve_args or [])])
+    proc, url, key = launch_server(tmp, scopes, ["--replicas", str(replicas), *(serve_args or [])], cwd)
     srv = ClusterServer(proc, url, key, tmp / "server.log")
     try:
         srv.wait_replicas(replicas)

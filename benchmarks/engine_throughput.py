@@ -42,9 +42,11 @@ from veil.benchmarks.stats import RequestRecord, emit, figure_lines, summarize
 from veil.benchmarks.workload import Workload, random_workload
 
 
-def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str]) -> tuple[subprocess.Popen, str, str]:
-    """A `veil serve` subprocess on a free loopback port with one tenant holding `scopes`;
-    returns (process, url, api key) once /health answers. Its log is tmp/server.log."""
+def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str],
+                  cwd: Path | None = None) -> tuple[subprocess.Popen, str, str]:
+    """A `veil serve` subprocess on a free loopback port with one tenant holding `scopes`, started
+    in `cwd` (default: this process's); returns (process, url, api key) once /health answers.
+    Its log is tmp/server.log."""
     from veil.server.runner import free_port
 
     tenants = tmp / "tenants.json"
@@ -54,7 +56,7 @@ def launch_server(tmp: Path, scopes: tuple[str, ...], serve_args: list[str]) -> 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "veil.cli.main", "serve", "--tenants", str(tenants),
                              "--port", str(port), *serve_args],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"))
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"), cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -75,12 +76,21 @@ def serve_cluster(cfg: ServerConfig, cc: ClusterConfig, host: str, port: int, tl
     from ray import serve
 
     tenants_json = Path(cfg.tenants_file).read_text()  # shipped as text: nodes need not share a disk
-    if cc.ray_address:
-        ray.init(address=cc.ray_address)
-    else:
-        # Enough logical CPUs for every replica even where they outnumber the cores (they then share them).
-        cpus = max(os.cpu_count() or 1, math.ceil(cc.replicas * cc.replica_cpus))
-        ray.init(num_cpus=cpus, include_dashboard=False)
+    # Ray puts the driver's working directory first on every worker's sys.path, unless the job
+    # names a working_dir, which workers then start in. Veil is installed, not shipped with the
+    # job, so the job's working_dir is an empty one: no replica imports what lies where
+    # `veil serve` was started (the checkout's kernels/ shadowed Hugging Face's `kernels`, which
+    # transformers >= 5.25 imports). The paths workers open are made absolute first.
+    cfg = replace(cfg, bundle=_absolute(cfg.bundle), model=_absolute(cfg.model))
+    tls_cert, tls_key = _absolute(tls_cert), _absolute(tls_key)
+    with tempfile.TemporaryDirectory(prefix="veil-ray-job-") as empty:  # uploaded by init, then not needed
+        job = {"runtime_env": {"working_dir": empty}}
+        if cc.ray_address:
+            ray.init(address=cc.ray_address, **job)
+        else:
+            # Enough logical CPUs for every replica even where they outnumber the cores (they then share them).
+            cpus = max(os.cpu_count() or 1, math.ceil(cc.replicas * cc.replica_cpus))
+            ray.init(num_cpus=cpus, include_dashboard=False, **job)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -103,6 +113,11 @@ def serve_cluster(cfg: ServerConfig, cc: ClusterConfig, host: str, port: int, tl
             serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def _absolute(path):
+    """A path given relative to where `veil serve` started, as the workers must see it."""
+    return None if path is None else type(path)(Path(path).absolute())
 
 
 def cmd_serve_cluster(args, cfg: ServerConfig) -> int:

@@ -16,7 +16,15 @@ backend's own tests cover what those modules exercise.
 """
 
 import os
+import sys
 
+# `python -m pytest` run in the checkout puts it first on sys.path, where its top-level folders
+# answer to their bare names: kernels/ (veil.kernels) to Hugging Face's `kernels`, which
+# transformers >= 5.25 imports at start-up. Take it off here, and off for every process a test
+# starts, as `make test` does with PYTHONSAFEPATH.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _CHECKOUT]
+os.environ["PYTHONSAFEPATH"] = "1"
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -20,7 +20,14 @@ from veil.cluster.routing import REPLICA_HEADER  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    srv = launch_cluster(tmp_path_factory.mktemp("cluster"), 2, ("plaintext",), ["--kv-cache-gb", "0.0625"])
+    # Started in a directory whose packages would break any replica importing from it: Ray puts
+    # the driver's working directory first on its workers' sys.path unless the job names its own
+    # (cluster/launch.py), and the checkout's kernels/ once shadowed Hugging Face's that way.
+    tmp = tmp_path_factory.mktemp("cluster")
+    for name in ("transformers", "kernels", "veil"):
+        (tmp / name).mkdir()
+        (tmp / name / "__init__.py").write_text(f"raise ImportError('{name} imported from the directory veil serve started in')\n")
+    srv = launch_cluster(tmp, 2, ("plaintext",), ["--kv-cache-gb", "0.0625"], cwd=tmp)
     yield srv
     srv.stop()
 

@@ -53,3 +53,30 @@ def test_a_unit_never_imports_the_checkouts_folders_by_their_bare_names():
         out = subprocess.run([sys.executable, "-c", probe], cwd=run_suite.ROOT, env=run_suite._env(unit, jobs),
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out != str(Path(run_suite.ROOT).resolve() / "kernels" / "__init__.py"), out
+
+
+def test_pytest_run_directly_in_the_checkout_does_not_see_its_folders_by_bare_names():
+    """`python -m pytest` typed in the checkout, without PYTHONSAFEPATH: tests/conftest.py takes
+    the checkout off sys.path, for the tests and for the processes they start."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    probe = f"{Path(__file__).relative_to(run_suite.ROOT)}::test_kernels_is_not_the_checkouts"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", probe], cwd=run_suite.ROOT,
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:]
+
+
+def test_kernels_is_not_the_checkouts():
+    import importlib.util
+    import os
+    import subprocess
+
+    mine = str(Path(run_suite.ROOT).resolve() / "kernels" / "__init__.py")
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or spec.origin != mine
+    probe = "import importlib.util as u; s = u.find_spec('kernels'); print(s.origin if s else '')"
+    child = subprocess.run([sys.executable, "-c", probe], cwd=run_suite.ROOT, env=dict(os.environ),
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert child != mine
