@@ -12,7 +12,9 @@ that no session has named for ``ttl_s`` is dropped (replicas ``touch`` the keys 
 protected session they open), as is one its tenant deletes, and an upload over a limit first
 drops the same tenant's least recently used uploads. A replica keeps its own imported copy while
 its sessions use it; a session elsewhere that names dropped keys gets 404 and the SDK uploads
-them again.
+them again. A deletion is remembered for ``ttl_s`` (or until the same bytes come again), so that
+a replica whose copy the ``DELETE`` did not reach refuses new sessions on it too, as one server
+would, instead of serving them from that copy until its own TTL passes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class KeyStore:
         self.max_bytes_per_tenant, self.max_bytes_total, self.ttl_s = max_bytes_per_tenant, max_bytes_total, ttl_s
         self._keys: dict[tuple[str, str], bytes] = {}
         self._used: dict[tuple[str, str], float] = {}  # stored, fetched or touched (monotonic)
+        self._deleted: dict[tuple[str, str], float] = {}  # deleted by their tenant, when (monotonic)
 
     def _bytes(self, tenant: str | None = None) -> int:
         return sum(len(v) for (t, _), v in self._keys.items() if tenant is None or t == tenant)
@@ -36,6 +39,8 @@ class KeyStore:
         cutoff = (time.monotonic() if now is None else now) - self.ttl_s
         for key in [k for k, t in self._used.items() if t < cutoff]:
             del self._keys[key], self._used[key]
+        for key in [k for k, t in self._deleted.items() if t < cutoff]:
+            del self._deleted[key]
 
     def _room(self, tenant: str, nbytes: int) -> tuple[list, tuple[int, str, str] | None]:
         """The tenant's uploads, least recently used first, to drop for ``nbytes`` more to fit,
@@ -70,6 +75,7 @@ class KeyStore:
                 del self._keys[v], self._used[v]
             self._keys[key] = data
         self._used[key] = time.monotonic() if now is None else now
+        self._deleted.pop(key, None)  # uploaded again: a live set
         return None
 
     def get(self, tenant: str, key_id: str, now: float | None = None) -> bytes | None:
@@ -83,12 +89,18 @@ class KeyStore:
         self._used[(tenant, key_id)] = time.monotonic() if now is None else now
         return True
 
-    def drop(self, tenant: str, key_id: str) -> bool:
+    def drop(self, tenant: str, key_id: str, now: float | None = None) -> bool:
         """``DELETE /v1/keys/{id}``; False where the tenant has no such upload."""
         if self._keys.pop((tenant, key_id), None) is None:
             return False
         del self._used[(tenant, key_id)]
+        self._deleted[(tenant, key_id)] = time.monotonic() if now is None else now
         return True
+
+    def deleted(self, tenant: str, key_id: str, now: float | None = None) -> bool:
+        """The tenant deleted these keys within ``ttl_s`` and has not uploaded them since."""
+        self._sweep(now)
+        return (tenant, key_id) in self._deleted
 
     def nbytes(self) -> int:
         return self._bytes()

@@ -10,6 +10,7 @@ replica has not imported imports them from there first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -124,8 +125,8 @@ class VeilReplica:
 
     async def _delete_keys(self, req: Forwarded) -> Head:
         """``DELETE /v1/keys/{id}``: this replica's copy (409 while one of its sessions uses it)
-        and the store's; 204 where either held them. Other replicas drop their copies once
-        unused for ``key_ttl_s``."""
+        and the store's; 204 where either held them. Another replica refuses new sessions on its
+        copy from then on (``_import_keys``, which drops an unused copy), and its TTL drops the rest."""
         from ray import serve
 
         head, tenant = await self._whole(req), self._tenant(req)
@@ -150,7 +151,14 @@ class VeilReplica:
             return None
         store = serve.get_deployment_actor(KEY_STORE)
         if protected.key_set(tenant.name, keys_id) is not None:
-            await store.touch.remote(tenant.name, keys_id)  # in use: the store keeps them for other replicas
+            if await store.touch.remote(tenant.name, keys_id):  # in use: the store keeps them for other replicas
+                return None
+            if await store.deleted.remote(tenant.name, keys_id):
+                # Deleted through another replica: no new session names them, as on one server.
+                # This copy goes now where unused; sessions open on it finish on it.
+                with contextlib.suppress(KeysError):
+                    protected.keys.drop(tenant.name, keys_id)
+                return self._error(404, "keys_not_found", "these evaluation keys were deleted; POST /v1/keys again")
             return None
         data = await store.get.remote(tenant.name, keys_id)
         if data is None:

@@ -68,6 +68,8 @@ def test_keys_uploaded_once_serve_every_replica(cluster, ckpt, full_model):
             assert [int(s.forward(ids).argmax())] == expected
         for s in sessions:
             s.close()
+        again = {"path": "protected", "k": K, "model_fingerprint": client.half.server_fingerprint,
+                 "keys_id": client._keys_id, "param_set": client.he.params.id}
         text = httpx.get(f"{cluster.url}/metrics", timeout=60).text
         replicas = {s.id.split(".")[0] for s in sessions}
         for rid in replicas:  # each replica imported the keys (from the store, for all but the first)
@@ -76,6 +78,16 @@ def test_keys_uploaded_once_serve_every_replica(cluster, ckpt, full_model):
     assert uploads == [201]  # once, although two replicas use the keys
     assert answered and all(pin == by for pin, by in answered)
     assert deletes == [204]  # the client's close: the store's copy and that replica's
+    # The delete reached one replica; the other's copy must not open sessions either, as on one server.
+    answers = {}
+    with httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.key}"}, timeout=60) as http:
+        for _ in range(40):
+            r = http.post("/v1/sessions", json=again)
+            answers.setdefault(r.headers.get(REPLICA_HEADER), set()).add((r.status_code, r.json().get("error", {}).get("code")))
+            if len(answers) == 2:
+                break
+            time.sleep(0.25)
+    assert answers.keys() == replicas and all(a == {(404, "keys_not_found")} for a in answers.values()), answers
 
 
 def _engine_children(pid: int) -> list:

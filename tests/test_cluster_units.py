@@ -35,7 +35,8 @@ def test_key_store_limits_lifetime_and_idempotence():
     """The cluster's key store: the same bytes stored once; another tenant's keys look absent; an
     upload over a limit first drops the same tenant's least recently used uploads (never
     another tenant's), and is refused with nothing dropped where that cannot make room; an
-    upload no session has named for ``ttl_s`` goes; a tenant deletes its own."""
+    upload no session has named for ``ttl_s`` goes; a tenant deletes its own, and the deletion is
+    remembered for ``ttl_s`` or until the same bytes come again."""
     import hashlib
 
     def sha(b):
@@ -52,7 +53,12 @@ def test_key_store_limits_lifetime_and_idempotence():
     assert ks.get("a", sha(x), now=5) is None and ks.get("a", sha(y), now=5) == y and ks.nbytes() == 14
     assert ks.touch("b", sha(z), now=62)  # last used at 3: still within the TTL, and now used again
     assert ks.get("a", sha(y), now=66) is None and ks.touch("b", sha(z), now=100)  # y unused since 5
-    assert ks.drop("b", sha(z)) and not ks.drop("b", sha(z)) and not ks.touch("b", sha(z)) and ks.nbytes() == 0
+    assert ks.drop("b", sha(z), now=100) and not ks.drop("b", sha(z)) and not ks.touch("b", sha(z), now=100)
+    assert ks.nbytes() == 0 and ks.deleted("b", sha(z), now=100) and not ks.deleted("a", sha(z), now=100)
+    assert not ks.deleted("a", sha(y), now=100)  # y went by its TTL, not by a deletion
+    assert not ks.deleted("b", sha(z), now=161)  # a deletion is remembered for ttl_s
+    assert ks.put("a", x, now=170) is None and ks.drop("a", sha(x), now=171) and ks.deleted("a", sha(x), now=172)
+    assert ks.put("a", x, now=173) is None and not ks.deleted("a", sha(x), now=173)  # uploaded again: live
 
 
 def test_metrics_merge_labels_every_replica():
