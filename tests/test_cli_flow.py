@@ -1,0 +1,52 @@
+"""The README's "Using it" commands as a user types them: `veil split`, `veil tenants add`,
+`veil serve --bundle` and `veil chat --bundle --prompt`, each its own process, on both paths.
+The split is at k=29 (one server layer) so that the protected answer takes seconds; the
+commands are the same at the README's k=2. he_heavy: the protected answer makes real CKKS keys
+at N=16384 (the module is one unit, so the bundles are written once)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from veil.benchmarks.engine_throughput import launch_server
+from veil.engine.generate import generate_local
+
+pytestmark = pytest.mark.he_heavy
+K = 29
+PROMPT = "What is the capital of France?"  # tests/conftest.py's first chat prompt
+
+
+def veil(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "veil.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    out = veil("split", "--k", str(K), "--out", str(tmp / "bundles"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    proc, url, key = launch_server(tmp, ("plaintext", "protected"),
+                                   ["--bundle", str(tmp / "bundles" / "server_bundle"), "--kv-cache-gb", "0.0625"])
+    yield url, key, str(tmp / "bundles" / "client_bundle")
+    proc.terminate()
+    proc.wait(60)
+
+
+def _chat(served, *extra: str) -> str:
+    url, key, bundle = served
+    out = veil("chat", "--server", url, "--api-key", key, "--bundle", bundle, "--prompt", PROMPT, *extra)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "tokens, TTFT" in out.stderr  # the stats line
+    return out.stdout.removesuffix("\n")
+
+
+def test_chat_on_the_split_path_answers_as_the_whole_model(served, ckpt, full_model, chat_prompts):
+    expected = ckpt.tokenizer.decode(generate_local(full_model, chat_prompts[0], 6), skip_special_tokens=True)
+    assert _chat(served, "--max-new-tokens", "6") == expected
+
+
+def test_chat_on_the_protected_path(served, ckpt, full_model, chat_prompts):
+    expected = ckpt.tokenizer.decode(generate_local(full_model, chat_prompts[0], 1), skip_special_tokens=True)
+    assert _chat(served, "--mode", "protected", "--max-new-tokens", "1") == expected
