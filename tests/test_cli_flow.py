@@ -14,12 +14,11 @@ from veil.engine.generate import generate_local
 
 pytestmark = pytest.mark.he_heavy
 K = 29
-PROMPT = "What is the capital of France?"  # tests/conftest.py's first chat prompt
+PROMPT = "What is the capital of France?"
 
 
-def veil(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "veil.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def veil(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "veil.cli.main", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +33,39 @@ def served(tmp_path_factory):
     proc.wait(60)
 
 
-def _chat(served, *extra: str) -> str:
+def _chat(served, *extra: str, stdin: str | None = None) -> str:
     url, key, bundle = served
-    out = veil("chat", "--server", url, "--api-key", key, "--bundle", bundle, "--prompt", PROMPT, *extra)
+    prompt = ["--prompt", PROMPT] if stdin is None else []
+    out = subprocess.run([sys.executable, "-m", "veil.cli.main", "chat", "--server", url, "--api-key", key,
+                          "--bundle", bundle, *prompt, *extra], input=stdin, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tokens, TTFT" in out.stderr  # the stats line
     return out.stdout.removesuffix("\n")
 
 
-def test_chat_on_the_split_path_answers_as_the_whole_model(served, ckpt, full_model, chat_prompts):
-    expected = ckpt.tokenizer.decode(generate_local(full_model, chat_prompts[0], 6), skip_special_tokens=True)
+def _greedy_text(ckpt, full_model, messages: list[dict], n: int) -> str:
+    tok = ckpt.tokenizer
+    ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                       return_dict=True)["input_ids"])
+    return tok.decode(generate_local(full_model, ids, n), skip_special_tokens=True)
+
+
+def test_chat_on_the_split_path_answers_as_the_whole_model(served, ckpt, full_model):
+    expected = _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 6)
     assert _chat(served, "--max-new-tokens", "6") == expected
 
 
-def test_chat_on_the_protected_path(served, ckpt, full_model, chat_prompts):
-    expected = ckpt.tokenizer.decode(generate_local(full_model, chat_prompts[0], 1), skip_special_tokens=True)
+def test_chat_reads_turns_from_stdin_and_keeps_the_history(served, ckpt, full_model):
+    """Without --prompt, each line is the next user turn of one conversation."""
+    second = "And of Italy?"
+    first_answer = _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 6)
+    history = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": first_answer},
+               {"role": "user", "content": second}]
+    expected = [first_answer, _greedy_text(ckpt, full_model, history, 6)]
+    assert _chat(served, "--max-new-tokens", "6", stdin=f"{PROMPT}\n\n{second}\n").split("\n") == expected
+
+
+def test_chat_on_the_protected_path(served, ckpt, full_model):
+    expected = _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 1)
     assert _chat(served, "--mode", "protected", "--max-new-tokens", "1") == expected
