@@ -69,3 +69,13 @@ def test_chat_reads_turns_from_stdin_and_keeps_the_history(served, ckpt, full_mo
 def test_chat_on_the_protected_path(served, ckpt, full_model):
     expected = _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 1)
     assert _chat(served, "--mode", "protected", "--max-new-tokens", "1") == expected
+
+
+def test_the_readme_python_snippet(served, ckpt, full_model):
+    """README "From Python", with the bundle's path as a string."""
+    from veil.client import VeilClient
+
+    url, key, bundle = served
+    with VeilClient(url, api_key=key, bundle=bundle) as client:
+        pieces = list(client.chat([{"role": "user", "content": PROMPT}], max_new_tokens=6, stream=True))
+    assert len(pieces) > 1 and "".join(pieces) == _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 6)
