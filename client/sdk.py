@@ -31,6 +31,7 @@ from veil.client.speculation import accept, prompt_lookup
 from veil.crypto.wire import CONTENT_TYPE
 from veil.engine.sampling import Sampler, SamplingParams
 from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
+from veil.engine.text import stream_text
 from veil.protected.protocol import MAX_SPAN, public_material_to_bytes
 
 #: times a step or request the server dropped for lack of device memory is sent again
@@ -78,21 +79,6 @@ class GenerationStats:
 class GenerationResult:
     tokens: list[int]
     stats: GenerationStats
-
-
-class IncrementalDetokenizer:
-    """Turns a growing token list into text pieces, holding back incomplete UTF-8 sequences."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.tokens, self.emitted = tokenizer, [], ""
-
-    def push(self, token: int) -> str:
-        self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self.emitted = text[len(self.emitted):], text
-        return piece
 
 
 def _distribution(sampler: Sampler):
@@ -399,10 +385,4 @@ class VeilClient:
         if not stream:
             res = self.generate(ids, max_new_tokens, params)
             return self.tokenizer.decode(res.tokens, skip_special_tokens=True)
-        return self._stream(ids, max_new_tokens, params)
-
-    def _stream(self, ids: list[int], max_new_tokens: int, params: SamplingParams) -> Iterator[str]:
-        detok = IncrementalDetokenizer(self.tokenizer)
-        for token in self.iter_tokens(ids, max_new_tokens, params):
-            if piece := detok.push(token):
-                yield piece
+        return stream_text(self.tokenizer, self.iter_tokens(ids, max_new_tokens, params))

@@ -59,14 +59,17 @@ def test_text_assembler_equals_decoding_the_whole_output(ckpt, local_greedy):
     """The windowed detokenizer's pieces add up to the whole output decoded at once: for the
     model's greedy answers, for text full of multi-byte characters (emoji, CJK, accents: their
     byte-level tokens split characters), and for random token ids (special tokens and byte
-    pieces that never complete a character); no piece carries half a character mid-stream."""
+    pieces that never complete a character); no piece carries half a character mid-stream. The
+    SDK's streamed chat (``stream_text``) likewise, an output that ends inside a character included."""
     import random
 
-    from veil.server.openai_api import TextAssembler
+    from veil.engine.text import TextAssembler, stream_text
 
     tok = ckpt.tokenizer
     cases = list(local_greedy)
     cases.append(tok.encode("Grüße aus Zürich 🙂🎉 日本語のテキスト — naïve café ✓ done.", add_special_tokens=False))
+    # that text cut inside a character (a byte piece of it left out)
+    cases.append(next(cases[-1][:j] for j in range(1, len(cases[-1])) if tok.decode(cases[-1][:j]).endswith("\ufffd")))
     rng = random.Random(7)  # test data, not key material
     cases += [[rng.randrange(tok.vocab_size) for _ in range(200)] for _ in range(3)]
     for ids in cases:
@@ -79,6 +82,7 @@ def test_text_assembler_equals_decoding_the_whole_output(ckpt, local_greedy):
             assert len(tok.decode(ids[:i + 1], skip_special_tokens=True)) - len(streamed) <= 1
         want = tok.decode(ids, skip_special_tokens=True)
         assert streamed + ta.flush() == want
+        assert "".join(stream_text(tok, ids)) == want
         if "\ufffd" not in want:
             assert not any(p.endswith("\ufffd") for p in pieces)
     # a stop string split across tokens: the text stops before it, whatever the pieces
