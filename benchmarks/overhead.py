@@ -42,8 +42,8 @@ Outputs in DIR (``--out``):
      "ratios": {"protected_over_split_plain.tpot_s.ctxC": x, "split_plain_over_fast.tpot_s.ctxC": x, ...}}
 
 * ``report.md`` — a table per figure, the overhead ratios and how to read them;
-* ``tpot_vs_context.png``, ``bytes_per_token.png``, ``throughput_vs_concurrency.png``,
-  ``protected_server_breakdown.png``.
+* ``tpot_vs_context.png``, ``bytes_per_token.png``, ``round_trips_per_token.png``,
+  ``throughput_vs_concurrency.png``, ``protected_server_breakdown.png``.
 
 Every figure is also printed as a ``figure <path>.<metric>[.<stat>][.ctxC|.cC] <value>`` line.
 Ctrl-C stops the run and writes what was measured so far (``"interrupted": true``).

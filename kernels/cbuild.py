@@ -1,5 +1,5 @@
 """Build a kernel C file on first use and load it by ctypes (the CPU kernels: ``ckks_cpu``,
-``llama_cpu``).
+``llama_cpu``, ``rounding_cpu``, ``bitpack_cpu``).
 
 The file is compiled once per (source, compiler, flags, CPU) with the system C compiler
 (``$CC``, else ``cc`` or ``gcc``; Triton and Inductor need one too) into ``$VEIL_KERNEL_CACHE``
