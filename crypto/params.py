@@ -331,12 +331,14 @@ PROTECTED_PARAMS_V1 = CkksParams(
 #: uploads), while every data prime adds key-switching components to every Galois key: in the
 #: server's memory the 46 keys take 46 x (10 x 2 x 11) polynomials of 128 KiB = 1.33 GB with ten
 #: data levels and 46 x (8 x 2 x 9) = 0.87 GB with eight (arithmetic).
-#: Refresh mask: b = 36 + 16 + 2 = 54 coefficient bits (mask_value_bits=16: SmolLM2's residual
-#: stream reaches |h| = 22552 < 2^15 at layers 12..28), lambda = 64 -> 118-bit mask, carried at
-#: level 2 (57+55+36 = 148 bits >= 120). Statistical distance of one masked polynomial
+#: Refresh mask: h'' moved to level 1 at scale 2^27, b = 27 + 16 + 2 = 45 coefficient bits
+#: (mask_value_bits=16: SmolLM2's residual stream reaches |h| = 22552 < 2^15 at layers 12..28),
+#: lambda = 64 -> 109-bit mask, carried at level 1 (57+55 = 112 bits, the mask's 109 plus the 3
+#: bits of room min_mask_level asks). Statistical distance of one masked polynomial
 #: <= N * 2^-(lambda+1) = 2^-51.
-#: Flooding: sigma = 2^18 coefficient units on every download: ~2^(18+6.5-36) = 2^-11.5 absolute
-#: error per slot.
+#: Flooding: the protected circuits flood each download at scale * 2^-18 coefficient units
+#: (protected/circuits.py, FLOOD_BELOW_SCALE; flood_log2_sigma below is that at scale 2^36):
+#: ~2^(18+6.5-36) = 2^-11.5 absolute error per slot.
 PROTECTED_PARAMS = CkksParams(
     id="ckks-n16384-l7-v2",
     poly_modulus_degree=16384,

@@ -128,6 +128,8 @@ class ProtectedClientState:
         """Process a server reply: the next upload, or h_L of the span's last position at the end."""
         if msg.session_id != self.session_id or msg.position != self.position or msg.count != self.count:
             raise ProtocolError("reply for another session or positions")
+        if msg.params_id != self.be.params.id:  # as the server checks every upload's
+            raise ProtocolError(f"reply under parameter set {msg.params_id!r}, the session's is {self.be.params.id!r}")
         on = {MsgKind.SCORES: self.on_scores, MsgKind.MLP: self.on_mlp, MsgKind.REFRESH: self.on_refresh,
               MsgKind.FINAL: self.on_final}.get(msg.kind)
         if on is None:

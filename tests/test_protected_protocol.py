@@ -440,6 +440,8 @@ def test_protocol_rejects_replay_and_wrong_kind(ckpt, keys, executor, plain):
     with pytest.raises(ProtocolError):
         executor.handle(wrong)
     assert (s.step, s.state, s.kv_bytes) == state
+    with pytest.raises(ProtocolError):  # the client, likewise, takes no reply under another parameter set
+        c.handle(dataclasses.replace(reply, params_id="ckks-other"))
     # and the session goes on
     nxt = c.handle(reply)
     assert executor.handle(nxt).kind == MsgKind.MLP

@@ -115,7 +115,7 @@ def test_every_key_set_is_accepted_and_a_set_short_of_the_minimal_one_is_refused
         client.generate_keys(steps)
         sizes.append(len(small := public_material_to_bytes(client.export_public_material())))
         assert svc.add_keys("alice", small).backend.rotation_steps == tuple(sorted(steps))
-    assert sizes[1] < sizes[0] < 0.65 * len(upload)  # the full set: 46 keys, compact 35, minimal 30
+    assert sizes[1] < sizes[0] < 0.65 * len(upload)  # the full set: 46 keys, compact 35, minimal 31
     client.generate_keys({**minimal, 1: PROTECTED_PARAMS.top_level - 1})
     with pytest.raises(KeysError) as e:
         svc.add_keys("bob", public_material_to_bytes(client.export_public_material()))
