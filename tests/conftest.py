@@ -22,8 +22,8 @@ import sys
 # answer to their bare names: kernels/ (veil.kernels) to Hugging Face's `kernels`, which
 # transformers >= 5.25 imports at start-up. Take it off here, and off for every process a test
 # starts, as `make test` does with PYTHONSAFEPATH.
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _CHECKOUT]
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _CHECKOUT]
 os.environ["PYTHONSAFEPATH"] = "1"
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
