@@ -15,10 +15,12 @@ from veil.engine.generate import generate_local
 pytestmark = pytest.mark.he_heavy
 K = 29
 PROMPT = "What is the capital of France?"
+FIRST_TURN = [{"role": "user", "content": PROMPT}]
 
 
-def veil(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "veil.cli.main", *args], capture_output=True, text=True, timeout=600)
+def veil(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "veil.cli.main", *args], input=stdin, capture_output=True,
+                          text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +38,7 @@ def served(tmp_path_factory):
 def _chat(served, *extra: str, stdin: str | None = None) -> str:
     url, key, bundle = served
     prompt = ["--prompt", PROMPT] if stdin is None else []
-    out = subprocess.run([sys.executable, "-m", "veil.cli.main", "chat", "--server", url, "--api-key", key,
-                          "--bundle", bundle, *prompt, *extra], input=stdin, capture_output=True, text=True,
-                         timeout=600)
+    out = veil("chat", "--server", url, "--api-key", key, "--bundle", bundle, *prompt, *extra, stdin=stdin)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tokens, TTFT" in out.stderr  # the stats line
     return out.stdout.removesuffix("\n")
@@ -52,22 +52,21 @@ def _greedy_text(ckpt, full_model, messages: list[dict], n: int) -> str:
 
 
 def test_chat_on_the_split_path_answers_as_the_whole_model(served, ckpt, full_model):
-    expected = _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 6)
+    expected = _greedy_text(ckpt, full_model, FIRST_TURN, 6)
     assert _chat(served, "--max-new-tokens", "6") == expected
 
 
 def test_chat_reads_turns_from_stdin_and_keeps_the_history(served, ckpt, full_model):
     """Without --prompt, each line is the next user turn of one conversation."""
     second = "And of Italy?"
-    first_answer = _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 6)
-    history = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": first_answer},
-               {"role": "user", "content": second}]
+    first_answer = _greedy_text(ckpt, full_model, FIRST_TURN, 6)
+    history = [*FIRST_TURN, {"role": "assistant", "content": first_answer}, {"role": "user", "content": second}]
     expected = [first_answer, _greedy_text(ckpt, full_model, history, 6)]
     assert _chat(served, "--max-new-tokens", "6", stdin=f"{PROMPT}\n\n{second}\n").split("\n") == expected
 
 
 def test_chat_on_the_protected_path(served, ckpt, full_model):
-    expected = _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 1)
+    expected = _greedy_text(ckpt, full_model, FIRST_TURN, 1)
     assert _chat(served, "--mode", "protected", "--max-new-tokens", "1") == expected
 
 
@@ -77,5 +76,5 @@ def test_the_readme_python_snippet(served, ckpt, full_model):
 
     url, key, bundle = served
     with VeilClient(url, api_key=key, bundle=bundle) as client:
-        pieces = list(client.chat([{"role": "user", "content": PROMPT}], max_new_tokens=6, stream=True))
-    assert len(pieces) > 1 and "".join(pieces) == _greedy_text(ckpt, full_model, [{"role": "user", "content": PROMPT}], 6)
+        pieces = list(client.chat(FIRST_TURN, max_new_tokens=6, stream=True))
+    assert len(pieces) > 1 and "".join(pieces) == _greedy_text(ckpt, full_model, FIRST_TURN, 6)
