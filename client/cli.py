@@ -57,6 +57,7 @@ def cmd_chat(args) -> int:
             history.append({"role": "assistant", "content": "".join(answer)})
             s = client.last_stats
             print(f"[{s.output_tokens} tokens, TTFT {s.ttft_s:.3f} s, TPOT {s.tpot_s * 1000:.1f} ms, "
+                  f"{s.prompt_tokens - s.reused_tokens} of {s.prompt_tokens} prompt tokens fed, "
                   f"{(s.bytes_up + s.bytes_down) / max(1, s.output_tokens) / 1e6:.2f} MB/token on the wire]",
                   file=sys.stderr)
     except VeilError as e:

@@ -59,6 +59,7 @@ class GenerationStats:
     setup_bytes: int = 0  # evaluation keys uploaded for this generation (0 when already cached)
     client_cpu_s: float = 0.0  # CPU time of the calling thread spent on local work
     reestablished: int = 0  # sessions re-opened (and re-prefilled) after the server lost one
+    reused_tokens: int = 0  # prompt tokens a kept session had already seen (not fed again)
     verify_steps: int = 0  # speculative steps (a sampled token plus drafts, verified at once)
     drafted: int = 0  # draft tokens sent in them
     accepted: int = 0  # drafts the model agreed with
@@ -145,6 +146,8 @@ class VeilClient:
         self._keys_id: str | None = None
         self._uploaded_keys_id: str | None = None  # the keys close() deletes: the ones this client uploaded
         self._material: bytes | None = None
+        # a session kept open after a generation, with the tokens it has seen (``keep_session``)
+        self._kept: tuple[SplitSession, list[int]] | None = None
         self.half = half if half is not None else load_client_half(Path(bundle) if bundle else None, k)
         self.model, self.tokenizer, self.cfg = self.half.model, self.half.tokenizer, self.half.config
         if isinstance(verify, str):  # a CA bundle, e.g. a self-signed development certificate
@@ -154,8 +157,9 @@ class VeilClient:
                                  headers={"Authorization": f"Bearer {api_key}"})
 
     def close(self) -> None:
-        """Drop the evaluation keys this client uploaded (best effort: else the server drops them
-        ``key_ttl_s`` after their last session), then the connections."""
+        """Close a kept session, drop the evaluation keys this client uploaded (best effort: else
+        the server drops them ``key_ttl_s`` after their last session), then the connections."""
+        self.release_session()
         if self._uploaded_keys_id is not None:
             try:
                 self.http.delete(f"/v1/keys/{self._uploaded_keys_id}")
@@ -299,9 +303,9 @@ class VeilClient:
         return list(ids)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-                 stop_at_eos: bool = True) -> GenerationResult:
+                 stop_at_eos: bool = True, keep_session: bool = False) -> GenerationResult:
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        tokens = list(self.iter_tokens(prompt_ids, max_new_tokens, sampling, stats, stop_at_eos))
+        tokens = list(self.iter_tokens(prompt_ids, max_new_tokens, sampling, stats, stop_at_eos, keep_session))
         return GenerationResult(tokens, stats)
 
     def open_session(self, stats: GenerationStats | None = None) -> SplitSession:
@@ -311,8 +315,13 @@ class VeilClient:
         return cls(self, info["id"], info)
 
     def iter_tokens(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
-                    stats: GenerationStats | None = None, stop_at_eos: bool = True) -> Iterator[int]:
-        """Prefill the prompt, then decode one token per round trip, yielding each token."""
+                    stats: GenerationStats | None = None, stop_at_eos: bool = True,
+                    keep_session: bool = False) -> Iterator[int]:
+        """Prefill the prompt, then decode one token per round trip, yielding each token.
+
+        ``keep_session``: leave the server session open afterwards (until the next generation or
+        ``close``). A later generation whose prompt starts with every token that session has seen
+        (a chat's next turn) feeds only the rest; any other prompt gets a new session."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         sampler = Sampler(sampling or SamplingParams())
@@ -321,8 +330,9 @@ class VeilClient:
         if self.mode == "protected":
             self.ensure_keys(stats)  # key generation and upload are setup, not time to first token
         t0 = time.perf_counter()
-        session = self.open_session(stats)
-        ids, history = list(prompt_ids), list(prompt_ids)
+        session, seen = self._resume(list(prompt_ids), stats)
+        ids, history = list(prompt_ids[seen:]), list(prompt_ids)
+        consistent = False  # at a yield or when done: no step is half-way (a failed one may be)
         try:
             while stats.output_tokens < max_new_tokens:
                 try:
@@ -341,12 +351,40 @@ class VeilClient:
                         stats.ttft_s = now - t0
                     stats.token_times.append(now)
                     stats.output_tokens += 1
+                    consistent = True
                     yield token
+                    consistent = False
                     if stop_at_eos and token in self.cfg.eos_token_ids:
+                        consistent = True
                         return
                 ids = [new[-1]]
-        finally:
+            consistent = True
+        finally:  # a consumer that stops reading closes the generator at a yield: consistent too
+            # The caches hold history[:pos] unless a step's accepted drafts run past the token
+            # the generation stopped at (an end-of-turn draft, a consumer that stopped reading).
+            if keep_session and consistent and session.pos <= len(history):
+                self.release_session()  # one kept at a time (threads sharing a client)
+                self._kept = (session, history[: session.pos])
+            else:
+                session.close()
+
+    def _resume(self, prompt_ids: list[int], stats: GenerationStats) -> tuple[SplitSession, int]:
+        """The kept session and how many prompt tokens it has seen, when those are a proper
+        prefix of ``prompt_ids``; else a new session (the kept one is closed)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            session, seen = kept
+            if len(seen) < len(prompt_ids) and prompt_ids[: len(seen)] == seen:
+                stats.reused_tokens = len(seen)
+                return session, len(seen)
             session.close()
+        return self.open_session(stats), 0
+
+    def release_session(self) -> None:
+        """Close the session a ``keep_session`` generation left open (if any)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept[0].close()
 
     def _step(self, session: SplitSession, ids: list[int], history: list[int], sampler: Sampler,
               stats: GenerationStats, room: int) -> list[int]:
@@ -375,14 +413,20 @@ class VeilClient:
             raise VeilError(e.status, e.code, f"the session was lost and could not be re-established: {e.message}") \
                 from None
         stats.reestablished += 1
+        stats.reused_tokens = 0  # the new session is fed everything again
         return session
 
     def chat(self, messages: list[dict], max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int | None = None, stream: bool = False) -> str | Iterator[str]:
-        """Chat completion on the split path. stream=True yields text pieces as tokens arrive."""
+             top_k: int = 0, seed: int | None = None, stream: bool = False,
+             keep_session: bool = True) -> str | Iterator[str]:
+        """Chat completion on the split path. stream=True yields text pieces as tokens arrive.
+
+        The session stays open for the next turn (``keep_session``, see ``iter_tokens``): when
+        ``messages`` goes on from the last call's messages and answer, only the new turn is fed,
+        not the whole conversation again. ``close`` (or ``release_session``) ends it."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         ids = self.chat_ids(messages)
         if not stream:
-            res = self.generate(ids, max_new_tokens, params)
+            res = self.generate(ids, max_new_tokens, params, keep_session=keep_session)
             return self.tokenizer.decode(res.tokens, skip_special_tokens=True)
-        return stream_text(self.tokenizer, self.iter_tokens(ids, max_new_tokens, params))
+        return stream_text(self.tokenizer, self.iter_tokens(ids, max_new_tokens, params, keep_session=keep_session))

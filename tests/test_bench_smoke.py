@@ -73,3 +73,18 @@ def test_bench_help_lists_every_mode(capsys):
     for mode in ("--protected-overhead", "--he-backend native --sessions 1,4,16", "--paths reference,fast[,fast-process][,engine]",
                  "--from EARLIER.json", "--concurrency CONCURRENCY"):
         assert mode in printed, mode
+
+
+def test_chat_turns_smoke(tmp_path, capsys):
+    from veil.benchmarks import chat_turns
+
+    out = tmp_path / "c.json"
+    assert chat_turns.main(["--k", "29", "--turns", "2", "--max-new-tokens", "3", "--out", str(out)]) == 0
+    figures = dict(line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("figure "))
+    for name in ("session_per_turn.turn2.ttft_s", "kept_session.turn2.prompt_tokens_fed", "kept_session.total_s",
+                 "ttft_ratio.turn2", "answers_equal"):
+        assert f"chat_turns.plaintext.{name}" in figures, name
+    res = json.loads(out.read_text())
+    fresh, kept = (res["settings"][n]["turns"] for n in ("session_per_turn", "kept_session"))
+    assert fresh[1]["prompt_tokens_fed"] == fresh[1]["prompt_tokens"]
+    assert kept[1]["prompt_tokens_fed"] < kept[1]["prompt_tokens"] == fresh[1]["prompt_tokens"]

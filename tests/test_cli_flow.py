@@ -4,6 +4,7 @@ The split is at k=29 (one server layer) so that the protected answer takes secon
 commands are the same at the README's k=2. he_heavy: the protected answer makes real CKKS keys
 at N=16384 (the module is one unit, so the bundles are written once)."""
 
+import re
 import subprocess
 import sys
 
@@ -35,12 +36,16 @@ def served(tmp_path_factory):
     proc.wait(60)
 
 
-def _chat(served, *extra: str, stdin: str | None = None) -> str:
+def _chat(served, *extra: str, stdin: str | None = None, fed: list | None = None) -> str:
+    """The answers `veil chat` prints; ``fed`` gets each turn's (prompt tokens fed, prompt tokens)."""
     url, key, bundle = served
     prompt = ["--prompt", PROMPT] if stdin is None else []
     out = veil("chat", "--server", url, "--api-key", key, "--bundle", bundle, *prompt, *extra, stdin=stdin)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "tokens, TTFT" in out.stderr  # the stats line
+    stats = re.findall(r"tokens, TTFT .*, (\d+) of (\d+) prompt tokens fed", out.stderr)  # each turn's stats line
+    assert stats
+    if fed is not None:
+        fed.extend((int(a), int(b)) for a, b in stats)
     return out.stdout.removesuffix("\n")
 
 
@@ -57,17 +62,29 @@ def test_chat_on_the_split_path_answers_as_the_whole_model(served, ckpt, full_mo
 
 
 def test_chat_reads_turns_from_stdin_and_keeps_the_history(served, ckpt, full_model):
-    """Without --prompt, each line is the next user turn of one conversation."""
+    """Without --prompt, each line is the next user turn of one conversation; the second turn
+    goes on in the first turn's session and feeds only its own tokens."""
     second = "And of Italy?"
     first_answer = _greedy_text(ckpt, full_model, FIRST_TURN, 6)
     history = [*FIRST_TURN, {"role": "assistant", "content": first_answer}, {"role": "user", "content": second}]
     expected = [first_answer, _greedy_text(ckpt, full_model, history, 6)]
-    assert _chat(served, "--max-new-tokens", "6", stdin=f"{PROMPT}\n\n{second}\n").split("\n") == expected
+    fed = []
+    assert _chat(served, "--max-new-tokens", "6", stdin=f"{PROMPT}\n\n{second}\n", fed=fed).split("\n") == expected
+    (fed1, prompt1), (fed2, prompt2) = fed
+    assert fed1 == prompt1 and fed2 == prompt2 - (prompt1 + 6 - 1)  # the first turn's prompt and 5 of its 6 tokens
 
 
 def test_chat_on_the_protected_path(served, ckpt, full_model):
-    expected = _greedy_text(ckpt, full_model, FIRST_TURN, 1)
-    assert _chat(served, "--mode", "protected", "--max-new-tokens", "1") == expected
+    """Two turns on ciphertexts; the second feeds only its own tokens to the encrypted KV cache."""
+    second = "And of Italy?"
+    first_answer = _greedy_text(ckpt, full_model, FIRST_TURN, 2)
+    history = [*FIRST_TURN, {"role": "assistant", "content": first_answer}, {"role": "user", "content": second}]
+    expected = [first_answer, _greedy_text(ckpt, full_model, history, 2)]
+    fed = []
+    answers = _chat(served, "--mode", "protected", "--max-new-tokens", "2", stdin=f"{PROMPT}\n{second}\n", fed=fed)
+    assert answers.split("\n") == expected
+    (fed1, prompt1), (fed2, prompt2) = fed
+    assert fed1 == prompt1 and fed2 == prompt2 - (prompt1 + 2 - 1)
 
 
 def test_the_readme_python_snippet(served, ckpt, full_model):

@@ -276,16 +276,42 @@ def test_four_concurrent_protected_sessions(server, client, ckpt, full_model):
 def test_speculative_decoding_keeps_greedy_output(server, client, ckpt, full_model):
     """Drafts by prompt lookup, verified in one step each: on a repetitive prompt some drafts
     are accepted (more than one token per step), and the tokens are exactly plain greedy
-    decoding's; the rejected drafts leave the server's cache (the next steps would diverge)."""
+    decoding's; the rejected drafts leave the server's cache (the next steps would diverge),
+    also when the next step is a kept session's next turn."""
     c = VeilClient(server.url, server.keys["carol"], mode="protected", half=client.half, speculate=3)
     c.he, c._material, c._keys_id = client.he, client._material, client._keys_id  # no second key set
     try:
         ids = c.tokenizer("one two three four five, one two three four five, one two three four")["input_ids"]
-        res = c.generate(ids, 10, stop_at_eos=False)
+        res = c.generate(ids, 10, stop_at_eos=False, keep_session=True)
+        more = ids + res.tokens + c.tokenizer(" six seven")["input_ids"]
+        after = c.generate(more, 2, stop_at_eos=False)
     finally:
         c.close()
+    assert after.stats.reused_tokens == len(ids) + 10 - 1
+    assert after.tokens == generate_local(full_model, more, 2)
     s = res.stats
     assert res.tokens == generate_local(full_model, ids, 10)
     assert s.verify_steps >= 1 and s.accepted >= 1 and s.accepted_tokens_per_step > 1.0
     steps = -(-len(ids) // c.prefill_span) + (s.output_tokens - 1 - s.accepted)  # prefill spans, then one per step
     assert s.round_trips == steps * 3 * (30 - K)
+
+
+def test_a_kept_session_feeds_only_the_next_turn(server, client, full_model):
+    """keep_session: the second prompt goes on from everything the first generation fed and
+    sampled, so only its new tokens go up (one span, on the same encrypted KV cache), and its
+    tokens are the plaintext greedy continuation of the whole second prompt."""
+    executor = server.app.state.protected.executor()
+    before = set(executor.sessions)
+    first = client.tokenizer("The capital of France is")["input_ids"]
+    a = client.generate(first, 3, stop_at_eos=False, keep_session=True)
+    session, seen = client._kept
+    assert seen == first + a.tokens[:-1] and set(executor.sessions) == before | {session.id}
+    second = first + a.tokens + client.tokenizer(" The capital of Italy is")["input_ids"]
+    b = client.generate(second, 3, stop_at_eos=False, keep_session=True)
+    assert b.tokens == generate_local(full_model, second, 3)
+    fed = len(second) - len(seen)
+    assert b.stats.reused_tokens == len(seen) and 1 < fed <= client.prefill_span
+    assert b.stats.round_trips == (1 + 3 - 1) * 3 * (30 - K)  # one span, then one step per token
+    assert client._kept[0].id == session.id
+    client.release_session()
+    assert set(executor.sessions) == before

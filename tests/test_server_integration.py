@@ -5,6 +5,7 @@ import pytest
 
 from veil.client import VeilClient
 from veil.client.sdk import VeilError
+from veil.engine.generate import generate_local
 from veil.engine.split import server_half_from
 from veil.server.app import create_app
 from veil.server.config import ServerConfig
@@ -39,9 +40,67 @@ def test_chat_streams_the_same_text(client, ckpt):
 
 
 def test_sessions_are_deleted_after_generation(client, live_server):
+    """generate() closes its session; chat() keeps one for the next turn until release_session."""
+    client.release_session()  # the session an earlier test's chat kept
     before = len(live_server.app.state.sessions)
-    client.chat([{"role": "user", "content": "Hi"}], max_new_tokens=2)
+    client.generate(client.chat_ids([{"role": "user", "content": "Hi"}]), 2)
     assert len(live_server.app.state.sessions) == before
+    client.chat([{"role": "user", "content": "Hi"}], max_new_tokens=2)
+    assert len(live_server.app.state.sessions) == before + 1
+    client.release_session()
+    assert len(live_server.app.state.sessions) == before
+
+
+def _whole_model_answer(client, full_model, messages, n):
+    """The whole model's greedy answer, up to its end-of-turn token as the SDK stops."""
+    ids = generate_local(full_model, client.chat_ids(messages), n)
+    end = next((i for i, t in enumerate(ids) if t in client.cfg.eos_token_ids), len(ids))
+    return client.tokenizer.decode(ids[: end + 1], skip_special_tokens=True)
+
+
+def test_a_chat_turn_feeds_only_what_the_kept_session_has_not_seen(live_server, client_half, full_model):
+    """Three greedy turns: the second and third feed only their new tokens to the session the
+    turn before kept (the same server session), and every answer is the whole model's answer
+    to the conversation so far. A conversation that does not go on from the last one (an
+    edited turn) gets a new session and the kept one is closed."""
+    sessions = live_server.app.state.sessions
+    before = len(sessions)
+    with VeilClient(live_server.url, live_server.keys["alice"], half=client_half) as c:
+        messages, sids, previous_seen = [], [], []
+        for turn in ("What is the capital of France?", "And of Italy?", "Which of the two is larger?"):
+            messages.append({"role": "user", "content": turn})
+            answer = c.chat(messages, max_new_tokens=12)
+            assert answer == _whole_model_answer(c, full_model, messages, 12)
+            s, (session, seen) = c.last_stats, c._kept
+            sids.append(session.id)
+            # what the turn before fed (its prompt, its answer but the last token) is not fed again
+            assert s.reused_tokens == len(previous_seen) and (s.reused_tokens > 0) == (len(sids) > 1)
+            prompt = c.chat_ids(messages)  # seen: this prompt and this answer but its last token
+            assert seen[: len(prompt)] == prompt and session.pos == len(seen) == len(prompt) + s.output_tokens - 1
+            previous_seen = seen
+            messages.append({"role": "assistant", "content": answer})
+            assert len(sessions) == before + 1
+        assert sids[0] == sids[1] == sids[2]
+        assert s.round_trips == s.output_tokens  # the new turn's tokens went up in one step
+
+        edited = [messages[0], messages[1], {"role": "user", "content": "And of Spain?"}]
+        assert c.chat(edited, max_new_tokens=12) == _whole_model_answer(c, full_model, edited, 12)
+        assert c.last_stats.reused_tokens == 0 and c._kept[0].id != sids[0]
+        assert len(sessions) == before + 1 and sessions.get(sids[0], "alice") is None
+    assert len(sessions) == before  # close() ends the kept session
+
+
+def test_a_kept_session_the_server_dropped_is_replaced(live_server, client_half, full_model):
+    """The server dropped the kept session between turns (its TTL, or a restart): the next
+    turn opens a new one, feeds the whole conversation, and answers the same."""
+    with VeilClient(live_server.url, live_server.keys["alice"], half=client_half) as c:
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        messages.append({"role": "assistant", "content": c.chat(messages, max_new_tokens=6)})
+        assert live_server.app.state.sessions.delete(c._kept[0].id, "alice")
+        messages.append({"role": "user", "content": "And of Italy?"})
+        assert c.chat(messages, max_new_tokens=6) == _whole_model_answer(c, full_model, messages, 6)
+        s = c.last_stats
+        assert s.reestablished == 1 and s.reused_tokens == 0
 
 
 def test_seeded_sampling_is_reproducible(client):
@@ -94,3 +153,58 @@ def test_client_reestablishes_the_session_after_a_server_restart(make_server, cl
         client.generate(chat_prompts[0], 2)
     assert e.value.status == 503 and e.value.code == "server_unreachable"
     client.close()
+
+
+def test_a_session_is_kept_only_when_its_caches_hold_what_was_yielded(client_half, monkeypatch):
+    """The SDK's bookkeeping alone, with a stand-in session and step (fakes, in this test only):
+    a verify step feeds a token and its drafts, and the caches may then run past the token the
+    generation stopped at (an end-of-turn draft, a consumer that stopped reading); such a
+    session is closed, not kept, since the next turn would go on at the wrong position."""
+    class FakeSession:  # the caches' length only
+        def __init__(self):
+            self.pos, self.closed = 0, False
+
+        def close(self):
+            self.closed = True
+
+    eos = next(iter(client_half.config.eos_token_ids))
+    c = VeilClient("http://127.0.0.1:9", "unused", half=client_half)  # never connects: all faked
+    opened = []
+
+    def open_session(stats=None):
+        opened.append(FakeSession())
+        return opened[-1]
+
+    def step(steps):  # each step: how many positions it feeds, and the tokens it returns
+        it = iter(steps)
+
+        def _step(session, ids, history, sampler, stats, room):
+            fed, new = next(it)
+            session.pos += fed
+            return new
+        return _step
+
+    monkeypatch.setattr(c, "open_session", open_session)
+    prompt = [10, 11, 12]
+    # a prefill, then a verify step fed [5, 6, 7] that kept its 2 drafts: caches = prompt + 5 6 7
+    monkeypatch.setattr(c, "_step", step([(3, [5]), (3, [6, 7, 8])]))
+    assert list(c.iter_tokens(prompt, 4, keep_session=True)) == [5, 6, 7, 8]
+    assert c._kept == (opened[0], prompt + [5, 6, 7]) and not opened[0].closed
+    # the same, but the first draft is the end of the turn: the caches hold a token after it
+    monkeypatch.setattr(c, "_step", step([(3, [5]), (3, [eos, 7, 8])]))
+    assert list(c.iter_tokens([20, 21, 22], 4, keep_session=True)) == [5, eos]
+    assert opened[0].closed and opened[1].closed and c._kept is None
+    # a consumer that stops reading after the verify step's first token: closed too
+    monkeypatch.setattr(c, "_step", step([(3, [5]), (3, [6, 7, 8])]))
+    it = c.iter_tokens([30, 31, 32], 4, keep_session=True)
+    assert [next(it), next(it)] == [5, 6]
+    it.close()
+    assert opened[2].closed and c._kept is None
+    # ... and after a whole step's tokens: kept
+    monkeypatch.setattr(c, "_step", step([(3, [5]), (3, [6, 7, 8])]))
+    it = c.iter_tokens([40, 41, 42], 8, keep_session=True)
+    assert [next(it) for _ in range(4)] == [5, 6, 7, 8]
+    it.close()
+    assert c._kept == (opened[3], [40, 41, 42, 5, 6, 7]) and not opened[3].closed
+    c.release_session()
+    assert opened[3].closed
