@@ -81,7 +81,12 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         elif s.state is not None:
             engine.close(s.state)
 
-    sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant, on_drop=drop)
+    def evicted(s: Session) -> None:
+        metrics.sessions_evicted.labels(s.path).inc()
+        log.info("dropped an idle %s session for a new one (a session limit)", s.path)
+
+    sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant, on_drop=drop,
+                            evict_idle_s=cfg.session_evict_idle_s, on_evict=evicted)
     protected_api = ProtectedApi(cfg, half, protected, sessions, tenants, metrics)
 
     @contextlib.asynccontextmanager
@@ -140,6 +145,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         s = sessions.get(sid, tenant.name)
         if s is None:  # unknown, expired and foreign look the same
             raise ApiError(404, "session_not_found", "no such session")
+        s.last_used = time.monotonic()  # a step on its way (a slow upload) is not idleness
         return s
 
     @app.get("/health")

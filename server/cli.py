@@ -21,6 +21,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bundle", type=Path, help="server bundle directory (veil split)")
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=C.session_ttl_s, help="idle session TTL in seconds")
+    p.add_argument("--session-evict-idle", type=float, default=C.session_evict_idle_s, metavar="S",
+                   help="where a session limit (--max-protected-sessions, per tenant) is reached, a session idle "
+                        "for S seconds gives its place to the new one, least recently used first; its client "
+                        "opens a new session on its next turn (negative: never, the new session gets 429)")
     p.add_argument("--key-ttl", type=float, default=C.key_ttl_s,
                    help="seconds an evaluation-key set no session uses is kept (its client uploads it again)")
     p.add_argument("--device", default=C.device, choices=["cpu", "cuda"],
@@ -123,7 +127,9 @@ def cmd_serve(args) -> int:
         print("error: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
     cfg = ServerConfig(tenants_file=args.tenants, k=args.k, bundle=args.bundle, model=args.model,
-                       session_ttl_s=args.session_ttl, key_ttl_s=args.key_ttl, max_context=args.max_context,
+                       session_ttl_s=args.session_ttl,
+                       session_evict_idle_s=None if args.session_evict_idle < 0 else args.session_evict_idle,
+                       key_ttl_s=args.key_ttl, max_context=args.max_context,
                        kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
                        max_tokens_per_step=args.max_tokens_per_step, max_seqs_per_step=args.max_seqs_per_step,
                        he_backend=args.he_backend,

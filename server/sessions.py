@@ -3,7 +3,11 @@
 Session ids are 192-bit random strings and are looked up together with the tenant that made
 them, so another tenant's id is indistinguishable from an unknown one (both 404). Idle
 sessions expire after the configured TTL; the sweeper drops them and releases their engine
-state (KV blocks) through `on_drop`.
+state (KV blocks) through `on_drop`. Where a session limit is reached, a session idle for
+``evict_idle_s`` gives its place to the new one, least recently used first: the SDK keeps a
+chat's session between turns, so the idle sessions a limit meets are mostly conversations
+waiting for their user, whose client opens a new session and feeds its conversation again on
+its next turn (404 ``session_not_found``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ class Session:
 
 class SessionStore:
     def __init__(self, ttl_s: float, max_per_tenant: int, on_drop: Callable[[Session], None] = lambda s: None,
-                 id_prefix: str = ""):
+                 id_prefix: str = "", evict_idle_s: float | None = None,
+                 on_evict: Callable[[Session], None] = lambda s: None):
         self.ttl_s, self.max_per_tenant, self.on_drop = ttl_s, max_per_tenant, on_drop
+        # None: a limit refuses the new session, whatever is idle; on_evict hears of each victim
+        self.evict_idle_s, self.on_evict = evict_idle_s, on_evict
         # Prepended to every new id. A cluster replica sets it to its own routing key, so the
         # ingress can send a session's steps to the replica holding it (veil.cluster.routing).
         self.id_prefix = id_prefix
@@ -42,18 +49,40 @@ class SessionStore:
 
     def create(self, tenant: str, path: str, state_factory: Callable[[str], Any],
                max_on_path: int | None = None) -> Session:
-        """A new session whose state is ``state_factory(session_id)``. Raises OverflowError when
-        the tenant has ``max_per_tenant`` sessions, or the path ``max_on_path`` in all."""
+        """A new session whose state is ``state_factory(session_id)``. Where the tenant has
+        ``max_per_tenant`` sessions, or the path ``max_on_path`` in all, the least recently used
+        of those idle for ``evict_idle_s`` is dropped for it; where none is, OverflowError and
+        nothing changes (nor where ``state_factory`` raises)."""
         now = time.monotonic()
+        limits = [(lambda s: s.tenant == tenant, self.max_per_tenant,
+                   f"tenant has {self.max_per_tenant} sessions (max_sessions_per_tenant)")]
+        if max_on_path is not None:
+            limits.append((lambda s: s.path == path, max_on_path, f"the server has {max_on_path} {path} sessions (its limit)"))
+        evicted: list[Session] = []
         with self._lock:
-            if sum(s.tenant == tenant for s in self._sessions.values()) >= self.max_per_tenant:
-                raise OverflowError(f"tenant has {self.max_per_tenant} sessions (max_sessions_per_tenant)")
-            if max_on_path is not None and sum(s.path == path for s in self._sessions.values()) >= max_on_path:
-                raise OverflowError(f"the server has {max_on_path} {path} sessions (its limit)")
+            for under, limit, why in limits:
+                live = [s for s in self._sessions.values() if under(s) and s not in evicted]
+                if len(live) >= limit:
+                    victim = self._idlest(live, now)
+                    if victim is None or len(live) > limit:  # one place is all a new session needs
+                        raise OverflowError(why)
+                    evicted.append(victim)
             sid = self.id_prefix + secrets.token_urlsafe(24)
             s = Session(sid, tenant, path, now, now, state=state_factory(sid))
+            for v in evicted:
+                del self._sessions[v.id]
             self._sessions[s.id] = s
+        for v in evicted:
+            self._drop(v)
+            self.on_evict(v)
         return s
+
+    def _idlest(self, candidates: list[Session], now: float) -> Session | None:
+        """The least recently used of ``candidates`` idle for ``evict_idle_s``, with no step running."""
+        if self.evict_idle_s is None:
+            return None
+        idle = [s for s in candidates if now - s.last_used >= self.evict_idle_s and not s.lock.locked()]
+        return min(idle, key=lambda s: s.last_used, default=None)
 
     def get(self, sid: str, tenant: str) -> Session | None:
         with self._lock:

@@ -208,3 +208,28 @@ def test_a_session_is_kept_only_when_its_caches_hold_what_was_yielded(client_hal
     assert c._kept == (opened[3], [40, 41, 42, 5, 6, 7]) and not opened[3].closed
     c.release_session()
     assert opened[3].closed
+
+
+def test_an_idle_kept_session_gives_its_place_and_its_chat_goes_on(make_server, client_half, full_model):
+    """At a session limit (one per tenant here) a new session is refused (429) while the kept
+    one is fresh; once that one has been idle for ``session_evict_idle_s`` it is dropped for the
+    new one. The chat's next turn then opens a session of its own, feeds the conversation
+    again, and answers as the whole model does."""
+    import time
+
+    srv = make_server(max_sessions_per_tenant=1, session_evict_idle_s=0.5)
+    headers = {"Authorization": f"Bearer {srv.keys['alice']}"}
+    with VeilClient(srv.url, srv.keys["alice"], half=client_half) as c:
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        messages.append({"role": "assistant", "content": c.chat(messages, max_new_tokens=6)})
+        kept = c._kept[0].id
+        r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers=headers)
+        assert r.status_code == 429 and srv.app.state.sessions.get(kept, "alice") is not None
+        time.sleep(0.6)
+        r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers=headers)
+        assert r.status_code == 201 and srv.app.state.sessions.get(kept, "alice") is None
+        assert httpx.delete(f"{srv.url}/v1/sessions/{r.json()['id']}", headers=headers).status_code == 204
+        messages.append({"role": "user", "content": "And of Italy?"})
+        assert c.chat(messages, max_new_tokens=6) == _whole_model_answer(c, full_model, messages, 6)
+        assert c.last_stats.reestablished == 1
+    assert 'veil_sessions_evicted_total{path="plaintext"} 1.0' in httpx.get(f"{srv.url}/metrics").text

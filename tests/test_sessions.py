@@ -1,0 +1,83 @@
+"""The session store alone: its limits, and the idle sessions that give their place to new ones."""
+
+import asyncio
+import time
+
+import pytest
+
+from veil.server.sessions import SessionStore
+
+
+def _store(max_per_tenant=2, evict_idle_s=10.0):
+    dropped, evicted = [], []
+    store = SessionStore(600, max_per_tenant, on_drop=dropped.append, evict_idle_s=evict_idle_s,
+                         on_evict=evicted.append)
+    return store, dropped, evicted
+
+
+def _idle(s, seconds):
+    s.last_used = time.monotonic() - seconds
+
+
+def test_a_limit_refuses_while_no_session_has_been_idle_long_enough():
+    store, dropped, evicted = _store()
+    a, b = (store.create("alice", "plaintext", lambda sid: None) for _ in range(2))
+    _idle(a, 5)
+    with pytest.raises(OverflowError, match="max_sessions_per_tenant"):
+        store.create("alice", "plaintext", lambda sid: None)
+    assert len(store) == 2 and store.get(a.id, "alice") is a and not dropped and not evicted
+    assert store.create("bob", "plaintext", lambda sid: None)  # another tenant's limit is its own
+
+
+def test_the_least_recently_used_idle_session_gives_its_place():
+    store, dropped, evicted = _store()
+    a, b = (store.create("alice", "plaintext", lambda sid: None) for _ in range(2))
+    _idle(a, 20), _idle(b, 30)
+    c = store.create("alice", "plaintext", lambda sid: "state")
+    assert dropped == evicted == [b] and b.closed and store.get(b.id, "alice") is None
+    assert store.get(a.id, "alice") is a and store.get(c.id, "alice") is c and c.state == "state"
+    assert len(store) == 2
+
+
+def test_a_session_with_a_step_running_is_not_evicted():
+    store, dropped, evicted = _store()
+    a, b = (store.create("alice", "plaintext", lambda sid: None) for _ in range(2))
+    _idle(a, 20), _idle(b, 30)
+
+    async def with_b_locked():
+        async with b.lock:  # a step of b under way: b's idle time says nothing then
+            return store.create("alice", "plaintext", lambda sid: None)
+
+    asyncio.run(with_b_locked())
+    assert evicted == [a] and store.get(b.id, "alice") is b
+
+
+def test_a_path_limit_takes_any_tenants_idle_session_on_that_path_only():
+    store, dropped, evicted = _store(max_per_tenant=8)
+    p = store.create("alice", "protected", lambda sid: None)
+    q = store.create("bob", "plaintext", lambda sid: None)
+    _idle(q, 60)  # the idlest, but on the other path
+    with pytest.raises(OverflowError, match="1 protected sessions"):
+        store.create("bob", "protected", lambda sid: None, max_on_path=1)
+    _idle(p, 11)
+    r = store.create("bob", "protected", lambda sid: None, max_on_path=1)
+    assert evicted == [p] and store.get(q.id, "bob") is q and store.get(r.id, "bob") is r
+
+
+def test_nothing_is_evicted_for_a_session_that_fails_to_open_or_where_eviction_is_off():
+    store, dropped, evicted = _store()
+    a, b = (store.create("alice", "plaintext", lambda sid: None) for _ in range(2))
+    _idle(a, 20), _idle(b, 30)
+
+    def fails(sid):
+        raise KeyError("the keys went")
+
+    with pytest.raises(KeyError):
+        store.create("alice", "plaintext", fails)
+    assert len(store) == 2 and not dropped and not b.closed
+    off, dropped, _ = _store(evict_idle_s=None)
+    for _ in range(2):
+        _idle(off.create("alice", "plaintext", lambda sid: None), 1e6)
+    with pytest.raises(OverflowError):
+        off.create("alice", "plaintext", lambda sid: None)
+    assert not dropped
