@@ -160,6 +160,7 @@ class CapacityExceeded(ProtocolError):
     """A limit of the whole server (encrypted KV cache bytes of all sessions): retry later."""
 
     status = 429
+    code = "kv_capacity"
 
 
 class DeviceOutOfMemory(ProtocolError):

@@ -22,9 +22,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a .gguf file or HF checkpoint dir to split instead of the default")
     p.add_argument("--session-ttl", type=float, default=C.session_ttl_s, help="idle session TTL in seconds")
     p.add_argument("--session-evict-idle", type=float, default=C.session_evict_idle_s, metavar="S",
-                   help="where a session limit (--max-protected-sessions, per tenant) is reached, a session idle "
-                        "for S seconds gives its place to the new one, least recently used first; its client "
-                        "opens a new session on its next turn (negative: never, the new session gets 429)")
+                   help="where a session limit (--max-protected-sessions, per tenant) or the protected KV "
+                        "cache's total is reached, a session idle for S seconds gives its place up, least "
+                        "recently used first; its client opens a new session on its next turn (negative: "
+                        "never, the new session or step gets 429)")
     p.add_argument("--key-ttl", type=float, default=C.key_ttl_s,
                    help="seconds an evaluation-key set no session uses is kept (its client uploads it again)")
     p.add_argument("--device", default=C.device, choices=["cpu", "cuda"],

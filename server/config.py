@@ -19,8 +19,9 @@ class ServerConfig:
     bundle: Path | None = None  # server bundle dir; None → the whole embedded model (fast path on)
     model: str | None = None  # a .gguf or HF checkpoint dir instead of the default
     session_ttl_s: float = 600.0  # idle sessions are dropped after this long
-    # where a session limit is reached, a session idle this long gives its place to the new one
-    # (least recently used first; its client opens a new one on its next turn); None: 429
+    # where a session limit or the protected KV cache's total is reached, a session idle this
+    # long gives its place up (least recently used first; its client opens a new one on its
+    # next turn); None: 429
     session_evict_idle_s: float | None = 60.0
     sweep_interval_s: float = 5.0
     max_body_bytes: int = 64 << 20  # largest request body accepted (413 above)

@@ -17,6 +17,7 @@ from veil.protected.protocol import (
     MAX_SPAN,
     PROTOCOL_VERSION,
     UPLOAD_KINDS,
+    CapacityExceeded,
     ProtectedMessage,
     ProtocolError,
 )
@@ -96,6 +97,17 @@ class ProtectedApi:
                 "max_context": min(cfg.max_context, protected.executor().limits.max_positions),
                 "max_kv_bytes": cfg.max_protected_kv_bytes, "he_backend": cfg.he_backend}
 
+    async def _run(self, s: Session, msg: ProtectedMessage) -> tuple[ProtectedMessage, dict[str, float]]:
+        """The step; where the encrypted KV cache of all sessions is full, idle sessions give
+        theirs up, least recently used first, and the step runs again (a refused step changed
+        nothing). Where none is idle for ``session_evict_idle_s``, 429."""
+        while True:
+            try:
+                return await asyncio.to_thread(self.protected.step, msg)
+            except CapacityExceeded:
+                if self.sessions.evict_idlest("protected", keep=s.id) is None:
+                    raise
+
     async def step(self, s: Session, body: bytes) -> Response:
         """POST /v1/sessions/{id}/steps of a protected session: one protocol message. A rejected
         message leaves the session as it was (the executor's steps succeed whole or not at all)."""
@@ -110,7 +122,7 @@ class ProtectedApi:
                 raise ApiError(404, "session_not_found", "no such session")
             t0 = time.perf_counter()
             try:
-                reply, op_seconds = await asyncio.to_thread(self.protected.step, msg)
+                reply, op_seconds = await self._run(s, msg)
             except ProtocolError as e:
                 retry = {"Retry-After": "1"} if e.status in (429, 503) else None  # limits, device memory
                 raise ApiError(e.status, getattr(e, "code", "protocol_error"), str(e), headers=retry) from None

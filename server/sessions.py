@@ -77,6 +77,19 @@ class SessionStore:
             self.on_evict(v)
         return s
 
+    def evict_idlest(self, path: str, keep: str) -> Session | None:
+        """Drop the least recently used session on ``path`` idle for ``evict_idle_s``, other
+        than ``keep``, for a limit of the whole path (the protected path's encrypted KV cache)."""
+        with self._lock:
+            victim = self._idlest([s for s in self._sessions.values() if s.path == path and s.id != keep],
+                                  time.monotonic())
+            if victim is None:
+                return None
+            del self._sessions[victim.id]
+        self._drop(victim)
+        self.on_evict(victim)
+        return victim
+
     def _idlest(self, candidates: list[Session], now: float) -> Session | None:
         """The least recently used of ``candidates`` idle for ``evict_idle_s``, with no step running."""
         if self.evict_idle_s is None:

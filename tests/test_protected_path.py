@@ -248,13 +248,17 @@ def test_an_idle_protected_session_gives_its_place_at_the_server_limit(ckpt, cli
     """``max_protected_sessions=1``: a second session is refused (429) while the kept one is
     fresh, and given that one's place (its encrypted KV cache released) once it has been idle
     for ``session_evict_idle_s``; the kept session's next turn then opens a new session, feeds
-    its whole prompt, and its tokens are still plaintext greedy's."""
-    import time
-
+    its whole prompt, and its tokens are still plaintext greedy's. The same where the encrypted
+    KV cache of all sessions is full: a step is refused (429) while the session holding it is
+    fresh, and runs once that one, idle, gives it up."""
     from veil.client.sdk import VeilError
 
     srv = live_server_cls(ckpt, tmp_path, k=29, he_backend="native", max_protected_sessions=1,
-                          session_evict_idle_s=0.5)
+                          session_evict_idle_s=60)
+
+    def age(sid):  # as if its user had been reading for a minute
+        srv.app.state.sessions.get(sid, "carol").last_used -= 61
+
     half = client_half_from(ckpt, 29)
     a, b = (VeilClient(srv.url, srv.keys["carol"], mode="protected", half=half) for _ in range(2))
     try:
@@ -262,19 +266,32 @@ def test_an_idle_protected_session_gives_its_place_at_the_server_limit(ckpt, cli
             c.he, c._material = client.he, client._material  # the same key pair: no new key generation
         first = a.tokenizer("The capital of France is")["input_ids"]
         res = a.generate(first, 2, stop_at_eos=False, keep_session=True)
-        kept = a._kept[0].id
+        kept, b._keys_id = a._kept[0].id, a._keys_id  # b goes on at once: no upload of its own
         with pytest.raises(VeilError) as e:
             b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False)
         assert (e.value.status, e.value.code) == (429, "too_many_sessions")
         executor = srv.app.state.protected.executor()
         assert kept in executor.sessions
-        time.sleep(0.6)
+        age(kept)
         assert b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False).stats.output_tokens == 1
         assert kept not in executor.sessions and srv.app.state.sessions.get(kept, "carol") is None
         second = first + res.tokens + a.tokenizer(" The capital of Italy is")["input_ids"]
         again = a.generate(second, 2, stop_at_eos=False)
         assert again.tokens == generate_local(full_model, second, 2) and again.stats.reestablished == 1
         assert 'veil_sessions_evicted_total{path="protected"} 1.0' in httpx.get(f"{srv.url}/metrics").text
+
+        srv.cfg.max_protected_sessions = 8  # the session count no longer binds: the KV cache's total does
+        a.generate(first, 1, stop_at_eos=False, keep_session=True)
+        kept, held = a._kept[0].id, executor.kv_bytes_total
+        executor.limits = dataclasses.replace(executor.limits, max_kv_bytes_total=held)
+        with pytest.raises(VeilError) as e:
+            b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False)
+        assert (e.value.status, e.value.code) == (429, "kv_capacity")
+        assert kept in executor.sessions and executor.kv_bytes_total == held
+        age(kept)
+        assert b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False).stats.output_tokens == 1
+        assert kept not in executor.sessions and srv.app.state.sessions.get(kept, "carol") is None
+        assert 'veil_sessions_evicted_total{path="protected"} 2.0' in httpx.get(f"{srv.url}/metrics").text
     finally:
         a.close(), b.close()
         srv.stop()

@@ -81,3 +81,18 @@ def test_nothing_is_evicted_for_a_session_that_fails_to_open_or_where_eviction_i
     with pytest.raises(OverflowError):
         off.create("alice", "plaintext", lambda sid: None)
     assert not dropped
+
+
+def test_a_path_wide_limit_takes_the_idlest_other_session_on_that_path():
+    """``evict_idlest``: for the protected path's encrypted KV cache, full while a step of
+    ``keep`` waits: never ``keep`` itself, never another path's session, never a fresh one."""
+    store, dropped, evicted = _store(max_per_tenant=8)
+    me, other, old = (store.create(t, "protected", lambda sid: None) for t in ("alice", "bob", "carol"))
+    plain = store.create("dave", "plaintext", lambda sid: None)
+    _idle(me, 100), _idle(plain, 100), _idle(old, 5)
+    assert store.evict_idlest("protected", keep=me.id) is None  # old has been idle 5 s of the 10
+    _idle(old, 20), _idle(other, 30)
+    assert store.evict_idlest("protected", keep=me.id) is other
+    assert store.evict_idlest("protected", keep=me.id) is old
+    assert store.evict_idlest("protected", keep=me.id) is None
+    assert dropped == evicted == [other, old] and len(store) == 2
