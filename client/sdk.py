@@ -362,8 +362,9 @@ class VeilClient:
         finally:  # a consumer that stops reading closes the generator at a yield: consistent too
             # The caches hold history[:pos] unless a step's accepted drafts run past the token
             # the generation stopped at (an end-of-turn draft, a consumer that stopped reading).
-            if keep_session and consistent and session.pos <= len(history):
-                self.release_session()  # one kept at a time (threads sharing a client)
+            # One kept at a time: one kept already (by a later turn while this stream sat
+            # unread, or by another thread) stays.
+            if keep_session and consistent and session.pos <= len(history) and self._kept is None:
                 self._kept = (session, history[: session.pos])
             else:
                 session.close()

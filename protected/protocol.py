@@ -157,10 +157,15 @@ class LimitExceeded(ProtocolError):
 
 
 class CapacityExceeded(ProtocolError):
-    """A limit of the whole server (encrypted KV cache bytes of all sessions): retry later."""
+    """A limit of the whole server (encrypted KV cache bytes of all sessions): retry later.
+    ``needed``: the bytes the step lacked."""
 
     status = 429
     code = "kv_capacity"
+
+    def __init__(self, message: str, needed: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
 
 
 class DeviceOutOfMemory(ProtocolError):

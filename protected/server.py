@@ -158,7 +158,8 @@ class ProtectedExecutor:
 
     @property
     def kv_bytes_total(self) -> int:
-        return sum(s.kv_bytes for s in self.sessions.values())
+        # a copy: the event loop drops sessions (DELETE, TTL, eviction) while the HE worker sums
+        return sum(s.kv_bytes for s in tuple(self.sessions.values()))
 
     # ---- sessions --------------------------------------------------------------------------
     def new_session(self, backend: HEBackend | None = None, session_id: str | None = None) -> ProtectedSession:
@@ -386,9 +387,10 @@ class ProtectedExecutor:
         if s.kv_bytes + delta + max(row_added) > self.limits.max_kv_bytes:
             raise LimitExceeded(f"encrypted KV cache of this session would exceed max_protected_kv_bytes="
                                 f"{self.limits.max_kv_bytes}")
-        if any(row_added) and self.kv_bytes_total + delta + sum(row_added) > self.limits.max_kv_bytes_total:
+        over = self.kv_bytes_total + delta + sum(row_added) - self.limits.max_kv_bytes_total
+        if any(row_added) and over > 0:
             raise CapacityExceeded(f"encrypted KV cache of all sessions would exceed "
-                                   f"max_protected_kv_bytes_total={self.limits.max_kv_bytes_total}")
+                                   f"max_protected_kv_bytes_total={self.limits.max_kv_bytes_total}", needed=over)
         payloads = []
         for i, h in hs.items():
             scores = c.scores(q_hats[i], kv.keys, shift(t0, i)) if i in active else None

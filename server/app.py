@@ -81,9 +81,9 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         elif s.state is not None:
             engine.close(s.state)
 
-    def evicted(s: Session) -> None:
-        metrics.sessions_evicted.labels(s.path).inc()
-        log.info("dropped an idle %s session for a new one (a session limit)", s.path)
+    def evicted(s: Session, why: str) -> None:
+        metrics.sessions_evicted.labels(s.path, why).inc()
+        log.info("dropped an idle %s session for new work (%s limit)", s.path, why)
 
     sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant, on_drop=drop,
                             evict_idle_s=cfg.session_evict_idle_s, on_evict=evicted)
@@ -145,7 +145,6 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         s = sessions.get(sid, tenant.name)
         if s is None:  # unknown, expired and foreign look the same
             raise ApiError(404, "session_not_found", "no such session")
-        s.last_used = time.monotonic()  # a step on its way (a slow upload) is not idleness
         return s
 
     @app.get("/health")
@@ -198,6 +197,13 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     async def step(sid: str, request: Request):
         tenant = authenticate(request)
         s = session_of(sid, tenant)
+        s.in_flight += 1  # a step on its way (a slow upload, say) is no idleness: no eviction takes it
+        try:
+            return await run_step(s, request)
+        finally:
+            s.in_flight -= 1
+
+    async def run_step(s: Session, request: Request) -> Response:
         body = await read_body(request, cfg.max_body_bytes)
         if s.path == "protected":
             return await protected_api.step(s, body)
@@ -206,7 +212,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                                         max_tokens=cfg.max_step_tokens)
         except WireError as e:
             raise ApiError(400, "bad_message", str(e)) from None
-        if msg.session != sid:
+        if msg.session != s.id:
             raise ApiError(400, "bad_message", "message session id does not match the URL")
         async with s.lock:
             # Everything is checked before the engine sees the step, so a rejected step changes

@@ -127,6 +127,9 @@ def cmd_serve(args) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("error: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    if 0 <= args.session_evict_idle < 1:
+        print("error: --session-evict-idle takes at least 1 s (negative: never)", file=sys.stderr)
+        return 2
     cfg = ServerConfig(tenants_file=args.tenants, k=args.k, bundle=args.bundle, model=args.model,
                        session_ttl_s=args.session_ttl,
                        session_evict_idle_s=None if args.session_evict_idle < 0 else args.session_evict_idle,

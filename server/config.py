@@ -60,6 +60,9 @@ class ServerConfig:
     dtype: str | None = None  # weights; None → bfloat16 on CUDA, float32 on CPU (KV: Engine, ops.bf16_is_fast)
 
     def __post_init__(self) -> None:
+        if self.session_evict_idle_s is not None and self.session_evict_idle_s < 1.0:
+            # below a second, sessions in the middle of a generation (between two round trips) would go
+            raise ValueError(f"session_evict_idle_s must be at least 1 s (or None), not {self.session_evict_idle_s}")
         self.he_backend = resolve_backend(self.he_backend, self.device)  # /health and the client see the real one
 
     @property

@@ -27,8 +27,9 @@ class Metrics:
         self.waiting = Gauge("veil_waiting_sequences", "sequences waiting for KV blocks", registry=r)
         self.kv_util = Gauge("veil_kv_pool_utilization", "fraction of KV blocks in use", registry=r)
         self.sessions = Gauge("veil_sessions", "open sessions", registry=r)
-        self.sessions_evicted = Counter("veil_sessions_evicted", "idle sessions dropped for new ones at a session "
-                                        "limit", ["path"], registry=r)
+        self.sessions_evicted = Counter("veil_sessions_evicted", "idle sessions dropped for new work at a limit: "
+                                        "a session count, or the protected KV cache's total (capacity)",
+                                        ["path", "limit"], registry=r)
         self.bytes_in = Counter("veil_bytes_in", "request body bytes on the split/protected paths", ["path"], registry=r)
         self.bytes_out = Counter("veil_bytes_out", "response body bytes on the split/protected paths", ["path"],
                                  registry=r)

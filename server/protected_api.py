@@ -98,14 +98,16 @@ class ProtectedApi:
                 "max_kv_bytes": cfg.max_protected_kv_bytes, "he_backend": cfg.he_backend}
 
     async def _run(self, s: Session, msg: ProtectedMessage) -> tuple[ProtectedMessage, dict[str, float]]:
-        """The step; where the encrypted KV cache of all sessions is full, idle sessions give
-        theirs up, least recently used first, and the step runs again (a refused step changed
-        nothing). Where none is idle for ``session_evict_idle_s``, 429."""
+        """The step; where the encrypted KV cache of all sessions is full, sessions idle for
+        ``session_evict_idle_s`` give theirs up, least recently used first, as many as the
+        step lacks, and the step runs again (a refused step changed nothing). Where the idle
+        ones hold too little, none goes: 429."""
         while True:
             try:
                 return await asyncio.to_thread(self.protected.step, msg)
-            except CapacityExceeded:
-                if self.sessions.evict_idlest("protected", keep=s.id) is None:
+            except CapacityExceeded as e:
+                # only where idle sessions hold enough to make the room, and only those
+                if not self.sessions.evict_for("protected", s.id, lambda v: self.protected.kv_bytes(v.id), e.needed):
                     raise
 
     async def step(self, s: Session, body: bytes) -> Response:

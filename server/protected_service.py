@@ -209,5 +209,11 @@ class ProtectedService:
         reply, seconds, _ = self._scheduler.submit(msg)
         return reply, seconds
 
-    def kv_bytes(self) -> int:
-        return self._executor.kv_bytes_total if self._executor is not None else 0
+    def kv_bytes(self, session_id: str | None = None) -> int:
+        """Encrypted KV cache bytes of all sessions, or of one."""
+        if self._executor is None:
+            return 0
+        if session_id is None:
+            return self._executor.kv_bytes_total
+        s = self._executor.sessions.get(session_id)
+        return s.kv_bytes if s is not None else 0

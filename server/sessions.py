@@ -31,15 +31,17 @@ class Session:
     state: Any = None  # the engine's sequence (plaintext) or the protected executor's state
     next_step: int = 1  # the step id the next message must carry
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step at a time
+    in_flight: int = 0  # step requests under way (reading their body, queued or computing)
     closed: bool = False
 
 
 class SessionStore:
     def __init__(self, ttl_s: float, max_per_tenant: int, on_drop: Callable[[Session], None] = lambda s: None,
                  id_prefix: str = "", evict_idle_s: float | None = None,
-                 on_evict: Callable[[Session], None] = lambda s: None):
+                 on_evict: Callable[[Session, str], None] = lambda s, why: None):
         self.ttl_s, self.max_per_tenant, self.on_drop = ttl_s, max_per_tenant, on_drop
         # None: a limit refuses the new session, whatever is idle; on_evict hears of each victim
+        # and of the limit it gave way to ("sessions": a session count, "capacity": KV bytes)
         self.evict_idle_s, self.on_evict = evict_idle_s, on_evict
         # Prepended to every new id. A cluster replica sets it to its own routing key, so the
         # ingress can send a session's steps to the replica holding it (veil.cluster.routing).
@@ -74,28 +76,41 @@ class SessionStore:
             self._sessions[s.id] = s
         for v in evicted:
             self._drop(v)
-            self.on_evict(v)
+            self.on_evict(v, "sessions")
         return s
 
-    def evict_idlest(self, path: str, keep: str) -> Session | None:
-        """Drop the least recently used session on ``path`` idle for ``evict_idle_s``, other
-        than ``keep``, for a limit of the whole path (the protected path's encrypted KV cache)."""
+    def evict_for(self, path: str, keep: str, weight: Callable[[Session], int], needed: int) -> list[Session]:
+        """For a limit of the whole path (the protected path's encrypted KV cache): drop idle
+        sessions on ``path`` other than ``keep``, least recently used first, until their
+        ``weight`` adds up to ``needed``; where all the idle ones' would not, drop none."""
+        now = time.monotonic()
         with self._lock:
-            victim = self._idlest([s for s in self._sessions.values() if s.path == path and s.id != keep],
-                                  time.monotonic())
-            if victim is None:
-                return None
-            del self._sessions[victim.id]
-        self._drop(victim)
-        self.on_evict(victim)
-        return victim
+            idle = self._idle([s for s in self._sessions.values() if s.path == path and s.id != keep], now)
+            chosen, total = [], 0
+            for s in sorted(idle, key=lambda s: s.last_used):
+                if total >= needed:
+                    break
+                if (w := weight(s)) > 0:
+                    chosen.append(s)
+                    total += w
+            if total < needed:
+                return []
+            for v in chosen:
+                del self._sessions[v.id]
+        for v in chosen:
+            self._drop(v)
+            self.on_evict(v, "capacity")
+        return chosen
+
+    def _idle(self, candidates: list[Session], now: float) -> list[Session]:
+        """Those of ``candidates`` idle for ``evict_idle_s``, with no step under way."""
+        if self.evict_idle_s is None:
+            return []
+        return [s for s in candidates
+                if now - s.last_used >= self.evict_idle_s and not s.in_flight and not s.lock.locked()]
 
     def _idlest(self, candidates: list[Session], now: float) -> Session | None:
-        """The least recently used of ``candidates`` idle for ``evict_idle_s``, with no step running."""
-        if self.evict_idle_s is None:
-            return None
-        idle = [s for s in candidates if now - s.last_used >= self.evict_idle_s and not s.lock.locked()]
-        return min(idle, key=lambda s: s.last_used, default=None)
+        return min(self._idle(candidates, now), key=lambda s: s.last_used, default=None)
 
     def get(self, sid: str, tenant: str) -> Session | None:
         with self._lock:

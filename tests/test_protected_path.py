@@ -278,7 +278,7 @@ def test_an_idle_protected_session_gives_its_place_at_the_server_limit(ckpt, cli
         second = first + res.tokens + a.tokenizer(" The capital of Italy is")["input_ids"]
         again = a.generate(second, 2, stop_at_eos=False)
         assert again.tokens == generate_local(full_model, second, 2) and again.stats.reestablished == 1
-        assert 'veil_sessions_evicted_total{path="protected"} 1.0' in httpx.get(f"{srv.url}/metrics").text
+        assert 'veil_sessions_evicted_total{limit="sessions",path="protected"} 1.0' in httpx.get(f"{srv.url}/metrics").text
 
         srv.cfg.max_protected_sessions = 8  # the session count no longer binds: the KV cache's total does
         a.generate(first, 1, stop_at_eos=False, keep_session=True)
@@ -291,7 +291,7 @@ def test_an_idle_protected_session_gives_its_place_at_the_server_limit(ckpt, cli
         age(kept)
         assert b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False).stats.output_tokens == 1
         assert kept not in executor.sessions and srv.app.state.sessions.get(kept, "carol") is None
-        assert 'veil_sessions_evicted_total{path="protected"} 2.0' in httpx.get(f"{srv.url}/metrics").text
+        assert 'veil_sessions_evicted_total{limit="capacity",path="protected"} 1.0' in httpx.get(f"{srv.url}/metrics").text
     finally:
         a.close(), b.close()
         srv.stop()
@@ -330,8 +330,8 @@ def test_four_concurrent_protected_sessions(server, client, ckpt, full_model):
 def test_speculative_decoding_keeps_greedy_output(server, client, ckpt, full_model):
     """Drafts by prompt lookup, verified in one step each: on a repetitive prompt some drafts
     are accepted (more than one token per step), and the tokens are exactly plain greedy
-    decoding's; the rejected drafts leave the server's cache (the next steps would diverge),
-    also when the next step is a kept session's next turn."""
+    decoding's; the rejected drafts leave the server's cache (the next steps would diverge).
+    A kept session then goes on with the next prompt."""
     c = VeilClient(server.url, server.keys["carol"], mode="protected", half=client.half, speculate=3)
     c.he, c._material, c._keys_id = client.he, client._material, client._keys_id  # no second key set
     try:
@@ -369,3 +369,35 @@ def test_a_kept_session_feeds_only_the_next_turn(server, client, full_model):
     assert client._kept[0].id == session.id
     client.release_session()
     assert set(executor.sessions) == before
+
+
+def test_a_span_after_rejected_drafts_goes_on_from_the_kept_positions(client, full_model):
+    """A verify step whose drafts are all rejected, then a span of several new positions (what
+    a kept session's next turn sends after a generation that stopped right there): the server
+    takes the rejected positions off every layer's cache first, so the span's logits are the
+    whole model's on the kept tokens and the span."""
+    ids = client.tokenizer("The capital of France is")["input_ids"]
+    more = client.tokenizer(" a city. The capital of Italy is")["input_ids"]
+    session = client.open_session()
+    try:
+        t = int(session.forward(ids).argmax())
+        rows = session.verify([t, *more[:3]])
+        assert int(rows[0].argmax()) != more[0]  # the first draft is rejected, and so all three
+        session.keep(1)
+        logits = session.forward(more)
+    finally:
+        session.close()
+
+    def whole_model(seq):
+        with torch.inference_mode():
+            h, _ = full_model.forward_layers(full_model.embed(torch.tensor(seq)), torch.arange(len(seq)),
+                                             [None] * full_model.cfg.num_layers)
+            return full_model.logits(h[-1:])[0]
+
+    def kl(a, b):
+        return float(torch.nn.functional.kl_div(torch.log_softmax(a.double(), -1), torch.log_softmax(b.double(), -1),
+                                                log_target=True, reduction="sum"))
+
+    expected = whole_model(ids + [t] + more)
+    assert int(logits.argmax()) == int(expected.argmax()) and kl(logits, expected) < 1e-3
+    assert kl(whole_model(ids + [t] + more[:3] + more), expected) > 1e-2  # drafts left in would show

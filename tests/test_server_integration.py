@@ -230,4 +230,41 @@ def test_an_idle_kept_session_gives_its_place_and_its_chat_goes_on(make_server, 
         messages.append({"role": "user", "content": "And of Italy?"})
         assert c.chat(messages, max_new_tokens=6) == _whole_model_answer(c, full_model, messages, 6)
         assert c.last_stats.reestablished == 1
-    assert 'veil_sessions_evicted_total{path="plaintext"} 1.0' in httpx.get(f"{srv.url}/metrics").text
+    assert 'veil_sessions_evicted_total{limit="sessions",path="plaintext"} 1.0' in httpx.get(f"{srv.url}/metrics").text
+
+
+def test_a_session_whose_step_is_still_arriving_is_not_evicted(make_server, client_half):
+    """A step's request counts as use from its first byte: a session that looks idle while its
+    client is still uploading a step (a slow link) keeps its place, and the step then runs."""
+    import threading
+    import time
+
+    import torch
+
+    from veil.crypto.wire import CONTENT_TYPE, HiddenStep
+
+    srv = make_server(max_sessions_per_tenant=1, session_evict_idle_s=60)
+    headers = {"Authorization": f"Bearer {srv.keys['alice']}"}
+    sid = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers=headers).json()["id"]
+    body = HiddenStep(sid, 1, torch.randn(1, client_half.config.hidden_size), [0]).to_bytes()
+    go_on, replies = threading.Event(), []
+
+    def slowly():
+        yield body[:16]
+        go_on.wait(30)
+        yield body[16:]
+
+    upload = threading.Thread(target=lambda: replies.append(httpx.post(
+        f"{srv.url}/v1/sessions/{sid}/steps", content=slowly(), timeout=60,
+        headers={**headers, "Content-Type": CONTENT_TYPE})))
+    upload.start()
+    session = srv.app.state.sessions.get(sid, "alice")
+    deadline = time.monotonic() + 30
+    while not session.in_flight and time.monotonic() < deadline:  # the server is reading the body
+        time.sleep(0.01)
+    session.last_used -= 61  # idle by its last step's time
+    r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers=headers)
+    go_on.set()
+    upload.join(60)
+    assert r.status_code == 429 and srv.app.state.sessions.get(sid, "alice") is session
+    assert replies[0].status_code == 200 and session.in_flight == 0

@@ -11,7 +11,7 @@ from veil.server.sessions import SessionStore
 def _store(max_per_tenant=2, evict_idle_s=10.0):
     dropped, evicted = [], []
     store = SessionStore(600, max_per_tenant, on_drop=dropped.append, evict_idle_s=evict_idle_s,
-                         on_evict=evicted.append)
+                         on_evict=lambda s, why: evicted.append(s))
     return store, dropped, evicted
 
 
@@ -39,17 +39,20 @@ def test_the_least_recently_used_idle_session_gives_its_place():
     assert len(store) == 2
 
 
-def test_a_session_with_a_step_running_is_not_evicted():
-    store, dropped, evicted = _store()
-    a, b = (store.create("alice", "plaintext", lambda sid: None) for _ in range(2))
-    _idle(a, 20), _idle(b, 30)
+def test_a_session_with_a_step_under_way_is_not_evicted():
+    """Neither while its step computes (its lock held) nor while the step's request is still
+    arriving (a slow upload: ``in_flight``)."""
+    store, dropped, evicted = _store(max_per_tenant=3)
+    a, b, c = (store.create("alice", "plaintext", lambda sid: None) for _ in range(3))
+    _idle(a, 20), _idle(b, 30), _idle(c, 40)
+    c.in_flight = 1
 
     async def with_b_locked():
         async with b.lock:  # a step of b under way: b's idle time says nothing then
             return store.create("alice", "plaintext", lambda sid: None)
 
     asyncio.run(with_b_locked())
-    assert evicted == [a] and store.get(b.id, "alice") is b
+    assert evicted == [a] and store.get(b.id, "alice") is b and store.get(c.id, "alice") is c
 
 
 def test_a_path_limit_takes_any_tenants_idle_session_on_that_path_only():
@@ -83,16 +86,35 @@ def test_nothing_is_evicted_for_a_session_that_fails_to_open_or_where_eviction_i
     assert not dropped
 
 
-def test_a_path_wide_limit_takes_the_idlest_other_session_on_that_path():
-    """``evict_idlest``: for the protected path's encrypted KV cache, full while a step of
-    ``keep`` waits: never ``keep`` itself, never another path's session, never a fresh one."""
+def test_a_path_wide_limit_takes_idle_sessions_only_as_far_as_they_make_the_room():
+    """``evict_for`` (the protected path's encrypted KV cache, full while a step of ``keep``
+    waits): least recently used first, as many as hold ``needed``, sessions holding nothing
+    skipped; none where the idle ones hold too little; never ``keep``, another path's session or
+    a fresh one."""
     store, dropped, evicted = _store(max_per_tenant=8)
-    me, other, old = (store.create(t, "protected", lambda sid: None) for t in ("alice", "bob", "carol"))
-    plain = store.create("dave", "plaintext", lambda sid: None)
-    _idle(me, 100), _idle(plain, 100), _idle(old, 5)
-    assert store.evict_idlest("protected", keep=me.id) is None  # old has been idle 5 s of the 10
-    _idle(old, 20), _idle(other, 30)
-    assert store.evict_idlest("protected", keep=me.id) is other
-    assert store.evict_idlest("protected", keep=me.id) is old
-    assert store.evict_idlest("protected", keep=me.id) is None
-    assert dropped == evicted == [other, old] and len(store) == 2
+    me, a, b, empty, fresh = (store.create(t, "protected", lambda sid: None) for t in "mabef")
+    plain = store.create("p", "plaintext", lambda sid: None)
+    held = {me.id: 100, a.id: 30, b.id: 20, empty.id: 0, fresh.id: 500, plain.id: 500}
+    for s, idle in ((me, 100), (plain, 100), (empty, 90), (a, 50), (b, 40), (fresh, 5)):
+        _idle(s, idle)
+
+    def weight(s):
+        return held[s.id]
+
+    assert store.evict_for("protected", me.id, weight, needed=51) == []  # a and b hold 50
+    assert not dropped and len(store) == 6
+    assert store.evict_for("protected", me.id, weight, needed=25) == [a]  # the least recently used first
+    assert store.evict_for("protected", me.id, weight, needed=1) == [b]  # `empty` holds nothing to give
+    assert store.evict_for("protected", me.id, weight, needed=1) == []
+    assert dropped == evicted == [a, b] and store.get(empty.id, "e") is empty and store.get(fresh.id, "f") is fresh
+
+
+def test_the_eviction_threshold_is_a_second_at_least():
+    """Below that, sessions between two round trips of one generation would look idle."""
+    from veil.server.config import ServerConfig
+
+    for bad in (0.0, 0.5, -1.0):
+        with pytest.raises(ValueError, match="session_evict_idle_s"):
+            ServerConfig(session_evict_idle_s=bad)
+    assert ServerConfig(session_evict_idle_s=None).session_evict_idle_s is None
+    assert ServerConfig().session_evict_idle_s == 60.0
