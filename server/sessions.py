@@ -34,6 +34,11 @@ class Session:
     in_flight: int = 0  # step requests under way (reading their body, queued or computing)
     closed: bool = False
 
+    @property
+    def busy(self) -> bool:
+        """A step under way: neither the TTL nor an eviction takes the session then."""
+        return self.in_flight > 0 or self.lock.locked()
+
 
 class SessionStore:
     def __init__(self, ttl_s: float, max_per_tenant: int, on_drop: Callable[[Session], None] = lambda s: None,
@@ -107,7 +112,7 @@ class SessionStore:
         if self.evict_idle_s is None:
             return []
         return [s for s in candidates
-                if now - s.last_used >= self.evict_idle_s and not s.in_flight and not s.lock.locked()]
+                if now - s.last_used >= self.evict_idle_s and not s.busy]
 
     def _idlest(self, candidates: list[Session], now: float) -> Session | None:
         return min(self._idle(candidates, now), key=lambda s: s.last_used, default=None)
@@ -136,7 +141,7 @@ class SessionStore:
         """Drop sessions idle for longer than the TTL; returns how many were dropped."""
         cutoff = time.monotonic() - self.ttl_s
         with self._lock:
-            dead = [s for s in self._sessions.values() if s.last_used < cutoff and not s.lock.locked()]
+            dead = [s for s in self._sessions.values() if s.last_used < cutoff and not s.busy]
             for s in dead:
                 del self._sessions[s.id]
         for s in dead:

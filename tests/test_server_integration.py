@@ -53,9 +53,8 @@ def test_sessions_are_deleted_after_generation(client, live_server):
 
 def _whole_model_answer(client, full_model, messages, n):
     """The whole model's greedy answer, up to its end-of-turn token as the SDK stops."""
-    ids = generate_local(full_model, client.chat_ids(messages), n)
-    end = next((i for i, t in enumerate(ids) if t in client.cfg.eos_token_ids), len(ids))
-    return client.tokenizer.decode(ids[: end + 1], skip_special_tokens=True)
+    ids = generate_local(full_model, client.chat_ids(messages), n, stop_ids=tuple(client.cfg.eos_token_ids))
+    return client.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_a_chat_turn_feeds_only_what_the_kept_session_has_not_seen(live_server, client_half, full_model):

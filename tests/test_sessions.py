@@ -41,7 +41,7 @@ def test_the_least_recently_used_idle_session_gives_its_place():
 
 def test_a_session_with_a_step_under_way_is_not_evicted():
     """Neither while its step computes (its lock held) nor while the step's request is still
-    arriving (a slow upload: ``in_flight``)."""
+    arriving (a slow upload: ``in_flight``); nor by the TTL's sweeper."""
     store, dropped, evicted = _store(max_per_tenant=3)
     a, b, c = (store.create("alice", "plaintext", lambda sid: None) for _ in range(3))
     _idle(a, 20), _idle(b, 30), _idle(c, 40)
@@ -53,6 +53,10 @@ def test_a_session_with_a_step_under_way_is_not_evicted():
 
     asyncio.run(with_b_locked())
     assert evicted == [a] and store.get(b.id, "alice") is b and store.get(c.id, "alice") is c
+    _idle(c, 10_000)  # past the TTL too: the sweeper waits for its step as well
+    assert store.sweep() == 0 and store.get(c.id, "alice") is c
+    c.in_flight = 0
+    assert store.sweep() == 1 and store.get(c.id, "alice") is None
 
 
 def test_a_path_limit_takes_any_tenants_idle_session_on_that_path_only():
