@@ -31,6 +31,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int)
+    p.add_argument("--wait-for-room", type=float, default=0.0, metavar="S",
+                   help="when the server is full (429 too_many_sessions or kv_capacity), retry after its "
+                        "Retry-After for up to S seconds per request (default 0: report the refusal at once)")
     p.add_argument("--cacert", help="CA certificate to trust (e.g. a self-signed dev cert)")
     p.set_defaults(func=cmd_chat)
 
@@ -40,7 +43,7 @@ def cmd_chat(args) -> int:
 
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
                         verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate,
-                        key_set=None if args.keys == "auto" else args.keys)
+                        key_set=None if args.keys == "auto" else args.keys, wait_for_room_s=args.wait_for_room)
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:

@@ -36,6 +36,9 @@ from veil.protected.protocol import MAX_SPAN, public_material_to_bytes
 
 #: times a step or request the server dropped for lack of device memory is sent again
 OOM_RETRIES = 3
+#: refusals for want of room on the server (a session limit, the protected KV cache's total);
+#: a client with ``wait_for_room_s`` sends the request again after the server's Retry-After
+ROOM_CODES = ("too_many_sessions", "kv_capacity")
 
 
 def _retry_after(r: httpx.Response, cap: float = 10.0) -> float:
@@ -43,7 +46,7 @@ def _retry_after(r: httpx.Response, cap: float = 10.0) -> float:
     try:
         return min(max(float(r.headers.get("retry-after", 1)), 0.0), cap)
     except ValueError:
-        return 1.0
+        return min(1.0, cap)
 
 
 @dataclass
@@ -115,7 +118,8 @@ class VeilClient:
     def __init__(self, server_url: str, api_key: str, mode: str = "plaintext", bundle: str | Path | None = None,
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
                  half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str | None = None,
-                 speculate: int = 0, threads: int | None = None, key_set: str | None = None):
+                 speculate: int = 0, threads: int | None = None, key_set: str | None = None,
+                 wait_for_room_s: float = 0.0):
         from veil.crypto.backend import backend_names
         from veil.protected.key_levels import KEY_SETS
 
@@ -141,6 +145,11 @@ class VeilClient:
             raise ValueError(f"prefill_span must be 1..{MAX_SPAN}")
         self.prefill_span = prefill_span  # protected: prompt positions per round trip
         self.mode = mode
+        if wait_for_room_s < 0:
+            raise ValueError("wait_for_room_s must be >= 0")
+        # how long one request may wait for room on the server (ROOM_CODES), in Retry-After steps;
+        # 0: the first refusal is raised (an interactive caller sees it at once)
+        self.wait_for_room_s = wait_for_room_s
         self.he = None  # protected: this client's CKKS backend, holding the secret key
         self.last_protected_transcript: list = []
         self._keys_id: str | None = None
@@ -177,11 +186,12 @@ class VeilClient:
     # -- HTTP --------------------------------------------------------------------------------
     def _check(self, r: httpx.Response) -> httpx.Response:
         if r.status_code >= 400:
+            retry = _retry_after(r, cap=float("inf")) if "retry-after" in r.headers else None
             try:
                 err = r.json()["error"]
-                raise VeilError(r.status_code, err.get("code", "error"), err.get("message", r.text))
+                raise VeilError(r.status_code, err.get("code", "error"), err.get("message", r.text), retry)
             except (ValueError, KeyError, TypeError):
-                raise VeilError(r.status_code, "error", r.text[:200]) from None
+                raise VeilError(r.status_code, "error", r.text[:200], retry) from None
         return r
 
     def _post(self, path: str, retry: bool = True, **kw) -> httpx.Response:
@@ -189,8 +199,10 @@ class VeilClient:
         connection); a server that stays unreachable is a clear 503 error, not a stack trace.
         Retrying a step is safe: if the first attempt was processed, the retry is a replay (409).
         A 503 ``device_out_of_memory`` (the server dropped the work whole, its session as before)
-        is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times."""
-        attempt = 0
+        is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times; a 429 for
+        want of room (``ROOM_CODES``: nothing changed on the server either) for as long as
+        ``wait_for_room_s`` allows."""
+        attempt, deadline = 0, time.monotonic() + self.wait_for_room_s
         while True:
             try:
                 r = self.http.post(path, **kw)
@@ -202,10 +214,15 @@ class VeilClient:
             try:
                 return self._check(r)
             except VeilError as e:
-                if e.code != "device_out_of_memory" or attempt == OOM_RETRIES:
+                left = deadline - time.monotonic()
+                if e.code == "device_out_of_memory" and attempt < OOM_RETRIES:
+                    attempt += 1
+                    delay = _retry_after(r)
+                elif e.code in ROOM_CODES and left > 0:
+                    delay = _retry_after(r, cap=left)
+                else:
                     raise
-            attempt += 1
-            time.sleep(_retry_after(r))
+            time.sleep(delay)
 
     def _create_session(self, stats: GenerationStats | None = None) -> dict:
         body = {"path": self.mode, "k": self.half.k, "model_fingerprint": self.half.server_fingerprint}
@@ -411,8 +428,8 @@ class VeilClient:
         try:
             session = self.open_session(stats)
         except VeilError as e:
-            raise VeilError(e.status, e.code, f"the session was lost and could not be re-established: {e.message}") \
-                from None
+            raise VeilError(e.status, e.code, f"the session was lost and could not be re-established: {e.message}",
+                            e.retry_after_s) from None
         stats.reestablished += 1
         stats.reused_tokens = 0  # the new session is fed everything again
         return session

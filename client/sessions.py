@@ -24,9 +24,13 @@ __all__ = ["VeilError", "SplitSession", "ProtectedSession"]
 
 
 class VeilError(RuntimeError):
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
+    """An error answer (or a client-side failure named like one). ``retry_after_s``: the
+    server's Retry-After, where it sent one (a limit, device memory)."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None):
+        super().__init__(f"{status} {code}: {message}" + (f" (retry after {retry_after_s:g} s)"
+                                                          if retry_after_s is not None else ""))
+        self.status, self.code, self.message, self.retry_after_s = status, code, message, retry_after_s
 
 
 class SplitSession:

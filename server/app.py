@@ -32,7 +32,7 @@ from veil.server.http_common import CountRequests, bearer_tenant, read_body
 from veil.server.metrics import Metrics
 from veil.server.protected_api import ProtectedApi
 from veil.server.protected_service import ProtectedService
-from veil.server.sessions import Session, SessionStore
+from veil.server.sessions import Session, SessionLimit, SessionStore
 from veil.server.tenants import Tenant, TenantStore
 
 log = logging.getLogger("veil.server")
@@ -179,8 +179,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             return await protected_api.create_session(tenant, body.keys_id, body.param_set)
         try:
             s = sessions.create(tenant.name, body.path, lambda sid: engine.open_hidden(tenant.name))
-        except OverflowError as e:
-            raise ApiError(429, "too_many_sessions", str(e)) from None
+        except SessionLimit as e:
+            raise ApiError(429, "too_many_sessions", str(e), {"Retry-After": str(e.retry_after_s)}) from None
         return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
                 "hidden_size": half.config.hidden_size, "model": half.config.name,
                 "model_fingerprint": half.fingerprint, "dtype": "float32", "ttl_s": cfg.session_ttl_s,

@@ -5,6 +5,7 @@ protected message. The protocol itself is the executor's (`veil.server.protected
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from fastapi import APIRouter, Request
@@ -27,7 +28,7 @@ from veil.server.http_common import bearer_tenant, read_body
 from veil.server.key_sets import KeysError
 from veil.server.metrics import Metrics
 from veil.server.protected_service import ProtectedService
-from veil.server.sessions import Session, SessionStore
+from veil.server.sessions import Session, SessionLimit, SessionStore
 from veil.server.tenants import Tenant, TenantStore
 
 
@@ -86,8 +87,8 @@ class ProtectedApi:
         try:
             s = self.sessions.create(tenant.name, "protected", lambda sid: protected.open(ks, sid),
                                      max_on_path=cfg.max_protected_sessions)
-        except OverflowError as e:
-            raise ApiError(429, "too_many_sessions", str(e)) from None
+        except SessionLimit as e:
+            raise ApiError(429, "too_many_sessions", str(e), {"Retry-After": str(e.retry_after_s)}) from None
         except KeysError as e:  # dropped between the look-up and the open (the TTL, an upload's room)
             raise ApiError(e.status, e.code, str(e)) from None
         return {"id": s.id, "path": s.path, "k": half.k, "num_layers": half.config.num_layers,
@@ -126,7 +127,11 @@ class ProtectedApi:
             try:
                 reply, op_seconds = await self._run(s, msg)
             except ProtocolError as e:
-                retry = {"Retry-After": "1"} if e.status in (429, 503) else None  # limits, device memory
+                retry = None
+                if isinstance(e, CapacityExceeded):  # room comes when sessions holding cache go idle
+                    retry = {"Retry-After": str(math.ceil(self.sessions.idle_threshold_s))}
+                elif e.status in (429, 503):  # device memory: the next try may find it
+                    retry = {"Retry-After": "1"}
                 raise ApiError(e.status, getattr(e, "code", "protocol_error"), str(e), headers=retry) from None
             except (WireError, CiphertextError) as e:
                 raise ApiError(400, "bad_ciphertext", str(e)) from None

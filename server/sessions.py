@@ -13,12 +13,22 @@ its next turn (404 ``session_not_found``).
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class SessionLimit(OverflowError):
+    """A session limit refused a new session. ``retry_after_s``: when one of the sessions under
+    that limit may give its place up, as far as the store can tell (the Retry-After header)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -58,21 +68,27 @@ class SessionStore:
                max_on_path: int | None = None) -> Session:
         """A new session whose state is ``state_factory(session_id)``. Where the tenant has
         ``max_per_tenant`` sessions, or the path ``max_on_path`` in all, the least recently used
-        of those idle for ``evict_idle_s`` is dropped for it; where none is, OverflowError and
-        nothing changes (nor where ``state_factory`` raises)."""
+        of those idle for ``evict_idle_s`` is dropped for it; where none is, SessionLimit and
+        nothing changes (nor where ``state_factory`` raises).
+
+        The refusal's wait is exact for the tenant's own limit (its own sessions' idle times).
+        For the path's limit it is the whole idle threshold: the sessions there are any tenant's,
+        and a tenant must not learn from it when another's conversation last stepped."""
         now = time.monotonic()
-        limits = [(lambda s: s.tenant == tenant, self.max_per_tenant,
+        limits = [(lambda s: s.tenant == tenant, self.max_per_tenant, True,
                    f"tenant has {self.max_per_tenant} sessions (max_sessions_per_tenant)")]
         if max_on_path is not None:
-            limits.append((lambda s: s.path == path, max_on_path, f"the server has {max_on_path} {path} sessions (its limit)"))
+            limits.append((lambda s: s.path == path, max_on_path, False,
+                           f"the server has {max_on_path} {path} sessions (its limit)"))
         evicted: list[Session] = []
         with self._lock:
-            for under, limit, why in limits:
+            for under, limit, own, why in limits:
                 live = [s for s in self._sessions.values() if under(s) and s not in evicted]
                 if len(live) >= limit:
                     victim = self._idlest(live, now)
                     if victim is None or len(live) > limit:  # one place is all a new session needs
-                        raise OverflowError(why)
+                        wait = self._wait(live, now) if own and len(live) == limit else self.idle_threshold_s
+                        raise SessionLimit(why, math.ceil(max(1.0, wait)))
                     evicted.append(victim)
             sid = self.id_prefix + secrets.token_urlsafe(24)
             s = Session(sid, tenant, path, now, now, state=state_factory(sid))
@@ -106,6 +122,18 @@ class SessionStore:
             self._drop(v)
             self.on_evict(v, "capacity")
         return chosen
+
+    @property
+    def idle_threshold_s(self) -> float:
+        """How long a session must be idle before something else may take its place: the
+        eviction threshold, or where eviction is off the TTL."""
+        return self.evict_idle_s if self.evict_idle_s is not None else self.ttl_s
+
+    def _wait(self, candidates: list[Session], now: float) -> float:
+        """Seconds until the first of ``candidates`` has been idle for ``idle_threshold_s`` (a
+        busy one's idleness starts after its step, so it counts the whole threshold)."""
+        t = self.idle_threshold_s
+        return min((t if s.busy else t - (now - s.last_used) for s in candidates), default=t)
 
     def _idle(self, candidates: list[Session], now: float) -> list[Session]:
         """Those of ``candidates`` idle for ``evict_idle_s``, with no step under way."""

@@ -270,7 +270,7 @@ def test_an_idle_protected_session_gives_its_place_at_the_server_limit(ckpt, cli
         kept, b._keys_id = a._kept[0].id, a._keys_id  # b goes on at once: no upload of its own
         with pytest.raises(VeilError) as e:
             b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False)
-        assert (e.value.status, e.value.code) == (429, "too_many_sessions")
+        assert (e.value.status, e.value.code, e.value.retry_after_s) == (429, "too_many_sessions", 60)
         executor = srv.app.state.protected.executor()
         assert kept in executor.sessions
         age(kept)
@@ -287,7 +287,7 @@ def test_an_idle_protected_session_gives_its_place_at_the_server_limit(ckpt, cli
         executor.limits = dataclasses.replace(executor.limits, max_kv_bytes_total=held)
         with pytest.raises(VeilError) as e:
             b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False)
-        assert (e.value.status, e.value.code) == (429, "kv_capacity")
+        assert (e.value.status, e.value.code, e.value.retry_after_s) == (429, "kv_capacity", 60)
         assert kept in executor.sessions and executor.kv_bytes_total == held
         age(kept)
         assert b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False).stats.output_tokens == 1

@@ -222,6 +222,7 @@ def test_an_idle_kept_session_gives_its_place_and_its_chat_goes_on(make_server, 
         kept = c._kept[0].id
         r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers=headers)
         assert r.status_code == 429 and srv.app.state.sessions.get(kept, "alice") is not None
+        assert r.headers["retry-after"] == "60"  # the kept session was used a moment ago
         srv.app.state.sessions.get(kept, "alice").last_used -= 61  # as if its user read for a minute
         r = httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"}, headers=headers)
         assert r.status_code == 201 and srv.app.state.sessions.get(kept, "alice") is None
@@ -229,6 +230,31 @@ def test_an_idle_kept_session_gives_its_place_and_its_chat_goes_on(make_server, 
         messages.append({"role": "user", "content": "And of Italy?"})
         assert c.chat(messages, max_new_tokens=6) == _whole_model_answer(c, full_model, messages, 6)
         assert c.last_stats.reestablished == 1
+    assert 'veil_sessions_evicted_total{limit="sessions",path="plaintext"} 1.0' in httpx.get(f"{srv.url}/metrics").text
+
+
+def test_a_client_told_to_wait_for_room_waits_for_the_servers_retry_after(make_server, client_half, full_model):
+    """A full server's 429 names when a place may come free (Retry-After); a client with
+    ``wait_for_room_s`` sends the request again then, and gives up once its wait runs out."""
+    import time
+
+    srv = make_server(max_sessions_per_tenant=1, session_evict_idle_s=2)
+    prompt = client_half.tokenizer("The capital of France is")["input_ids"]
+    with VeilClient(srv.url, srv.keys["alice"], half=client_half) as a:
+        a.generate(prompt, 2, stop_at_eos=False, keep_session=True)
+        kept = srv.app.state.sessions.get(a._kept[0].id, "alice")
+        with VeilClient(srv.url, srv.keys["alice"], half=client_half, wait_for_room_s=0.3) as b:
+            kept.last_used, t0 = time.monotonic(), time.perf_counter()
+            with pytest.raises(VeilError) as e:
+                b.generate(prompt, 2, stop_at_eos=False)
+            assert (e.value.status, e.value.code, e.value.retry_after_s) == (429, "too_many_sessions", 2)
+            assert 0.3 <= time.perf_counter() - t0 < 1.5  # one retry after 0.3 s, then the wait ran out
+            assert not kept.closed
+        with VeilClient(srv.url, srv.keys["alice"], half=client_half, wait_for_room_s=10) as b:
+            kept.last_used, t0 = time.monotonic(), time.perf_counter()
+            res = b.generate(prompt, 4, stop_at_eos=False)
+            assert time.perf_counter() - t0 >= 2.0 and kept.closed  # waited its 2 s, then took the place
+            assert res.tokens == generate_local(full_model, prompt, 4)
     assert 'veil_sessions_evicted_total{limit="sessions",path="plaintext"} 1.0' in httpx.get(f"{srv.url}/metrics").text
 
 

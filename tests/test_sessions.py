@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from veil.server.sessions import SessionStore
+from veil.server.sessions import SessionLimit, SessionStore
 
 
 def _store(max_per_tenant=2, evict_idle_s=10.0):
@@ -122,3 +122,34 @@ def test_the_eviction_threshold_is_a_second_at_least():
             ServerConfig(session_evict_idle_s=bad)
     assert ServerConfig(session_evict_idle_s=None).session_evict_idle_s is None
     assert ServerConfig().session_evict_idle_s == 60.0
+
+
+def _refusal(store, tenant, path="plaintext", **kw) -> int:
+    with pytest.raises(SessionLimit) as e:
+        store.create(tenant, path, lambda sid: None, **kw)
+    return e.value.retry_after_s
+
+
+def test_a_refusal_says_when_a_place_may_come_free():
+    """Retry-After for the tenant's own limit: when its idlest session reaches the threshold (a
+    busy one counts the whole threshold); with eviction off, when the TTL takes one. For a
+    path's limit, whose sessions are any tenant's: the whole threshold, whatever they did."""
+    store, _, _ = _store(max_per_tenant=2)  # evicts after 10 s idle
+    a, b = (store.create("alice", "plaintext", lambda sid: None) for _ in range(2))
+    _idle(a, 3.5), _idle(b, 6.5)
+    assert _refusal(store, "alice") == 4  # b: ceil(10 - 6.5)
+    b.in_flight = 1
+    assert _refusal(store, "alice") == 7  # a: ceil(10 - 3.5); b's idleness starts after its step
+    a.in_flight = 1
+    assert _refusal(store, "alice") == 10
+    a.in_flight = b.in_flight = 0
+    _idle(b, 9.99)
+    assert _refusal(store, "alice") == 1  # at least 1 s
+
+    no_eviction = SessionStore(600, 1, evict_idle_s=None)
+    _idle(no_eviction.create("alice", "plaintext", lambda sid: None), 100.5)
+    assert _refusal(no_eviction, "alice") == 500
+
+    path = SessionStore(600, 8, evict_idle_s=60.0)
+    _idle(path.create("alice", "protected", lambda sid: None), 55)
+    assert _refusal(path, "bob", "protected", max_on_path=1) == 60  # not 5: alice's activity stays hers
