@@ -31,6 +31,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int)
+    p.add_argument("--key-file", type=Path, metavar="PATH",
+                   help="protected: keep this client's key pair in PATH (made and written there on the first "
+                        "run, mode 0600; it holds the secret key): a later run makes no keys and uploads none "
+                        "while the server still holds them")
     p.add_argument("--wait-for-room", type=float, default=0.0, metavar="S",
                    help="when the server is full (429 too_many_sessions or kv_capacity), retry after its "
                         "Retry-After for up to S seconds per request (default 0: report the refusal at once)")
@@ -41,9 +45,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def cmd_chat(args) -> int:
     from veil.client.sdk import VeilClient, VeilError
 
+    if args.key_file is not None and args.mode != "protected":
+        print("error: --key-file holds a protected client's keys (--mode protected)", file=sys.stderr)
+        return 2
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
                         verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate,
-                        key_set=None if args.keys == "auto" else args.keys, wait_for_room_s=args.wait_for_room)
+                        key_set=None if args.keys == "auto" else args.keys, wait_for_room_s=args.wait_for_room,
+                        key_file=args.key_file)
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:

@@ -119,7 +119,7 @@ class VeilClient:
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
                  half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str | None = None,
                  speculate: int = 0, threads: int | None = None, key_set: str | None = None,
-                 wait_for_room_s: float = 0.0):
+                 wait_for_room_s: float = 0.0, key_file: str | Path | None = None):
         from veil.crypto.backend import backend_names
         from veil.protected.key_levels import KEY_SETS
 
@@ -150,6 +150,12 @@ class VeilClient:
         # how long one request may wait for room on the server (ROOM_CODES), in Retry-After steps;
         # 0: the first refusal is raised (an interactive caller sees it at once)
         self.wait_for_room_s = wait_for_room_s
+        # protected: where this client's key pair lives between processes (``veil.client.key_file``):
+        # loaded if it exists, else written once the keys are made; its evaluation keys stay on
+        # the server after ``close`` for the next process
+        if key_file is not None and mode != "protected":
+            raise ValueError("a key file holds a protected client's keys: mode='protected'")
+        self.key_file = Path(key_file) if key_file is not None else None
         self.he = None  # protected: this client's CKKS backend, holding the secret key
         self.last_protected_transcript: list = []
         self._keys_id: str | None = None
@@ -253,7 +259,8 @@ class VeilClient:
 
     def generate_keys(self, progress: bool = True) -> None:
         """Protected mode: a fresh CKKS key pair and the evaluation keys the server's layouts
-        need (secret key in this process only; randomness from the OS CSPRNG)."""
+        need (secret key in this process only; randomness from the OS CSPRNG). With a
+        ``key_file`` that exists, its key pair instead; a new pair is written to it."""
         from tqdm.auto import tqdm
 
         from veil.crypto.backend import backend_names, make_backend
@@ -261,6 +268,9 @@ class VeilClient:
         from veil.protected.key_levels import KEY_SETS, relin_key_level, rotation_key_levels
         from veil.protected.layouts import dims_of
 
+        if self.key_file is not None and self.key_file.exists():
+            self._load_key_file()
+            return
         if self.he_backend is None or self.key_set is None:
             server = self._server_protected_info()
             if server.get("available") is False:  # no keys to make: say why before spending on them
@@ -286,9 +296,45 @@ class VeilClient:
             self._material = public_material_to_bytes(material)
             bar.update()
         self.he, self._keys_id = he, None
+        if self.key_file is not None:
+            from veil.client import key_file
+
+            secret, fold = he.export_secret()
+            key_file.save(self.key_file, key_file.ClientKeys(PROTECTED_PARAMS.id, he.name, self.key_set, secret,
+                                                             fold, self._material))
+
+    def _load_key_file(self) -> None:
+        """The key pair of ``key_file``, and the id its evaluation keys have on a server that still
+        holds them (the first session asks; where the server has none, they are uploaded)."""
+        from veil.client import key_file
+        from veil.crypto.backend import KeyMaterialError, make_backend
+        from veil.crypto.params import PROTECTED_PARAMS
+
+        try:
+            keys = key_file.load(self.key_file)
+        except key_file.KeyFileError as e:
+            raise VeilError(400, "bad_key_file", str(e)) from None
+        if keys.param_set != PROTECTED_PARAMS.id:
+            raise VeilError(400, "bad_key_file", f"{self.key_file} holds keys of {keys.param_set!r}, "
+                                                 f"this client uses {PROTECTED_PARAMS.id!r}")
+        server = self._server_protected_info().get("he_backend") if self.he_backend is None else self.he_backend
+        if server is not None and server != keys.he_backend:
+            raise VeilError(400, "bad_key_file", f"{self.key_file} holds {keys.he_backend} keys and the server "
+                                                 f"computes on {server!r}: use another key file")
+        if self.key_set is not None and self.key_set != keys.key_set:
+            raise VeilError(400, "bad_key_file", f"{self.key_file} holds the {keys.key_set!r} key set, "
+                                                 f"not {self.key_set!r}")
+        he = make_backend(PROTECTED_PARAMS, keys.he_backend)
+        try:
+            he.import_secret(keys.secret, keys.fold_secret)
+        except KeyMaterialError as e:
+            raise VeilError(400, "bad_key_file", f"{self.key_file}: {e}") from None
+        self.he, self.he_backend, self.key_set = he, keys.he_backend, keys.key_set
+        self._material, self._keys_id = keys.material, keys.keys_id
 
     def ensure_keys(self, stats: GenerationStats | None = None) -> str:
-        """Upload the evaluation keys once per client (the server caches them by fingerprint)."""
+        """Upload the evaluation keys once per client (the server caches them by fingerprint);
+        keys from a key file are taken to be on the server until a session says otherwise."""
         if self.he is None:
             self.generate_keys()
         if self._keys_id is None:
@@ -297,7 +343,9 @@ class VeilClient:
             data = memoryview(self._material)
             chunks = (bytes(data[i:i + (1 << 20)]) for i in range(0, len(data), 1 << 20))
             r = self._post("/v1/keys", content=chunks, headers={"Content-Type": CONTENT_TYPE}, retry=False)
-            self._keys_id = self._uploaded_keys_id = r.json()["keys_id"]
+            self._keys_id = r.json()["keys_id"]
+            if self.key_file is None:  # a key file's keys stay for its next process
+                self._uploaded_keys_id = self._keys_id
             if stats is not None:
                 stats.setup_bytes += len(self._material)
         return self._keys_id

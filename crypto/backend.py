@@ -472,8 +472,37 @@ class HEBackend(abc.ABC):
         residues[:, 0::2] = g
         return self._encrypt_residues_to_bytes(residues, from_level, level, scale)
 
+    # ---- the client's key file (``veil.client.key_file``) -----------------------------------
+    def export_secret(self) -> tuple[bytes, bytes]:
+        """Client: (the secret key in this backend's own form, the fold secret), for the client's
+        key file only: neither ever goes on the wire. ``import_secret`` takes them back."""
+        if not self.has_secret_key:
+            raise HEError("no secret key")
+        return self._secret_bytes(), ring_switch.secret_to_bytes(self.params, self._fold_secret_or_raise())
+
+    def import_secret(self, secret: bytes, fold: bytes) -> None:
+        """Client: a key pair ``export_secret`` made, to encrypt and decrypt with again. The
+        backend derives a fresh public key from it and holds no evaluation keys (the server has
+        them from the first upload). ``KeyMaterialError`` where the bytes are not a secret of
+        this backend and parameter set."""
+        try:
+            fold_secret = ring_switch.secret_from_bytes(self.params, fold)
+        except ring_switch.FoldError as e:
+            raise KeyMaterialError(f"fold secret: {e}") from None
+        self._load_secret(secret)
+        self._fold_secret = fold_secret
+
+    def _secret_bytes(self) -> bytes:
+        raise HEError(f"the {self.name} backend keeps no key file")
+
+    def _load_secret(self, data: bytes) -> None:
+        """Set the secret key (and a public key derived from it); ``KeyMaterialError``, nothing
+        changed, unless ``data`` holds N ternary coefficients of this parameter set."""
+        raise HEError(f"the {self.name} backend keeps no key file")
+
     def _secret_coefficients(self) -> np.ndarray:
-        """Client: the secret key's N ternary coefficients (int64), for the fold key only."""
+        """Client: the secret key's N ternary coefficients (int64), for the fold key and the key
+        file's check."""
         raise HEError(f"the {self.name} backend cannot make a fold key")
 
     def _fold_coefficients(self, ct: Ciphertext) -> np.ndarray:

@@ -55,7 +55,7 @@ from veil.crypto.native.serial import SerialError, pack, unpack
 from veil.crypto.params import CkksParams
 
 __all__ = ["KEY_MAGIC", "MAGIC", "TOP_LEVEL", "FoldKey", "FoldSecret", "FoldError", "is_folded", "make_key",
-           "load_key", "fold", "decrypt", "decrypt_residues", "key_bytes"]
+           "load_key", "fold", "decrypt", "decrypt_residues", "key_bytes", "secret_to_bytes", "secret_from_bytes"]
 
 KEY_MAGIC, MAGIC = b"VFK2", b"VFD1"
 #: The highest level the key switches from: the masked refresh's and the final download's.
@@ -170,6 +170,21 @@ def make_key(params: CkksParams, s_coeffs: np.ndarray) -> tuple[FoldSecret, byte
     b2 = sp.basis.sub(sp.lift(_error(stream, r.n // 2)), sp.basis.mul(_public_a(pk_seed, r), sp.lift(s_small)))
     parts += [pk_seed, pack(b2, r.primes)]
     return FoldSecret(r.small.lift(s_small)), b"".join(parts)
+
+
+def secret_to_bytes(params: CkksParams, secret: FoldSecret) -> bytes:
+    """Client: ``s'``'s N/2 ternary coefficients, one signed byte each (the client's key file)."""
+    s = _of(params).small.inverse_centred(secret.s)[0]  # centred mod q0: the coefficients themselves
+    return s.to(torch.int8).numpy().tobytes()
+
+
+def secret_from_bytes(params: CkksParams, data: bytes) -> FoldSecret:
+    """Client: ``s'`` back from ``secret_to_bytes``; ``FoldError`` unless N/2 ternary bytes."""
+    r = _of(params)
+    s = np.frombuffer(data, dtype=np.int8)
+    if s.shape != (r.n // 2,) or np.abs(s).max(initial=0) > 1:
+        raise FoldError(f"a fold secret is {r.n // 2} ternary coefficients")
+    return FoldSecret(r.small.lift(torch.from_numpy(s.astype(np.int64))))
 
 
 def _public_a(seed: bytes, r: _Rings) -> torch.Tensor:

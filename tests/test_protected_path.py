@@ -398,3 +398,28 @@ def test_a_span_after_rejected_drafts_goes_on_from_the_kept_positions(client, fu
     expected = whole_model(ids + [t] + more)
     assert int(logits.argmax()) == int(expected.argmax()) and kl(expected, logits) < 1e-3
     assert kl(expected, whole_model(ids + [t] + more[:3] + more)) > 1e-2  # drafts left in would show
+
+
+def test_a_key_file_spares_a_new_client_its_keys_and_their_upload(server, client, full_model, tmp_path):
+    """Last in the module: it drops the shared keys from the server. A client made on a key file
+    of the fixture's key pair generates no keys and, while the server holds them, uploads
+    nothing; its tokens are plaintext greedy's, and closing it leaves the keys for the next.
+    Once the server has dropped them, the next such client uploads them and goes on."""
+    from veil.client import key_file
+
+    path = tmp_path / "carol.keys"
+    secret, fold = client.he.export_secret()
+    key_file.save(path, key_file.ClientKeys(PROTECTED_PARAMS.id, client.he.name, client.key_set, secret, fold,
+                                            client._material))
+    ids = client.tokenizer("The capital of France is")["input_ids"]
+    expected = generate_local(full_model, ids, 2)
+    protected, kid = server.app.state.protected, client.ensure_keys()
+    for upload in (0, len(client._material)):
+        with VeilClient(server.url, server.keys["carol"], mode="protected", half=client.half, key_file=path) as c:
+            res = c.generate(ids, 2, stop_at_eos=False)
+            assert res.tokens == expected and res.stats.setup_bytes == upload
+            assert c.he is not client.he and c._keys_id == kid
+        assert protected.key_set("carol", kid) is not None  # the key file's keys stay on the server
+        client.release_session()
+        r = httpx.delete(f"{server.url}/v1/keys/{kid}", headers={"Authorization": f"Bearer {server.keys['carol']}"})
+        assert r.status_code == 204

@@ -171,3 +171,40 @@ def test_plain_mirrors_the_fold_in_slots(he_pair):
                                                               scale=2.0**27), fold=True)
     up = client.refresh_reencrypt_folded_to_bytes(server.serialize_folded_refresh(masked, 3.0), p.top_level)
     assert np.abs(client.decrypt(server.unmask_refresh(server.deserialize(up, scale=2.0**27), mask)) - w).max() < 1e-3
+
+
+def test_a_key_pair_exported_for_the_key_file_decrypts_and_encrypts_as_the_one_that_made_it(pair):
+    """``export_secret`` / ``import_secret`` (the client's key file): a backend holding only the
+    imported secret decrypts what the original encrypted, whole and folded, and the server,
+    under the original's uploaded keys, computes on what the imported one encrypts."""
+    client, server = pair
+    p, half = server.params, server.params.slot_count // 2
+    secret, fold = client.export_secret()
+    again = make_backend(p, client.name)
+    again.import_secret(secret, fold)
+    v = _values(p)
+    ct = server.deserialize(client.encrypt_to_bytes(v, 0))
+    assert np.abs(again.decrypt(server.deserialize(server.serialize(ct))) - v).max() < 1e-3
+    got, _ = again.decrypt_folded(server.serialize_folded(ct, FLOOD))
+    assert np.abs(got - (v[:half] + v[half:])).max() < 0.05
+    rotated = server.rotate(server.deserialize(again.encrypt_to_bytes(v, 0)), 1)  # the server's Galois key
+    assert np.abs(client.decrypt(rotated) - np.roll(v, -1)).max() < 1e-3
+    assert again.export_secret() == (secret, fold)
+
+
+@pytest.mark.parametrize("damage", ["short", "not_ternary", "fold_short", "fold_not_ternary"])
+def test_a_damaged_secret_is_refused_and_the_backend_keeps_none(pair, damage):
+    client, _ = pair
+    secret, fold = client.export_secret()
+    if damage == "short":
+        secret = secret[:-9]
+    elif damage == "not_ternary":
+        secret = secret[:-16] + b"\x07" * 16 if client.name == "native" else secret[:100] + b"\xff" * 64 + secret[164:]
+    elif damage == "fold_short":
+        fold = fold[1:]
+    else:
+        fold = b"\x02" + fold[1:]
+    fresh = make_backend(client.params, client.name)
+    with pytest.raises(KeyMaterialError):
+        fresh.import_secret(secret, fold)
+    assert not fresh.has_secret_key

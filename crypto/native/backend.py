@@ -316,6 +316,16 @@ class NativeBackend(Evaluator, HEBackend):
         _, ntt = self._ctx.data(0)
         return ntt.inverse_centred(self._sk.s[1:2])[0].cpu().numpy()
 
+    def _secret_bytes(self) -> bytes:
+        return self._secret_coefficients().astype(np.int8).tobytes()  # ternary: one byte each
+
+    def _load_secret(self, data: bytes) -> None:
+        s = np.frombuffer(data, dtype=np.int8)
+        if s.shape != (self._n,) or np.abs(s).max(initial=0) > 1:
+            raise KeyMaterialError(f"a native secret key is {self._n} ternary coefficients, one byte each")
+        sk = K.secret_from_coefficients(self._ctx, s.astype(np.int64))
+        self._sk, self._pk, self._rlk, self._gks, self._export = sk, K.gen_public(self._ctx, sk), None, {}, None
+
     def _fold_coefficients(self, ct: Ciphertext) -> np.ndarray:
         c = self._unwrap(ct)
         if c.data.dim() != 3 or c.data.shape[0] != 2:

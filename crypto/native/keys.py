@@ -92,8 +92,13 @@ def _error(ctx: RnsContext, stream: Stream, shape: tuple[int, ...], ntt) -> torc
 
 
 def gen_secret(ctx: RnsContext) -> SecretKey:
+    return secret_from_coefficients(ctx, Stream().ternary(ctx.n))
+
+
+def secret_from_coefficients(ctx: RnsContext, coeffs: np.ndarray) -> SecretKey:
+    """The secret key of N ternary coefficients (int64), in NTT form over the master limbs."""
     _, ntt = ctx.master
-    return SecretKey(_to_ntt(ctx, Stream().ternary(ctx.n), ntt))
+    return SecretKey(_to_ntt(ctx, coeffs, ntt))
 
 
 def expand_a(ctx: RnsContext, seed: bytes, level: int, tag: int) -> torch.Tensor:

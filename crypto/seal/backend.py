@@ -398,10 +398,34 @@ class SealBackend(HEBackend):
         return self._wrap(out)
 
     # ------------------------------------------------------------------ folded downloads
-    def _secret_coefficients(self) -> np.ndarray:
+    def _secret_coefficients(self, sk=None) -> np.ndarray:
         lvl = self._c.levels[0]  # the secret's first residue run is mod q0 (NTT form)
-        ntt = read_flat(self._sk.data(), 0, self._c.n).reshape(1, self._c.n)
+        ntt = read_flat((sk or self._sk).data(), 0, self._c.n).reshape(1, self._c.n)
         return self._c.centered_ints(self._c.ntt_to_coeff(ntt, lvl), lvl).astype(np.int64)
+
+    def _secret_bytes(self) -> bytes:
+        return self._c.io.save(self._sk)  # SEAL's own form: NTT residues at the key level
+
+    def _load_secret(self, data: bytes) -> None:
+        raw_limit = self._c.key_raw_size()  # one polynomial at the key level: half a key component
+        sk = sealapi.SecretKey()
+        try:
+            if len(data) > 2 * raw_limit:
+                raise seal_format.SealFormatError("larger than a secret key")
+            seal_format.parse_header(data)
+            self._c.check_inflated(data, raw_limit)
+            self._c.io.load(sk, self._c.ctx, data)
+            valid = sealapi.is_valid_for(sk, self._c.ctx) and np.abs(self._secret_coefficients(sk)).max() <= 1
+        except Exception as e:  # SEAL raises RuntimeError/ValueError on bad input
+            raise KeyMaterialError(f"invalid secret key: {e}") from e
+        if not valid:
+            raise KeyMaterialError(f"not a ternary secret key of {self.params.id}")
+        kg = sealapi.KeyGenerator(self._c.ctx, sk)
+        pk = sealapi.PublicKey()
+        kg.create_public_key(pk)
+        self._sk, self._pk, self._keygen, self._export_cache = sk, pk, kg, None
+        self._encryptor_sk = self._encryptor_pk = sealapi.Encryptor(self._c.ctx, pk, sk)
+        self._decryptor = sealapi.Decryptor(self._c.ctx, sk)
 
     def _fold_coefficients(self, ct) -> np.ndarray:
         obj = self._unwrap(ct)

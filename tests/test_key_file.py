@@ -1,0 +1,103 @@
+"""The client's key file (``veil.client.key_file``): written owner-only and whole, refused where
+others may read it or where any part is damaged; a client made again on it holds the same key
+pair and uploads material that the server already knows by its id."""
+
+import hashlib
+import os
+import stat
+
+import pytest
+
+from veil.client import VeilClient
+from veil.client import key_file as kf
+from veil.client.sdk import VeilError
+
+NOWHERE = "http://127.0.0.1:9"  # nothing listens: these clients never reach a server
+
+
+def _keys(material=b"public material " * 1000):
+    return kf.ClientKeys("ckks-n16384-l7-v2", "native", "minimal", b"\x01\x00\xff" * 10, b"\x00\x01" * 7, material)
+
+
+def test_a_key_file_is_written_owner_only_and_read_back_whole(tmp_path):
+    path = tmp_path / "keys"
+    umask = os.umask(0o022)  # a usual umask: the file must still be 0600
+    try:
+        kf.save(path, _keys())
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    back = kf.load(path)
+    assert back == _keys() and back.keys_id == hashlib.sha256(_keys().material).hexdigest()
+    kf.save(path, _keys(b"other"))  # replaced whole, still owner-only, no temporary file left
+    assert kf.load(path).material == b"other" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["keys"]
+
+
+def test_a_key_file_others_may_read_is_refused(tmp_path):
+    path = tmp_path / "keys"
+    kf.save(path, _keys())
+    for mode in (0o640, 0o604, 0o660):
+        path.chmod(mode)
+        with pytest.raises(kf.KeyFileError, match="others may read it"):
+            kf.load(path)
+    path.chmod(0o400)
+    assert kf.load(path) == _keys()
+
+
+@pytest.mark.parametrize("damage", ["magic", "header_cut", "material_cut", "material_bit", "secret_bit",
+                                    "version", "not_msgpack", "empty"])
+def test_a_damaged_key_file_is_refused(tmp_path, damage):
+    path = tmp_path / "keys"
+    kf.save(path, _keys())
+    data = bytearray(path.read_bytes())
+    header_len = int.from_bytes(data[8:12], "little")
+    secret_at = data.index(b"\x01\x00\xff" * 10)
+    if damage == "magic":
+        data[0] ^= 1
+    elif damage == "header_cut":
+        data = data[: 12 + header_len // 2]
+    elif damage == "material_cut":
+        data = data[:-1]
+    elif damage == "material_bit":
+        data[-5] ^= 4
+    elif damage == "secret_bit":
+        data[secret_at + 1] ^= 1  # still ternary bytes: only the digest tells
+    elif damage == "version":
+        data[data.index(b"\xa1v") + 2] = 2
+    elif damage == "not_msgpack":
+        data[12:12 + header_len] = b"\xc1" * header_len
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    path.chmod(0o600)
+    with pytest.raises(kf.KeyFileError):
+        kf.load(path)
+
+
+def test_a_client_made_again_on_its_key_file_holds_the_same_keys(tmp_path, client_half):
+    """The first client makes its keys (native, the minimal set: quick) and writes them; the
+    second makes none: the same secret, the same material, and the material's id, which a
+    server that holds them knows them by. A damaged file is a clear client error."""
+    path = tmp_path / "keys"
+    first = VeilClient(NOWHERE, "k", mode="protected", half=client_half, he_backend="native", key_set="minimal",
+                       key_file=path)
+    first.generate_keys(progress=False)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    second = VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_file=path, he_backend="native")
+    second.generate_keys(progress=False)
+    assert second.he.export_secret() == first.he.export_secret()
+    assert second._material == first._material and second.key_set == "minimal"
+    assert second.ensure_keys() == hashlib.sha256(first._material).hexdigest()  # no upload: nowhere to go
+    with pytest.raises(VeilError, match="holds native keys"):
+        VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_file=path, he_backend="seal").generate_keys()
+    with pytest.raises(VeilError, match="key set"):
+        VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_file=path, he_backend="native",
+                   key_set="full").generate_keys()
+    path.chmod(0o644)
+    with pytest.raises(VeilError, match="bad_key_file"):
+        VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_file=path, he_backend="native").generate_keys()
+    with pytest.raises(ValueError, match="protected"):
+        VeilClient(NOWHERE, "k", half=client_half, key_file=path)
+    for c in (first, second):
+        c.http.close()
