@@ -35,6 +35,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="protected: keep this client's key pair in PATH (made and written there on the first "
                         "run, mode 0600; it holds the secret key): a later run makes no keys and uploads none "
                         "while the server still holds them")
+    p.add_argument("--key-passphrase", action="store_true",
+                   help="seal the key file's secrets with a passphrase (a new file) or open them (a sealed "
+                        "one): read from $VEIL_KEY_PASSPHRASE where set, else asked for without echo")
     p.add_argument("--wait-for-room", type=float, default=0.0, metavar="S",
                    help="when the server is full (429 too_many_sessions or kv_capacity), retry after its "
                         "Retry-After for up to S seconds per request (default 0: report the refusal at once)")
@@ -48,10 +51,18 @@ def cmd_chat(args) -> int:
     if args.key_file is not None and args.mode != "protected":
         print("error: --key-file holds a protected client's keys (--mode protected)", file=sys.stderr)
         return 2
+    passphrase = None
+    if args.key_passphrase:
+        if args.key_file is None:
+            print("error: --key-passphrase seals a key file (--key-file PATH)", file=sys.stderr)
+            return 2
+        passphrase = _key_passphrase(new=not args.key_file.exists())
+        if passphrase is None:
+            return 2
     client = VeilClient(args.server, args.api_key, mode=args.mode, bundle=args.bundle, k=args.k,
                         verify=args.cacert or True, he_backend=args.he_backend, speculate=args.speculate,
                         key_set=None if args.keys == "auto" else args.keys, wait_for_room_s=args.wait_for_room,
-                        key_file=args.key_file)
+                        key_file=args.key_file, key_passphrase=passphrase)
     history: list[dict] = []
     prompts = [args.prompt] if args.prompt else (line.strip() for line in sys.stdin)
     try:
@@ -77,3 +88,25 @@ def cmd_chat(args) -> int:
     finally:
         client.close()
     return 0
+
+
+def _key_passphrase(new: bool) -> str | None:
+    """The key file's passphrase: $VEIL_KEY_PASSPHRASE, else asked on the terminal (twice for a
+    new file). None, said why, for an empty or mistyped one."""
+    import getpass
+    import os
+
+    passphrase = os.environ.get("VEIL_KEY_PASSPHRASE")
+    if passphrase is None:
+        try:
+            passphrase = getpass.getpass("key file passphrase: ")
+            if new and getpass.getpass("again: ") != passphrase:
+                print("error: the two passphrases differ", file=sys.stderr)
+                return None
+        except (EOFError, KeyboardInterrupt):
+            print("\nerror: no passphrase read", file=sys.stderr)
+            return None
+    if not passphrase:
+        print("error: an empty passphrase seals nothing", file=sys.stderr)
+        return None
+    return passphrase

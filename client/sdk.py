@@ -119,7 +119,8 @@ class VeilClient:
                  k: int = DEFAULT_K, timeout_s: float = 600.0, verify: bool | str = True,
                  half: ClientHalf | None = None, prefill_span: int = MAX_SPAN, he_backend: str | None = None,
                  speculate: int = 0, threads: int | None = None, key_set: str | None = None,
-                 wait_for_room_s: float = 0.0, key_file: str | Path | None = None):
+                 wait_for_room_s: float = 0.0, key_file: str | Path | None = None,
+                 key_passphrase: str | bytes | None = None):
         from veil.crypto.backend import backend_names
         from veil.protected.key_levels import KEY_SETS
 
@@ -156,6 +157,10 @@ class VeilClient:
         if key_file is not None and mode != "protected":
             raise ValueError("a key file holds a protected client's keys: mode='protected'")
         self.key_file = Path(key_file) if key_file is not None else None
+        # seals a new key file's secrets and opens a sealed one's (``key_file``, "sealed")
+        if key_passphrase is not None and key_file is None:
+            raise ValueError("a key passphrase seals a key file: give key_file too")
+        self._key_passphrase = key_passphrase
         self.he = None  # protected: this client's CKKS backend, holding the secret key
         self.last_protected_transcript: list = []
         self._keys_id: str | None = None
@@ -301,7 +306,7 @@ class VeilClient:
 
             secret, fold = he.export_secret()
             key_file.save(self.key_file, key_file.ClientKeys(PROTECTED_PARAMS.id, he.name, self.key_set, secret,
-                                                             fold, self._material))
+                                                             fold, self._material), self._key_passphrase)
 
     def _load_key_file(self) -> None:
         """The key pair of ``key_file``, and the id its evaluation keys have on a server that still
@@ -311,7 +316,9 @@ class VeilClient:
         from veil.crypto.params import PROTECTED_PARAMS
 
         try:
-            keys = key_file.load(self.key_file)
+            keys = key_file.load(self.key_file, self._key_passphrase)
+        except key_file.PassphraseRequired as e:
+            raise VeilError(400, "key_passphrase_required", f"{e} (key_passphrase=, veil chat --key-passphrase)") from None
         except key_file.KeyFileError as e:
             raise VeilError(400, "bad_key_file", str(e)) from None
         if keys.param_set != PROTECTED_PARAMS.id:

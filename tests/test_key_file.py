@@ -101,3 +101,93 @@ def test_a_client_made_again_on_its_key_file_holds_the_same_keys(tmp_path, clien
         VeilClient(NOWHERE, "k", half=client_half, key_file=path)
     for c in (first, second):
         c.http.close()
+
+
+@pytest.fixture
+def quick_scrypt(monkeypatch):
+    """A cheaper scrypt for the tests that seal many files (the file records what it used, so
+    reading follows); the SDK test below seals under the shipped cost."""
+    monkeypatch.setattr(kf, "SCRYPT", {"n": 1 << 10, "r": 8, "p": 1})
+
+
+def test_a_sealed_key_file_opens_only_with_its_passphrase(tmp_path, quick_scrypt):
+    path, other = tmp_path / "keys", tmp_path / "again"
+    kf.save(path, _keys(), "correct horse")
+    kf.save(other, _keys(), "correct horse")
+    data = path.read_bytes()
+    assert _keys().secret not in data and _keys().fold_secret not in data
+    assert data != other.read_bytes()  # a fresh salt and nonce per file
+    assert kf.load(path, "correct horse") == _keys() == kf.load(other, b"correct horse")
+    with pytest.raises(kf.PassphraseRequired):
+        kf.load(path)
+    with pytest.raises(kf.KeyFileError, match="wrong passphrase"):
+        kf.load(path, "correct horsf")
+    with pytest.raises(ValueError, match="empty passphrase"):
+        kf.save(tmp_path / "empty", _keys(), "")
+    kf.save(tmp_path / "open", _keys())  # a passphrase for a file that is not sealed is not needed
+    assert kf.load(tmp_path / "open", "anything") == _keys()
+
+
+@pytest.mark.parametrize("edit", ["key_set", "box", "nonce", "cost"])
+def test_a_sealed_key_files_header_cannot_be_changed(tmp_path, quick_scrypt, edit):
+    """The public fields are the seal's associated data: a header that says other keys (here the
+    key set; the digests likewise) does not open; nor does a changed box or nonce; a cost beyond
+    what this client runs is refused before any derivation."""
+    path = tmp_path / "keys"
+    kf.save(path, _keys(), "pw")
+    data = bytearray(path.read_bytes())
+    n = int.from_bytes(data[8:12], "little")
+    import msgpack
+
+    h = msgpack.unpackb(bytes(data[12:12 + n]))
+    if edit == "key_set":
+        h["key_set"] = "compact"
+    elif edit == "box":
+        h["sealed"]["box"] = bytes([h["sealed"]["box"][0] ^ 1]) + h["sealed"]["box"][1:]
+    elif edit == "nonce":
+        h["sealed"]["nonce"] = os.urandom(12)
+    else:
+        h["sealed"]["n"] = 1 << 24
+    header = msgpack.packb(h)
+    path.write_bytes(kf.MAGIC + len(header).to_bytes(4, "little") + header + bytes(data[12 + n:]))
+    path.chmod(0o600)
+    with pytest.raises(kf.KeyFileError, match="does not run" if edit == "cost" else "wrong passphrase"):
+        kf.load(path, "pw")
+
+
+def test_a_client_seals_its_key_file_with_a_passphrase(tmp_path, client_half):
+    path = tmp_path / "keys"
+    first = VeilClient(NOWHERE, "k", mode="protected", half=client_half, he_backend="native", key_set="minimal",
+                       key_file=path, key_passphrase="s3cret words")
+    first.generate_keys(progress=False)
+    assert first.he.export_secret()[0] not in path.read_bytes()
+    with pytest.raises(VeilError, match="key_passphrase_required"):
+        VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_file=path, he_backend="native").generate_keys()
+    with pytest.raises(VeilError, match="bad_key_file.*wrong passphrase"):
+        VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_file=path, he_backend="native",
+                   key_passphrase="other words").generate_keys()
+    second = VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_file=path, he_backend="native",
+                        key_passphrase="s3cret words")
+    second.generate_keys(progress=False)
+    assert second.he.export_secret() == first.he.export_secret() and second._material == first._material
+    with pytest.raises(ValueError, match="key_file"):
+        VeilClient(NOWHERE, "k", mode="protected", half=client_half, key_passphrase="x")
+    for c in (first, second):
+        c.http.close()
+
+
+def test_the_cli_reads_the_passphrase_from_the_environment_or_asks_twice_for_a_new_file(monkeypatch, capsys):
+    import getpass
+
+    from veil.client import cli
+
+    monkeypatch.setenv("VEIL_KEY_PASSPHRASE", "from env")
+    assert cli._key_passphrase(new=True) == "from env"
+    monkeypatch.delenv("VEIL_KEY_PASSPHRASE")
+    typed = iter(["one", "two"])
+    monkeypatch.setattr(getpass, "getpass", lambda prompt="": next(typed))
+    assert cli._key_passphrase(new=True) is None and "differ" in capsys.readouterr().err
+    typed = iter(["one"])
+    assert cli._key_passphrase(new=False) == "one"  # an existing file: asked once
+    typed = iter([""])
+    assert cli._key_passphrase(new=False) is None and "empty" in capsys.readouterr().err
