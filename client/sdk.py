@@ -32,7 +32,7 @@ from veil.crypto.wire import CONTENT_TYPE
 from veil.engine.sampling import Sampler, SamplingParams
 from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
 from veil.engine.text import stream_text
-from veil.protected.protocol import MAX_SPAN, public_material_to_bytes
+from veil.protected.protocol import MAX_SPAN
 
 #: times a step or request the server dropped for lack of device memory is sent again
 OOM_RETRIES = 3
@@ -252,92 +252,30 @@ class VeilClient:
         return r.json()
 
     def _server_protected_info(self) -> dict:
-        """What the server's ``/health`` says of its protected path: ``he_backend`` (the keys'
-        format) and ``key_set`` (the set that suits that backend). A server that does not say, or
-        cannot be asked, gets SEAL keys of the full set, which every server version accepts."""
-        try:
-            r = self.http.get("/health")
-            info = r.json().get("protected") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            info = None
-        return info if isinstance(info, dict) else {}
+        from veil.client.keys import server_protected_info
+
+        return server_protected_info(self.http)
 
     def generate_keys(self, progress: bool = True) -> None:
         """Protected mode: a fresh CKKS key pair and the evaluation keys the server's layouts
-        need (secret key in this process only; randomness from the OS CSPRNG). With a
-        ``key_file`` that exists, its key pair instead; a new pair is written to it."""
-        from tqdm.auto import tqdm
-
-        from veil.crypto.backend import backend_names, make_backend
-        from veil.crypto.params import PROTECTED_PARAMS
-        from veil.protected.key_levels import KEY_SETS, relin_key_level, rotation_key_levels
-        from veil.protected.layouts import dims_of
+        need (``veil.client.keys``: secret key in this process only). With a ``key_file`` that
+        exists, its key pair instead; a new pair is written to it."""
+        from veil.client import keys
 
         if self.key_file is not None and self.key_file.exists():
-            self._load_key_file()
+            # its evaluation keys are taken to be on the server: the first session asks, and where
+            # the server has none, they are uploaded
+            backend = self.he_backend or self._server_protected_info().get("he_backend")
+            self.he, held = keys.load(self.key_file, self._key_passphrase, backend, self.key_set)
+            self.he_backend, self.key_set = held.he_backend, held.key_set
+            self._material, self._keys_id = held.material, held.keys_id
             return
         if self.he_backend is None or self.key_set is None:
-            server = self._server_protected_info()
-            if server.get("available") is False:  # no keys to make: say why before spending on them
-                raise VeilError(501, "protected_unavailable", server.get("reason", "the server has no protected path"))
-            if self.he_backend is None:
-                name = server.get("he_backend", "seal")
-                if name not in backend_names():
-                    raise VeilError(400, "unknown_backend", f"the server computes on {name!r}, "
-                                                            f"this client has {backend_names()}")
-                self.he_backend = name
-            if self.key_set is None:
-                named = server.get("key_set")
-                self.key_set = named if named in KEY_SETS else "full"
-        # each key for its levels
-        steps = rotation_key_levels(dims_of(self.cfg, PROTECTED_PARAMS.slot_count), key_set=self.key_set)
-        with tqdm(total=3, desc="CKKS keys", unit="phase", disable=not progress) as bar:
-            bar.set_postfix_str(f"secret + public key, {len(steps)} Galois keys ({PROTECTED_PARAMS.id})")
-            he = make_backend(PROTECTED_PARAMS, self.he_backend)
-            he.generate_keys(steps, relin_key_level())
-            bar.update()
-            material = he.export_public_material()  # relin + Galois keys are made here
-            bar.update()
-            self._material = public_material_to_bytes(material)
-            bar.update()
-        self.he, self._keys_id = he, None
+            self.he_backend, self.key_set = keys.choose(self.he_backend, self.key_set, self._server_protected_info())
+        self.he, self._material = keys.make(self.cfg, self.he_backend, self.key_set, progress)
+        self._keys_id = None
         if self.key_file is not None:
-            from veil.client import key_file
-
-            secret, fold = he.export_secret()
-            key_file.save(self.key_file, key_file.ClientKeys(PROTECTED_PARAMS.id, he.name, self.key_set, secret,
-                                                             fold, self._material), self._key_passphrase)
-
-    def _load_key_file(self) -> None:
-        """The key pair of ``key_file``, and the id its evaluation keys have on a server that still
-        holds them (the first session asks; where the server has none, they are uploaded)."""
-        from veil.client import key_file
-        from veil.crypto.backend import KeyMaterialError, make_backend
-        from veil.crypto.params import PROTECTED_PARAMS
-
-        try:
-            keys = key_file.load(self.key_file, self._key_passphrase)
-        except key_file.PassphraseRequired as e:
-            raise VeilError(400, "key_passphrase_required", f"{e} (key_passphrase=, veil chat --key-passphrase)") from None
-        except key_file.KeyFileError as e:
-            raise VeilError(400, "bad_key_file", str(e)) from None
-        if keys.param_set != PROTECTED_PARAMS.id:
-            raise VeilError(400, "bad_key_file", f"{self.key_file} holds keys of {keys.param_set!r}, "
-                                                 f"this client uses {PROTECTED_PARAMS.id!r}")
-        server = self._server_protected_info().get("he_backend") if self.he_backend is None else self.he_backend
-        if server is not None and server != keys.he_backend:
-            raise VeilError(400, "bad_key_file", f"{self.key_file} holds {keys.he_backend} keys and the server "
-                                                 f"computes on {server!r}: use another key file")
-        if self.key_set is not None and self.key_set != keys.key_set:
-            raise VeilError(400, "bad_key_file", f"{self.key_file} holds the {keys.key_set!r} key set, "
-                                                 f"not {self.key_set!r}")
-        he = make_backend(PROTECTED_PARAMS, keys.he_backend)
-        try:
-            he.import_secret(keys.secret, keys.fold_secret)
-        except KeyMaterialError as e:
-            raise VeilError(400, "bad_key_file", f"{self.key_file}: {e}") from None
-        self.he, self.he_backend, self.key_set = he, keys.he_backend, keys.key_set
-        self._material, self._keys_id = keys.material, keys.keys_id
+            keys.save(self.key_file, self.he, self.key_set, self._material, self._key_passphrase)
 
     def ensure_keys(self, stats: GenerationStats | None = None) -> str:
         """Upload the evaluation keys once per client (the server caches them by fingerprint);

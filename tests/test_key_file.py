@@ -1,6 +1,7 @@
 """The client's key file (``veil.client.key_file``): written owner-only and whole, refused where
 others may read it or where any part is damaged; a client made again on it holds the same key
-pair and uploads material that the server already knows by its id."""
+pair and uploads material that the server already knows by its id. And which keys a client
+makes (``veil.client.keys.choose``)."""
 
 import hashlib
 import os
@@ -191,3 +192,17 @@ def test_the_cli_reads_the_passphrase_from_the_environment_or_asks_twice_for_a_n
     assert cli._key_passphrase(new=False) == "one"  # an existing file: asked once
     typed = iter([""])
     assert cli._key_passphrase(new=False) is None and "empty" in capsys.readouterr().err
+
+
+def test_the_keys_a_client_makes_are_the_servers_unless_it_names_its_own():
+    from veil.client import keys
+
+    native = {"available": True, "he_backend": "native", "key_set": "full"}
+    assert keys.choose(None, None, native) == ("native", "full")
+    assert keys.choose("seal", "minimal", native) == ("seal", "minimal")
+    assert keys.choose(None, None, {}) == ("seal", "full")  # a server that does not say
+    assert keys.choose(None, None, {"he_backend": "seal", "key_set": "huge"}) == ("seal", "full")
+    with pytest.raises(VeilError, match="unknown_backend"):
+        keys.choose(None, None, {"he_backend": "openfhe"})
+    with pytest.raises(VeilError, match="501 protected_unavailable: no layout"):
+        keys.choose("native", "full", {"available": False, "reason": "no layout"})
