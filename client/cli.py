@@ -44,6 +44,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cacert", help="CA certificate to trust (e.g. a self-signed dev cert)")
     p.set_defaults(func=cmd_chat)
 
+    keys = sub.add_parser("keys", help="a protected client's key file (veil chat --key-file): show, forget")
+    ksub = keys.add_subparsers(dest="keys_cmd", required=True)
+    p = ksub.add_parser("show", help="what the key file holds (its header: no secret is read)")
+    p.add_argument("path", type=Path)
+    p.set_defaults(func=cmd_keys_show)
+    p = ksub.add_parser("forget", help="drop the key file's evaluation keys from a server (DELETE /v1/keys), "
+                                       "and with --delete the file too")
+    p.add_argument("path", type=Path)
+    p.add_argument("--server", required=True)
+    p.add_argument("--api-key", required=True)
+    p.add_argument("--cacert")
+    p.add_argument("--delete", action="store_true", help="then delete the key file: the keys are retired")
+    p.set_defaults(func=cmd_keys_forget)
+
 
 def cmd_chat(args) -> int:
     from veil.client.sdk import VeilClient, VeilError
@@ -110,3 +124,64 @@ def _key_passphrase(new: bool) -> str | None:
         print("error: an empty passphrase seals nothing", file=sys.stderr)
         return None
     return passphrase
+
+
+def cmd_keys_show(args) -> int:
+    import json
+
+    from veil.client import key_file
+
+    try:
+        info = key_file.describe(args.path)
+    except key_file.KeyFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(info, indent=2))
+    if info["others_may_read"]:
+        print(f"warning: others may read {args.path}, which holds a secret key: chmod 600 it, or make new keys",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_keys_forget(args) -> int:
+    """The server's answer decides: 204 (dropped) or 404 ``keys_not_found`` (it holds none of
+    these keys) leave the keys off the server, and only then is the file deleted; anything else
+    (409: a session uses them; a 404 that is not Veil's, e.g. a wrong URL) keeps both."""
+    import ssl
+
+    import httpx
+
+    from veil.client import key_file
+
+    try:
+        keys_id = key_file.describe(args.path)["keys_id"]
+    except key_file.KeyFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    verify = ssl.create_default_context(cafile=args.cacert) if args.cacert else True
+    try:
+        r = httpx.delete(f"{args.server.rstrip('/')}/v1/keys/{keys_id}", verify=verify, timeout=60,
+                         headers={"Authorization": f"Bearer {args.api_key}"})
+    except httpx.HTTPError as e:
+        print(f"error: {args.server}: {e}", file=sys.stderr)
+        return 1
+    if r.status_code != 204 and _error_code(r) != "keys_not_found":
+        print(f"error: {r.status_code} {r.text}", file=sys.stderr)
+        return 1
+    print(f"keys {keys_id[:12]}: {'dropped' if r.status_code == 204 else 'not held'} by {args.server}")
+    if args.delete:
+        try:
+            args.path.unlink()
+        except OSError as e:
+            print(f"error: the keys are off the server, but {args.path} stays: {e}", file=sys.stderr)
+            return 1
+        print(f"deleted {args.path}")
+    return 0
+
+
+def _error_code(r) -> str | None:
+    """The ``error.code`` of a Veil error body, else None."""
+    try:
+        return r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -100,32 +100,10 @@ def load(path: str | Path, passphrase: str | bytes | None = None) -> ClientKeys:
     a whole, undamaged key file; ``PassphraseRequired`` where it is sealed and no ``passphrase``
     is given (one given for a file that is not sealed is not needed)."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise KeyFileError(f"{path} holds a secret key and others may read it (mode "
-                                   f"{stat.S_IMODE(mode):o}); chmod 600 it, or make new keys")
-            head = f.read(len(MAGIC) + 4)
-            if len(head) < len(MAGIC) + 4 or head[: len(MAGIC)] != MAGIC:
-                raise KeyFileError(f"{path} is not a Veil key file")
-            (n,) = struct.unpack_from("<I", head, len(MAGIC))
-            header = f.read(n) if n <= _HEADER_MAX else b""
-            if len(header) != n:
-                raise KeyFileError(f"{path}: the header is cut short")
-            material = f.read()  # read apart from the header: the material is large, read once
-    except OSError as e:
-        raise KeyFileError(f"cannot read {path}: {e}") from None
-    try:
-        h = msgpack.unpackb(header)
-    except (ValueError, msgpack.UnpackException) as e:
-        raise KeyFileError(f"{path}: malformed header: {e}") from None
-    fields = {"v": int, "param_set": str, "he_backend": str, "key_set": str, "secret_sha256": str,
-              "material_len": int, "material_sha256": str}
-    if not isinstance(h, dict) or any(not isinstance(h.get(k), t) for k, t in fields.items()):
-        raise KeyFileError(f"{path}: malformed header")
-    if h["v"] != VERSION:
-        raise KeyFileError(f"{path}: key file version {h['v']}, this client reads {VERSION}")
+    mode, h, material = _read(path, with_material=True)
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(f"{path} holds a secret key and others may read it (mode "
+                           f"{stat.S_IMODE(mode):o}); chmod 600 it, or make new keys")
     if "sealed" in h:
         secret, fold = _unseal(path, h, passphrase)
     elif isinstance(h.get("secret"), bytes) and isinstance(h.get("fold_secret"), bytes):
@@ -138,6 +116,46 @@ def load(path: str | Path, passphrase: str | bytes | None = None) -> ClientKeys:
     if len(material) != h["material_len"] or keys.keys_id != h["material_sha256"]:
         raise KeyFileError(f"{path}: the public material is damaged or cut short")
     return keys
+
+
+def describe(path: str | Path) -> dict:
+    """What the header says of the keys in ``path``, no secret read or opened (``veil keys
+    show``): the keys' id on a server, what they are for, whether sealed, and the file's mode."""
+    path = Path(path)
+    mode, h, _ = _read(path, with_material=False)
+    return {"keys_id": h["material_sha256"], "param_set": h["param_set"], "he_backend": h["he_backend"],
+            "key_set": h["key_set"], "material_bytes": h["material_len"], "sealed": "sealed" in h,
+            "mode": f"{stat.S_IMODE(mode):o}", "others_may_read": bool(mode & (stat.S_IRWXG | stat.S_IRWXO))}
+
+
+def _read(path: Path, with_material: bool) -> tuple[int, dict, bytes | None]:
+    """The file's mode, its header (its public fields typed, its version this one) and, where
+    asked, the material's bytes."""
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            head = f.read(len(MAGIC) + 4)
+            if len(head) < len(MAGIC) + 4 or head[: len(MAGIC)] != MAGIC:
+                raise KeyFileError(f"{path} is not a Veil key file")
+            (n,) = struct.unpack_from("<I", head, len(MAGIC))
+            header = f.read(n) if n <= _HEADER_MAX else b""
+            if len(header) != n:
+                raise KeyFileError(f"{path}: the header is cut short")
+            # read apart from the header: the material is large, read once
+            material = f.read() if with_material else None
+    except OSError as e:
+        raise KeyFileError(f"cannot read {path}: {e}") from None
+    try:
+        h = msgpack.unpackb(header)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise KeyFileError(f"{path}: malformed header: {e}") from None
+    fields = {"v": int, "param_set": str, "he_backend": str, "key_set": str, "secret_sha256": str,
+              "material_len": int, "material_sha256": str}
+    if not isinstance(h, dict) or any(not isinstance(h.get(k), t) for k, t in fields.items()):
+        raise KeyFileError(f"{path}: malformed header")
+    if h["v"] != VERSION:
+        raise KeyFileError(f"{path}: key file version {h['v']}, this client reads {VERSION}")
+    return mode, h, material
 
 
 def _secret_digest(keys: ClientKeys) -> str:

@@ -206,3 +206,53 @@ def test_the_keys_a_client_makes_are_the_servers_unless_it_names_its_own():
         keys.choose(None, None, {"he_backend": "openfhe"})
     with pytest.raises(VeilError, match="501 protected_unavailable: no layout"):
         keys.choose("native", "full", {"available": False, "reason": "no layout"})
+
+
+def test_veil_keys_show_reads_the_header_only_and_warns_of_others_reading(tmp_path, quick_scrypt, capsys):
+    import json
+
+    from veil.cli.main import main
+
+    path = tmp_path / "keys"
+    kf.save(path, _keys(), "pw")
+    assert main(["keys", "show", str(path)]) == 0  # sealed: shown without the passphrase
+    out = capsys.readouterr()
+    info = json.loads(out.out)
+    assert info["keys_id"] == _keys().keys_id and info["sealed"] and info["key_set"] == "minimal"
+    assert info["material_bytes"] == len(_keys().material) and info["mode"] == "600" and not out.err
+    path.chmod(0o644)
+    assert main(["keys", "show", str(path)]) == 0 and "others may read" in capsys.readouterr().err
+    (tmp_path / "junk").write_bytes(b"junk")
+    assert main(["keys", "show", str(tmp_path / "junk")]) == 1 and "not a Veil key file" in capsys.readouterr().err
+    assert main(["keys", "forget", str(tmp_path / "junk"), "--server", NOWHERE, "--api-key", "k"]) == 1
+    assert main(["keys", "forget", str(path), "--server", NOWHERE, "--api-key", "k", "--delete"]) == 1
+    assert path.exists()  # the server could not be asked: the file stays
+
+
+@pytest.mark.parametrize("status, body, dropped", [
+    (204, None, True),
+    (404, {"error": {"code": "keys_not_found", "message": "no such evaluation keys"}}, True),
+    (404, {"detail": "Not Found"}, False),  # not Veil's answer (a wrong URL): nothing is known of the keys
+    (409, {"error": {"code": "keys_in_use", "message": "1 open sessions use these keys"}}, False),
+])
+def test_veil_keys_forget_deletes_the_file_only_once_the_server_holds_no_keys(tmp_path, monkeypatch, status, body,
+                                                                             dropped):
+    """`veil keys forget --delete` decides by the server's answer alone; the server here is a
+    stand-in for httpx.delete (a fake inside this CLI test only: the real DELETE is exercised in
+    tests/test_protected_path.py)."""
+    import httpx
+
+    from veil.cli.main import main
+
+    path = tmp_path / "keys"
+    kf.save(path, _keys())
+    asked = []
+
+    def fake_delete(url, **kw):
+        asked.append((url, kw["headers"]["Authorization"]))
+        return httpx.Response(status, json=body) if body is not None else httpx.Response(status)
+
+    monkeypatch.setattr(httpx, "delete", fake_delete)
+    rc = main(["keys", "forget", str(path), "--server", "http://veil.example/", "--api-key", "k", "--delete"])
+    assert asked == [(f"http://veil.example/v1/keys/{_keys().keys_id}", "Bearer k")]
+    assert (rc == 0) is dropped and path.exists() is not dropped

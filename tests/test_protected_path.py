@@ -404,7 +404,9 @@ def test_a_key_file_spares_a_new_client_its_keys_and_their_upload(server, client
     """Last in the module: it drops the shared keys from the server. A client made on a key file
     of the fixture's key pair generates no keys and, while the server holds them, uploads
     nothing; its tokens are plaintext greedy's, and closing it leaves the keys for the next.
-    Once the server has dropped them, the next such client uploads them and goes on."""
+    Once the server has dropped them (`veil keys forget`, then a plain DELETE), the next such
+    client uploads them and goes on."""
+    from veil.cli.main import main
     from veil.client import key_file
 
     path = tmp_path / "carol.keys"
@@ -421,5 +423,9 @@ def test_a_key_file_spares_a_new_client_its_keys_and_their_upload(server, client
             assert c.he is not client.he and c._keys_id == kid
         assert protected.key_set("carol", kid) is not None  # the key file's keys stay on the server
         client.release_session()
-        r = httpx.delete(f"{server.url}/v1/keys/{kid}", headers={"Authorization": f"Bearer {server.keys['carol']}"})
-        assert r.status_code == 204
+        if not upload:
+            assert main(["keys", "forget", str(path), "--server", server.url, "--api-key", server.keys["carol"]]) == 0
+            assert protected.key_set("carol", kid) is None and path.exists()
+        else:
+            r = httpx.delete(f"{server.url}/v1/keys/{kid}", headers={"Authorization": f"Bearer {server.keys['carol']}"})
+            assert r.status_code == 204
