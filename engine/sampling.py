@@ -10,12 +10,16 @@ These seeds are sampling seeds, not key material; unseeded requests get one from
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 
 import torch
 
 from veil.engine.host import to_device
+
+
+TOP_K_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,9 @@ class SamplingParams:
     seed: int | None = None  # None → seeded from the OS CSPRNG
 
     def __post_init__(self):
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+        # top_k travels in an int64 tensor (SamplingBatch): one past it once crashed the engine
+        # loop for every request (found by schemathesis); any k >= the vocabulary cuts nothing
+        if not 0 <= self.temperature < math.inf or not 0 < self.top_p <= 1 or not 0 <= self.top_k <= TOP_K_MAX:
             raise ValueError(f"invalid sampling parameters {self}")
 
     @property

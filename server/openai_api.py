@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from veil.engine.api import DeviceOutOfMemory
 from veil.engine.engine import Engine
-from veil.engine.sampling import SamplingParams
+from veil.engine.sampling import TOP_K_MAX, SamplingParams
 from veil.engine.split import ServerHalf
 from veil.engine.text import TextAssembler
 from veil.server.config import ServerConfig
@@ -40,7 +40,7 @@ class _Common(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=TOP_K_MAX)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -125,7 +125,10 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stops) > 4:
             raise ApiError(400, "bad_request", "at most 4 stop sequences")
-        sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+        try:
+            sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+        except ValueError as e:  # the engine's own bounds, should the body's ever let more through
+            raise ApiError(400, "bad_request", str(e)) from None
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return _Job(prompt_ids, max_tokens, sampling, stops, () if body.ignore_eos else eos_ids, body.stream,
                     include_usage)

@@ -148,6 +148,21 @@ def test_errors(live_server, oai):
         openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="nope", max_retries=0).models.list()
 
 
+def test_sampling_values_past_the_engines_bounds_are_400_and_the_engine_goes_on(live_server, oai):
+    """Found by schemathesis (benchmarks/fuzz_api.py): a top_k past int64 passed the body's
+    checks and crashed the engine loop while it built the step's sampling tensors, so every
+    later request got 503 engine_unavailable."""
+    h = {"Authorization": f"Bearer {live_server.keys['alice']}"}
+    for body in ({"top_k": 1054797339491368173568, "temperature": 0.5}, {"top_k": 1 << 63, "temperature": 0.5}):
+        r = httpx.post(f"{live_server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body},
+                       headers=h, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", r.text
+    r = oai.completions.create(model="SmolLM2-135M-Instruct", prompt="hi", max_tokens=2, temperature=0.5,
+                               extra_body={"top_k": (1 << 63) - 1})  # the largest that fits: no cut
+    assert r.usage.completion_tokens == 2
+    assert httpx.get(f"{live_server.url}/health").status_code == 200
+
+
 def _requests_counted(url: str, route: str, status: int) -> float:
     line = f'veil_requests_total{{route="{route}",status="{status}"}} '
     return next((float(x[len(line):]) for x in httpx.get(f"{url}/metrics").text.splitlines()

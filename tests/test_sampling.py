@@ -1,5 +1,6 @@
 """Sampling units."""
 
+import pytest
 import torch
 
 from veil.engine.sampling import Sampler, SamplingParams
@@ -116,3 +117,16 @@ def test_sampler_distribution_and_uniform_match_its_draws():
     a, b = Sampler(p), Sampler(p)
     us = [a.uniform() for _ in range(5)]
     assert us == [b.uniform() for _ in range(5)] and all(0 <= u < 1 for u in us) and len(set(us)) == 5
+
+
+def test_sampling_parameters_the_engine_cannot_hold_are_refused():
+    """top_k travels in an int64 tensor; a temperature must be a number."""
+    import math
+
+    from veil.engine.sampling import TOP_K_MAX
+
+    SamplingParams(temperature=1.0, top_k=TOP_K_MAX)
+    for bad in ({"top_k": TOP_K_MAX + 1}, {"top_k": -1}, {"temperature": math.inf}, {"temperature": math.nan},
+                {"top_p": math.nan}, {"top_p": 0.0}):
+        with pytest.raises(ValueError):
+            SamplingParams(**{"temperature": 1.0, **bad})
