@@ -163,6 +163,24 @@ def test_sampling_values_past_the_engines_bounds_are_400_and_the_engine_goes_on(
     assert httpx.get(f"{live_server.url}/health").status_code == 200
 
 
+def test_every_number_of_a_body_at_its_edges_is_answered_without_a_5xx(live_server, oai):
+    """Each numeric field of a completion body at int64's and float's edges (NaN and Infinity
+    too, which Python's JSON reader accepts): 200 or 4xx, and the engine still serves."""
+    h = {"Authorization": f"Bearer {live_server.keys['alice']}", "Content-Type": "application/json"}
+    ints = (0, -1, (1 << 63) - 1, 1 << 63, -(1 << 63) - 1, 10**30)
+    floats = ("0.0", "-0.0", "1e-320", "1e308", "NaN", "Infinity", "-Infinity")
+    cases = [(f, str(v)) for f in ("max_tokens", "max_completion_tokens", "top_k", "seed", "n") for v in ints]
+    cases += [(f, v) for f in ("temperature", "top_p") for v in floats]
+    cases += [("prompt", f"[1, {v}]") for v in ints]
+    for field, raw in cases:
+        body = {"prompt": '"hi"', "max_tokens": "2", "temperature": "0.7", field: raw}
+        text = "{" + ", ".join(f'"{k}": {v}' for k, v in body.items()) + "}"
+        r = httpx.post(f"{live_server.url}/v1/completions", content=text, headers=h, timeout=60)
+        assert r.status_code < 500, (field, raw, r.status_code, r.text)
+    assert httpx.get(f"{live_server.url}/health").status_code == 200
+    assert oai.completions.create(model="SmolLM2-135M-Instruct", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
 def _requests_counted(url: str, route: str, status: int) -> float:
     line = f'veil_requests_total{{route="{route}",status="{status}"}} '
     return next((float(x[len(line):]) for x in httpx.get(f"{url}/metrics").text.splitlines()
