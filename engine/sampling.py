@@ -18,7 +18,6 @@ import torch
 
 from veil.engine.host import to_device
 
-
 TOP_K_MAX = (1 << 63) - 1
 
 
