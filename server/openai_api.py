@@ -57,6 +57,16 @@ class CompletionRequest(_Common):
     prompt: str | list[int]
 
 
+def _check_text(text: str) -> str:
+    """Text a request carries, refused unless it is Unicode that UTF-8 can hold: JSON's escapes
+    can spell a lone surrogate ("\\ud800"), which the tokenizer refuses with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "bad_request", "text must be valid Unicode (a lone surrogate is not)") from None
+    return text
+
+
 class Mailbox:
     """Hands items from the engine thread to the event loop: appends are thread-safe, and the
     loop is woken once per batch of them (a step's tokens), not once per token: each wake-up is
@@ -122,7 +132,7 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
         if max_tokens > room:
             raise ApiError(400, "context_length_exceeded",
                            f"prompt ({len(prompt_ids)}) + max_tokens ({max_tokens}) exceeds max_context={cfg.max_context}")
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        stops = [_check_text(x) for x in ([body.stop] if isinstance(body.stop, str) else list(body.stop or []))]
         if len(stops) > 4:
             raise ApiError(400, "bad_request", "at most 4 stop sequences")
         try:
@@ -253,9 +263,11 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
         for m in body.messages:
             content = m.get("content")
             if isinstance(content, list):  # OpenAI content parts: keep the text ones
-                m["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+                m["content"] = "".join(texts) if all(isinstance(t, str) for t in texts) else None
             if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
                 raise ApiError(400, "bad_request", "each message needs a role (system|user|assistant) and text content")
+            _check_text(m["content"])
         try:
             enc = tok.apply_chat_template(body.messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         except Exception as e:
@@ -265,7 +277,7 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         tenant = tenant_of(request)
-        ids = body.prompt if isinstance(body.prompt, list) else tok.encode(body.prompt, add_special_tokens=False)
+        ids = body.prompt if isinstance(body.prompt, list) else tok.encode(_check_text(body.prompt), add_special_tokens=False)
         return await respond(tenant.name, job(body, list(ids)), chat=False)
 
     return router

@@ -181,6 +181,22 @@ def test_every_number_of_a_body_at_its_edges_is_answered_without_a_5xx(live_serv
     assert oai.completions.create(model="SmolLM2-135M-Instruct", prompt="hi", max_tokens=2).usage.completion_tokens == 2
 
 
+def test_text_that_is_not_unicode_or_not_text_is_400(live_server):
+    """JSON's escapes can spell a lone surrogate, which the tokenizer refuses with a TypeError
+    (a 500 on /v1/completions before); a content part's text must be a string."""
+    h = {"Authorization": f"Bearer {live_server.keys['alice']}", "Content-Type": "application/json"}
+    bodies = [("/v1/completions", '{"prompt": "\\udfff x", "max_tokens": 2}'),
+              ("/v1/completions", '{"prompt": "hi", "max_tokens": 2, "stop": ["\\ud800"]}'),
+              ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}'),
+              ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}')]
+    for route, text in bodies:
+        r = httpx.post(f"{live_server.url}{route}", content=text, headers=h, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", (text, r.status_code, r.text)
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "image_url"}]}],
+             "max_tokens": 2}
+    assert httpx.post(f"{live_server.url}/v1/chat/completions", json=parts, headers=h, timeout=60).status_code == 200
+
+
 def _requests_counted(url: str, route: str, status: int) -> float:
     line = f'veil_requests_total{{route="{route}",status="{status}"}} '
     return next((float(x[len(line):]) for x in httpx.get(f"{url}/metrics").text.splitlines()
