@@ -20,7 +20,7 @@ from veil.cluster.router import running_replicas
 from veil.cluster.routing import REPLICA_HEADER, pinned_replica
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
-from veil.server.http_common import read_body
+from veil.server.http_common import body_limit, read_body
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 ASK_TIMEOUT_S = 10.0  # one replica's /health or /metrics
@@ -35,7 +35,7 @@ def _response(head: Head) -> Response:
 class Ingress:
     def __init__(self, engine, cfg: ServerConfig, target_replicas: int):
         self.engine = engine.options(stream=True)  # a DeploymentHandle of VeilReplica
-        self.body_limit = max(cfg.max_body_bytes, cfg.max_key_bytes)  # the replica checks each route's own
+        self.cfg = cfg  # each route's body limit (http_common.body_limit), as a replica applies it
         self.target = target_replicas
         self.metrics = ClusterMetrics()
 
@@ -160,7 +160,7 @@ def ingress_app(ing: Ingress) -> FastAPI:
     @app.api_route("/{path:path}", methods=METHODS)
     async def forward(path: str, request: Request):
         s = request.scope
-        body = await read_body(request, ing.body_limit)
+        body = await read_body(request, body_limit(s["path"], ing.cfg)[0])
         client = tuple(s["client"]) if s.get("client") else None
         return await ing.forward(Forwarded(s["method"], s["path"], s.get("query_string", b""),
                                            tuple((bytes(k), bytes(v)) for k, v in s["headers"]), body, client))

@@ -28,7 +28,7 @@ from veil.engine.process import EngineProcess
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
-from veil.server.http_common import CountRequests, bearer_tenant, read_body
+from veil.server.http_common import CountRequests, LimitBodies, bearer_tenant, read_body
 from veil.server.metrics import Metrics
 from veil.server.protected_api import ProtectedApi
 from veil.server.protected_service import ProtectedService
@@ -136,7 +136,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         # the engine dropped that work whole: the same request or step may be sent again
         return error_response(503, "device_out_of_memory", str(exc), {"Retry-After": "1"})
 
-    app.add_middleware(CountRequests, counter=metrics.requests)
+    app.add_middleware(LimitBodies, cfg=cfg)
+    app.add_middleware(CountRequests, counter=metrics.requests)  # outermost: it counts the 413s too
 
     def authenticate(request: Request) -> Tenant:
         return bearer_tenant(request, tenants)

@@ -24,7 +24,11 @@ class ServerConfig:
     # next turn); None: 429
     session_evict_idle_s: float | None = 60.0
     sweep_interval_s: float = 5.0
-    max_body_bytes: int = 64 << 20  # largest request body accepted (413 above)
+    max_body_bytes: int = 64 << 20  # largest split or protected step body (413 above)
+    # largest JSON body (completions, chat, session creation; 413 above), checked before it is
+    # parsed, so before its key: a prompt that fits max_context tokens needs far less (8,192
+    # tokens of the shipped vocabulary's longest, 81 characters, JSON-escaped: ~4 MB)
+    max_json_body_bytes: int = 4 << 20
     max_sessions_per_tenant: int = 64
     max_context: int = 8192  # tokens per session or request (prompt + output)
     max_step_tokens: int = 4096  # tokens in one split step

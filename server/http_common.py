@@ -1,12 +1,28 @@
-"""HTTP plumbing every route shares: the bearer key, a body read within its limit, and the
-count of requests by route and status."""
+"""HTTP plumbing every route shares: the bearer key, a body read within its limit (each route's
+own: ``body_limit``), and the count of requests by route and status."""
 
 from __future__ import annotations
 
+import re
+
 from fastapi import Request
 
-from veil.server.errors import ApiError
+from veil.server.errors import ApiError, error_response
 from veil.server.tenants import Tenant, TenantStore
+
+# the routes that read their own binary bodies (``read_body``, after the key is checked)
+_STEPS = re.compile(r"/v1/sessions/[^/]+/steps")
+
+
+def body_limit(path: str, cfg) -> tuple[int, bool]:
+    """(the largest body of a request to ``path``, whether its handler reads it itself). A step
+    carries ciphertexts or hidden states, a key upload the evaluation keys; every other body is
+    JSON that FastAPI parses before the handler runs, so ``LimitBodies`` bounds it first."""
+    if _STEPS.fullmatch(path):
+        return cfg.max_body_bytes, True
+    if path == "/v1/keys":
+        return cfg.max_key_bytes, True
+    return cfg.max_json_body_bytes, False
 
 
 def bearer_tenant(request: Request, tenants: TenantStore) -> Tenant:
@@ -56,3 +72,46 @@ class CountRequests:
         finally:
             route = scope.get("route")  # set by the router on this scope
             self.counter.labels(getattr(route, "path", "unmatched"), str(status)).inc()
+
+
+class LimitBodies:
+    """413 for a JSON body over ``max_json_body_bytes``, before anything parses it. FastAPI reads
+    and parses a route's declared body before the handler checks the key: a 300 MB prompt was
+    parsed for an unauthenticated request (RSS +1 GB) and, from a tenant, tokenized until the
+    kernel killed the server (23.5 GB; benchmarks/results/2026-12-06-fuzz). The body is read
+    here within its limit and handed on whole; routes that read their own binary bodies
+    (``body_limit``) pass through."""
+
+    def __init__(self, app, cfg):
+        self.app, self.cfg = app, cfg
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit, own = body_limit(scope["path"], self.cfg)
+        if own:
+            return await self.app(scope, receive, send)
+        too_large = error_response(413, "body_too_large", f"body exceeds max_json_body_bytes={limit}")
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await too_large(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return await too_large(scope, receive, send)
+            more = message.get("more_body", False)
+        body, given = b"".join(chunks), False
+
+        async def replay():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: a disconnect, when it comes
+
+        await self.app(scope, replay, send)

@@ -135,6 +135,48 @@ def test_oversized_body_is_413(make_server, client_half):
     c.close()
 
 
+def test_a_json_body_over_its_limit_is_413_before_it_is_parsed(make_server):
+    """FastAPI parses a route's JSON body before the handler checks the key: a 300 MB prompt was
+    parsed for an unauthenticated request and, from a tenant, tokenized until the kernel killed
+    the server (benchmarks/results/2026-12-06-fuzz). Over max_json_body_bytes it is 413 with or
+    without a key, declared or streamed without a length; a body under it is served."""
+    srv = make_server(max_json_body_bytes=64 * 1024, max_context=64)
+    big = b'{"prompt": "' + b"a" * (100 * 1024) + b'", "max_tokens": 2}'
+    chunked = lambda: iter([big[i:i + 8192] for i in range(0, len(big), 8192)])  # noqa: E731 - no Content-Length
+    for auth in ({}, {"Authorization": f"Bearer {srv.keys['alice']}"}):
+        h = {"Content-Type": "application/json", **auth}
+        for route in ("/v1/completions", "/v1/chat/completions", "/v1/sessions"):
+            for body in (big, chunked()):
+                r = httpx.post(f"{srv.url}{route}", content=body, headers=h, timeout=60)
+                assert r.status_code == 413 and _err(r) == "body_too_large", (route, auth, r.status_code)
+    h = {"Authorization": f"Bearer {srv.keys['alice']}"}
+    r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers=h, timeout=60)
+    assert r.status_code == 200
+    assert httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi"}).status_code == 401  # under it: the key
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_the_tokenizer_reads_it(make_server):
+    """More characters than max_context tokens can spell, or more chat messages than tokens: 400
+    context_length_exceeded, the tokenizer never called (it spends ~0.6 s per MB on the event
+    loop). A prompt under that bound is still measured in tokens."""
+    srv = make_server(max_context=64)
+    tok, h = srv.half.tokenizer, {"Authorization": f"Bearer {srv.keys['alice']}"}
+    most = 64 * max(map(len, tok.get_vocab()))
+    encode, calls = tok.encode, []
+    tok.encode = lambda *a, **kw: calls.append(1) or encode(*a, **kw)  # counts the calls, in this test only
+    try:
+        for body, route in (({"prompt": "a" * (most + 1)}, "completions"),
+                            ({"messages": [{"role": "user", "content": "a" * (most + 1)}]}, "chat/completions"),
+                            ({"messages": [{"role": "user", "content": ""}] * 65}, "chat/completions")):
+            r = httpx.post(f"{srv.url}/v1/{route}", json={**body, "max_tokens": 2}, headers=h, timeout=60)
+            assert r.status_code == 400 and _err(r) == "context_length_exceeded", r.text
+        assert calls == []
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "a" * 1000, "max_tokens": 2}, headers=h, timeout=60)
+        assert r.status_code == 400 and _err(r) == "context_length_exceeded" and "tokens" in r.text and calls == [1]
+    finally:
+        tok.encode = encode
+
+
 def test_idle_sessions_expire(make_server, client_half):
     srv = make_server(session_ttl_s=0.5, sweep_interval_s=0.1)
     c = VeilClient(srv.url, srv.keys["alice"], half=client_half)
