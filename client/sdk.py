@@ -36,6 +36,8 @@ from veil.protected.protocol import MAX_SPAN
 
 #: times a step or request the server dropped for lack of device memory is sent again
 OOM_RETRIES = 3
+#: times a body the server refused while it held too many others (429 server_busy) is sent again
+BUSY_RETRIES = 30
 #: refusals for want of room on the server (a session limit, the protected KV cache's total);
 #: a client with ``wait_for_room_s`` sends the request again after the server's Retry-After
 ROOM_CODES = ("too_many_sessions", "kv_capacity")
@@ -47,6 +49,19 @@ def _retry_after(r: httpx.Response, cap: float = 10.0) -> float:
         return min(max(float(r.headers.get("retry-after", 1)), 0.0), cap)
     except ValueError:
         return min(1.0, cap)
+
+
+class _Pieces:
+    """A large body in 1 MiB pieces, from its start at every iteration (a request sent again
+    sends it whole again). Pieces, because httpcore writes one large body with
+    ``buffer = buffer[n:]`` after every send, copying the rest each time (quadratic: ~80 s for
+    660 MB of keys)."""
+
+    def __init__(self, data: bytes, size: int = 1 << 20):
+        self.data, self.size = memoryview(data), size
+
+    def __iter__(self):
+        return (bytes(self.data[i:i + self.size]) for i in range(0, len(self.data), self.size))
 
 
 @dataclass
@@ -210,10 +225,12 @@ class VeilClient:
         connection); a server that stays unreachable is a clear 503 error, not a stack trace.
         Retrying a step is safe: if the first attempt was processed, the retry is a replay (409).
         A 503 ``device_out_of_memory`` (the server dropped the work whole, its session as before)
-        is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times; a 429 for
-        want of room (``ROOM_CODES``: nothing changed on the server either) for as long as
-        ``wait_for_room_s`` allows."""
-        attempt, deadline = 0, time.monotonic() + self.wait_for_room_s
+        is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times, and one it
+        refused unread while it held too many other bodies (429 ``server_busy``) up to
+        ``BUSY_RETRIES`` times; a 429 for want of room (``ROOM_CODES``: nothing changed on the
+        server either) for as long as ``wait_for_room_s`` allows. A body sent again must be
+        bytes or an iterable that starts over (``_Pieces``), not a one-shot generator."""
+        attempt, busy, deadline = 0, 0, time.monotonic() + self.wait_for_room_s
         while True:
             try:
                 r = self.http.post(path, **kw)
@@ -228,6 +245,9 @@ class VeilClient:
                 left = deadline - time.monotonic()
                 if e.code == "device_out_of_memory" and attempt < OOM_RETRIES:
                     attempt += 1
+                    delay = _retry_after(r)
+                elif e.code == "server_busy" and busy < BUSY_RETRIES:
+                    busy += 1
                     delay = _retry_after(r)
                 elif e.code in ROOM_CODES and left > 0:
                     delay = _retry_after(r, cap=left)
@@ -283,11 +303,8 @@ class VeilClient:
         if self.he is None:
             self.generate_keys()
         if self._keys_id is None:
-            # In 1 MiB pieces: httpcore writes one large body with `buffer = buffer[n:]` after
-            # every send, copying the rest each time (quadratic: ~80 s for the 660 MB of keys).
-            data = memoryview(self._material)
-            chunks = (bytes(data[i:i + (1 << 20)]) for i in range(0, len(data), 1 << 20))
-            r = self._post("/v1/keys", content=chunks, headers={"Content-Type": CONTENT_TYPE}, retry=False)
+            r = self._post("/v1/keys", content=_Pieces(self._material), retry=False,
+                           headers={"Content-Type": CONTENT_TYPE, "Content-Length": str(len(self._material))})
             self._keys_id = r.json()["keys_id"]
             if self.key_file is None:  # a key file's keys stay for its next process
                 self._uploaded_keys_id = self._keys_id

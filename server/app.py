@@ -28,7 +28,14 @@ from veil.engine.process import EngineProcess
 from veil.engine.split import ServerHalf
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
-from veil.server.http_common import CountRequests, LimitBodies, bearer_tenant, read_body
+from veil.server.http_common import (
+    Arriving,
+    CountRequests,
+    Held,
+    LimitBodies,
+    bearer_tenant,
+    read_body,
+)
 from veil.server.metrics import Metrics
 from veil.server.protected_api import ProtectedApi
 from veil.server.protected_service import ProtectedService
@@ -87,7 +94,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
 
     sessions = SessionStore(cfg.session_ttl_s, cfg.max_sessions_per_tenant, on_drop=drop,
                             evict_idle_s=cfg.session_evict_idle_s, on_evict=evicted)
-    protected_api = ProtectedApi(cfg, half, protected, sessions, tenants, metrics)
+    arriving = Arriving(cfg.max_arriving_bytes_per_tenant, cfg.max_arriving_bytes)
+    protected_api = ProtectedApi(cfg, half, protected, sessions, tenants, metrics, arriving)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -113,6 +121,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     app = FastAPI(title="Veil", version="0.1.0", lifespan=lifespan)
     app.state.sessions, app.state.tenants, app.state.half, app.state.cfg = sessions, tenants, half, cfg
     app.state.engine, app.state.metrics, app.state.protected = engine, metrics, protected
+    app.state.arriving = arriving
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -200,12 +209,13 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         s = session_of(sid, tenant)
         s.in_flight += 1  # a step on its way (a slow upload, say) is no idleness: no eviction takes it
         try:
-            return await run_step(s, request)
+            with arriving.hold(tenant.name) as held:
+                return await run_step(s, request, held)
         finally:
             s.in_flight -= 1
 
-    async def run_step(s: Session, request: Request) -> Response:
-        body = await read_body(request, cfg.max_body_bytes)
+    async def run_step(s: Session, request: Request, held: Held) -> Response:
+        body = await read_body(request, cfg.max_body_bytes, held)
         if s.path == "protected":
             return await protected_api.step(s, body)
         try:

@@ -35,6 +35,10 @@ class ServerConfig:
     # protected path (CKKS)
     he_backend: str = "auto"  # the server's HE backend; "auto": native where its kernels run, else seal (resolve_backend)
     max_key_bytes: int = 1 << 30  # largest evaluation-key upload (the Galois keys are ~410 MB)
+    # request bodies held at once (steps and key uploads, from their first byte until answered),
+    # per tenant and in all (429 server_busy above); a tenant's must hold its largest upload
+    max_arriving_bytes_per_tenant: int = 2 << 30
+    max_arriving_bytes: int = 4 << 30
     max_key_bytes_per_tenant: int = 2 << 30
     max_key_bytes_total: int = 8 << 30
     # a key set no session has used for this long is dropped (its client uploads it again on its
@@ -67,6 +71,8 @@ class ServerConfig:
         if self.session_evict_idle_s is not None and self.session_evict_idle_s < 1.0:
             # below a second, sessions in the middle of a generation (between two round trips) would go
             raise ValueError(f"session_evict_idle_s must be at least 1 s (or None), not {self.session_evict_idle_s}")
+        if not max(self.max_body_bytes, self.max_key_bytes) <= self.max_arriving_bytes_per_tenant <= self.max_arriving_bytes:
+            raise ValueError("need max_body_bytes and max_key_bytes <= max_arriving_bytes_per_tenant <= max_arriving_bytes")
         self.he_backend = resolve_backend(self.he_backend, self.device)  # /health and the client see the real one
 
     @property

@@ -4,6 +4,7 @@ own: ``body_limit``), and the count of requests by route and status."""
 from __future__ import annotations
 
 import re
+import threading
 
 from fastapi import Request
 
@@ -34,17 +35,74 @@ def bearer_tenant(request: Request, tenants: TenantStore) -> Tenant:
     return tenant
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, held: Held | None = None) -> bytes:
+    """The body, at most ``limit`` bytes (413 above); ``held`` counts it as it arrives (its
+    declared length at once), and may refuse it (429)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = int(declared) if declared is not None and declared.isdigit() else None
+    if declared is not None and declared > limit:
         raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
+    if held is not None and declared is not None:
+        held.add(declared)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
+        if held is not None and declared is None:
+            held.add(len(chunk))
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class Arriving:
+    """The bytes of the request bodies the server holds (steps and key uploads, from their first
+    byte until they are answered), per tenant and in all. A body that would pass either bound is
+    refused (429 ``server_busy``) and read no further: without them, one tenant's concurrent
+    uploads (64 MB a step, 1 GB a key set) were bounded only by the server's memory."""
+
+    def __init__(self, per_tenant: int, total: int):
+        self.per_tenant, self.total = per_tenant, total
+        self.by_tenant: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, tenant: str) -> Held:
+        return Held(self, tenant)
+
+    def _add(self, tenant: str, n: int) -> None:
+        with self._lock:
+            mine, everyone = self.by_tenant.get(tenant, 0) + n, sum(self.by_tenant.values()) + n
+            if mine > self.per_tenant or everyone > self.total:
+                raise ApiError(429, "server_busy", f"request bodies held: {mine} bytes of this tenant's (at most "
+                                                   f"{self.per_tenant}), {everyone} of all (at most {self.total})",
+                               {"Retry-After": "1"})
+            self.by_tenant[tenant] = mine
+
+    def _drop(self, tenant: str, n: int) -> None:
+        with self._lock:
+            left = self.by_tenant[tenant] - n
+            if left:
+                self.by_tenant[tenant] = left
+            else:
+                del self.by_tenant[tenant]
+
+
+class Held:
+    """One request's share of ``Arriving``: what ``add`` counted goes when the ``with`` ends."""
+
+    def __init__(self, arriving: Arriving, tenant: str):
+        self.arriving, self.tenant, self.nbytes = arriving, tenant, 0
+
+    def add(self, n: int) -> None:
+        self.arriving._add(self.tenant, n)
+        self.nbytes += n
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.nbytes:
+            self.arriving._drop(self.tenant, self.nbytes)
 
 
 class CountRequests:

@@ -24,7 +24,7 @@ from veil.protected.protocol import (
 )
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError
-from veil.server.http_common import bearer_tenant, read_body
+from veil.server.http_common import Arriving, bearer_tenant, read_body
 from veil.server.key_sets import KeysError
 from veil.server.metrics import Metrics
 from veil.server.protected_service import ProtectedService
@@ -34,7 +34,7 @@ from veil.server.tenants import Tenant, TenantStore
 
 class ProtectedApi:
     def __init__(self, cfg: ServerConfig, half: ServerHalf, protected: ProtectedService, sessions: SessionStore,
-                 tenants: TenantStore, metrics: Metrics):
+                 tenants: TenantStore, metrics: Metrics, arriving: Arriving):
         self.cfg, self.half, self.protected, self.sessions, self.metrics = cfg, half, protected, sessions, metrics
         self.router = APIRouter()
 
@@ -50,11 +50,12 @@ class ProtectedApi:
             keys' id (SHA-256 of the bytes), which sessions name. Uploading the same bytes again
             is free: keys are cached per tenant by fingerprint."""
             tenant = protected_tenant(request)
-            body = await read_body(request, cfg.max_key_bytes)
-            try:
-                ks = await asyncio.to_thread(protected.add_keys, tenant.name, body)
-            except KeysError as e:
-                raise ApiError(e.status, e.code, str(e)) from None
+            with arriving.hold(tenant.name) as held:  # the upload's bytes until its import is done
+                body = await read_body(request, cfg.max_key_bytes, held)
+                try:
+                    ks = await asyncio.to_thread(protected.add_keys, tenant.name, body)
+                except KeysError as e:
+                    raise ApiError(e.status, e.code, str(e)) from None
             metrics.bytes_in.labels("protected_setup").inc(len(body))
             return {"keys_id": ks.id, "param_set": protected.params.id, "bytes": ks.nbytes}
 

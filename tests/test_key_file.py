@@ -256,3 +256,36 @@ def test_veil_keys_forget_deletes_the_file_only_once_the_server_holds_no_keys(tm
     rc = main(["keys", "forget", str(path), "--server", "http://veil.example/", "--api-key", "k", "--delete"])
     assert asked == [(f"http://veil.example/v1/keys/{_keys().keys_id}", "Bearer k")]
     assert (rc == 0) is dropped and path.exists() is not dropped
+
+
+def test_a_body_refused_while_the_server_is_busy_is_sent_again_whole(client_half):
+    """429 server_busy (the server held too many other bodies and read none of this one): the
+    SDK sends the request again after Retry-After, the key upload's pieces from their start. The
+    server here is a stand-in transport (a fake inside this SDK test only; the server's side is
+    tests/test_server_errors.py's)."""
+    import httpx
+
+    from veil.client.sdk import BUSY_RETRIES, _Pieces
+
+    material = bytes(range(256)) * 9000  # 2.2 MiB: three pieces
+    got = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        got.append(request.read())
+        if len(got) < 3:
+            return httpx.Response(429, headers={"Retry-After": "0"},
+                                  json={"error": {"code": "server_busy", "message": "bodies held"}})
+        return httpx.Response(201, json={"keys_id": "k"})
+
+    c = VeilClient(NOWHERE, "k", half=client_half)
+    c.http = httpx.Client(base_url=NOWHERE, transport=httpx.MockTransport(server))
+    r = c._post("/v1/keys", content=_Pieces(material), headers={"Content-Length": str(len(material))}, retry=False)
+    assert r.status_code == 201 and got == [material] * 3
+    got.clear()
+    c.http = httpx.Client(base_url=NOWHERE, transport=httpx.MockTransport(
+        lambda request: httpx.Response(429, headers={"Retry-After": "0"},
+                                       json={"error": {"code": "server_busy", "message": "bodies held"}})))
+    with pytest.raises(VeilError, match="429 server_busy"):
+        c._post("/v1/keys", content=b"x", retry=False)
+    c.close()
+    assert BUSY_RETRIES >= 3

@@ -177,6 +177,72 @@ def test_a_prompt_too_long_to_fit_is_refused_before_the_tokenizer_reads_it(make_
         tok.encode = encode
 
 
+def test_bodies_held_past_a_tenants_share_or_the_servers_are_429_and_counted_until_answered():
+    """``Arriving``: a body is counted from its first byte until its request is answered; one
+    that would pass the tenant's share or the server's total is refused and counts nothing."""
+    from veil.server.errors import ApiError
+    from veil.server.http_common import Arriving
+
+    arriving = Arriving(per_tenant=100, total=150)
+    with arriving.hold("alice") as a:
+        a.add(60)
+        with arriving.hold("alice") as a2, pytest.raises(ApiError) as e:
+            a2.add(41)  # alice's 101 > 100
+        assert (e.value.status, e.value.code) == (429, "server_busy")
+        with arriving.hold("bob") as b:
+            b.add(90)
+            with pytest.raises(ApiError):
+                arriving.hold("carol").add(1)  # all 151 > 150
+            assert arriving.by_tenant == {"alice": 60, "bob": 90}
+        a.add(40)
+    assert arriving.by_tenant == {}
+
+
+def test_a_tenants_concurrent_steps_past_its_share_are_429_and_its_session_goes_on(make_server, client_half):
+    """While one of alice's steps is still arriving, another of hers that would pass her share of
+    held bodies is 429 server_busy, unread; bob's goes through; once the first is answered the
+    share is free, and the session goes on from where it was."""
+    import threading
+    import time
+
+    from veil.crypto.wire import HiddenStep
+
+    d = client_half.config.hidden_size
+    one = len(HiddenStep("x" * 32, 1, torch.zeros(8, d), list(range(8))).to_bytes())
+    srv = make_server(max_body_bytes=one + 1024, max_key_bytes=one, max_arriving_bytes_per_tenant=one + 2048,
+                      max_arriving_bytes=4 * one)
+    arriving = srv.app.state.arriving
+    sessions = {t: httpx.post(f"{srv.url}/v1/sessions", json={"path": "plaintext"},
+                              headers={"Authorization": f"Bearer {srv.keys[t]}"}).json()["id"] for t in ("alice", "bob")}
+    sid = sessions["alice"]
+    body = HiddenStep(sid, 1, torch.zeros(8, d), list(range(8))).to_bytes()
+    go_on, replies = threading.Event(), []
+
+    def slowly():
+        yield body[:16]
+        go_on.wait(30)
+        yield body[16:]
+
+    upload = threading.Thread(target=lambda: replies.append(httpx.post(  # its length declared: counted at once
+        f"{srv.url}/v1/sessions/{sid}/steps", content=slowly(), timeout=60,
+        headers={"Authorization": f"Bearer {srv.keys['alice']}", "Content-Type": CONTENT_TYPE,
+                 "Content-Length": str(len(body))})))
+    upload.start()
+    deadline = time.monotonic() + 30
+    while not arriving.by_tenant and time.monotonic() < deadline:  # the server is reading the body
+        time.sleep(0.01)
+    again = HiddenStep(sid, 1, torch.zeros(8, d), list(range(8))).to_bytes()
+    r = _raw_step(srv, srv.keys["alice"], sid, again)
+    assert r.status_code == 429 and _err(r) == "server_busy" and r.headers["retry-after"] == "1"
+    b = HiddenStep(sessions["bob"], 1, torch.zeros(8, d), list(range(8))).to_bytes()
+    assert _raw_step(srv, srv.keys["bob"], sessions["bob"], b).status_code == 200
+    go_on.set()
+    upload.join(60)
+    assert replies[0].status_code == 200 and arriving.by_tenant == {}
+    nxt = HiddenStep(sid, 2, torch.zeros(1, d), [8]).to_bytes()  # step 1 was the held one, once
+    assert _raw_step(srv, srv.keys["alice"], sid, nxt).status_code == 200
+
+
 def test_idle_sessions_expire(make_server, client_half):
     srv = make_server(session_ttl_s=0.5, sweep_interval_s=0.1)
     c = VeilClient(srv.url, srv.keys["alice"], half=client_half)
