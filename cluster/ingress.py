@@ -160,7 +160,7 @@ def ingress_app(ing: Ingress) -> FastAPI:
     @app.api_route("/{path:path}", methods=METHODS)
     async def forward(path: str, request: Request):
         s = request.scope
-        body = await read_body(request, body_limit(s["path"], ing.cfg)[0])
+        body = bytes(await read_body(request, body_limit(s["path"], ing.cfg)[0]))  # Forwarded holds bytes
         client = tuple(s["client"]) if s.get("client") else None
         return await ing.forward(Forwarded(s["method"], s["path"], s.get("query_string", b""),
                                            tuple((bytes(k), bytes(v)) for k, v in s["headers"]), body, client))
