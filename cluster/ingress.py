@@ -20,7 +20,8 @@ from veil.cluster.router import running_replicas
 from veil.cluster.routing import REPLICA_HEADER, pinned_replica
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
-from veil.server.http_common import body_limit, read_body
+from veil.server.http_common import Arriving, bearer_tenant, body_limit, read_body
+from veil.server.tenants import TenantStore
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 ASK_TIMEOUT_S = 10.0  # one replica's /health or /metrics
@@ -33,10 +34,15 @@ def _response(head: Head) -> Response:
 
 
 class Ingress:
-    def __init__(self, engine, cfg: ServerConfig, target_replicas: int):
+    def __init__(self, engine, cfg: ServerConfig, target_replicas: int, tenants_json: str):
         self.engine = engine.options(stream=True)  # a DeploymentHandle of VeilReplica
         self.cfg = cfg  # each route's body limit (http_common.body_limit), as a replica applies it
         self.target = target_replicas
+        # Steps and key uploads (up to 64 MB and 1 GB) are read whole here before any replica
+        # sees them, so the ingress checks their key first and bounds what it holds per tenant,
+        # as a replica's app does: before, anyone could make it buffer 1 GB per request.
+        self.tenants = TenantStore.from_json(tenants_json)
+        self.arriving = Arriving(cfg.max_arriving_bytes_per_tenant, cfg.max_arriving_bytes)
         self.metrics = ClusterMetrics()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -160,9 +166,17 @@ def ingress_app(ing: Ingress) -> FastAPI:
     @app.api_route("/{path:path}", methods=METHODS)
     async def forward(path: str, request: Request):
         s = request.scope
-        body = bytes(await read_body(request, body_limit(s["path"], ing.cfg)[0]))  # Forwarded holds bytes
-        client = tuple(s["client"]) if s.get("client") else None
-        return await ing.forward(Forwarded(s["method"], s["path"], s.get("query_string", b""),
-                                           tuple((bytes(k), bytes(v)) for k, v in s["headers"]), body, client))
+        limit, reads_own = body_limit(s["path"], ing.cfg)
+        if not (reads_own and s["method"] == "POST"):  # JSON (or no body), read whoever sends it
+            return await ing.forward(_forwarded(s, await read_body(request, ing.cfg.max_json_body_bytes)))
+        # The replica checks scopes and sessions; a valid key is what the ingress can check.
+        with ing.arriving.hold(bearer_tenant(request, ing.tenants).name) as held:  # until answered
+            return await ing.forward(_forwarded(s, await read_body(request, limit, held)))
 
     return app
+
+
+def _forwarded(scope: dict, body: bytes | bytearray) -> Forwarded:
+    client = tuple(scope["client"]) if scope.get("client") else None
+    return Forwarded(scope["method"], scope["path"], scope.get("query_string", b""),
+                     tuple((bytes(k), bytes(v)) for k, v in scope["headers"]), bytes(body), client)  # bytes: as sent

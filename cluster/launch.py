@@ -62,7 +62,7 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
                                logging_config=QUIET_LOGS)
     spec = ReplicaSpec(cfg.model_dtype)
     cfg = replace(cfg, threads=cc.replica_threads)  # the replica's engine loop, not the launcher's
-    return ingress.bind(engine.bind(cfg, spec, tenants_json), cfg, cc.replicas)
+    return ingress.bind(engine.bind(cfg, spec, tenants_json), cfg, cc.replicas, tenants_json)
 
 
 def serve_cluster(cfg: ServerConfig, cc: ClusterConfig, host: str, port: int, tls_cert: str | None = None,

@@ -2,7 +2,9 @@
 /metrics, errors through the ingress, and a replica killed mid-run. Skipped without the cluster
 extra. One cluster for the module (starting it takes ~1 min); the fault test runs last."""
 
+import socket
 import threading
+import time
 from collections import Counter
 
 import httpx
@@ -108,6 +110,51 @@ def test_errors_through_the_ingress(cluster):
         assert r.status_code == 403  # this tenant lacks the scope, as on one server
         assert c.get("/v1/models").json()["data"][0]["id"] == "SmolLM2-135M-Instruct"
     assert cluster.health()["replicas"]["healthy"] == 2  # nothing above hurt a replica
+
+
+def _held_upload(url: str, path: str, declared: int, key: str | None, wait_s: float = 20) -> tuple[int, float]:
+    """POST ``path`` declaring a ``declared``-byte body and sending none of it: (the status of
+    whatever answers within ``wait_s``, 0 if nothing does; the seconds until then)."""
+    host, port = url.removeprefix("http://").split(":")
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    with socket.create_connection((host, int(port)), timeout=wait_s) as s:
+        t0 = time.monotonic()
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/octet-stream\r\n"
+                  f"Content-Length: {declared}\r\n\r\n".encode())
+        try:
+            line = s.recv(4096).split(b"\r\n", 1)[0]
+        except TimeoutError:
+            return 0, time.monotonic() - t0
+        return int(line.split()[1]), time.monotonic() - t0
+
+
+def test_bodies_that_read_themselves_are_refused_before_they_arrive(cluster):
+    """A key upload or step without a valid key is answered 401 before its body is read (the
+    ingress once read up to 1 GB of it first, from anyone); with a valid key, the bodies a
+    tenant has on their way through the ingress count against its share there (429 past it)."""
+    for path in ("/v1/keys", "/v1/sessions/zzzz9999.gone/steps"):
+        assert _held_upload(cluster.url, path, 900 << 20, None)[0] == 401
+        assert _held_upload(cluster.url, path, 900 << 20, "veil_not-a-key")[0] == 401
+    # 900 MB declared and held back twice is 1.8 GB of this tenant's 2 GB: a third is refused at once
+    host, port = cluster.url.removeprefix("http://").split(":")
+    held = [socket.create_connection((host, int(port)), timeout=20) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(f"POST /v1/keys HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {cluster.key}\r\n"
+                      f"Content-Length: {900 << 20}\r\n\r\n".encode() + b"x" * 1024)
+        time.sleep(2)  # both read their first bytes
+        status, seconds = _held_upload(cluster.url, "/v1/keys", 900 << 20, cluster.key)
+        assert status == 429 and seconds < 15
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(2)
+    # the dropped uploads' shares were given back: a new one is read (nothing answers yet), not refused
+    assert _held_upload(cluster.url, "/v1/keys", 900 << 20, cluster.key, wait_s=3)[0] == 0
+    with _http(cluster) as c:
+        r = c.post("/v1/keys", content=b"\x00" * 1024)  # this tenant lacks the scope: the replica says so
+        assert r.status_code == 403
+    assert cluster.health()["replicas"]["healthy"] == 2
 
 
 def test_replica_killed_mid_run(cluster, client_half, ckpt, full_model):
