@@ -1,10 +1,11 @@
 """Schemathesis against the app's OpenAPI schema: generated requests (valid and invalid bodies,
 paths, parameters) on every operation of a real server; any 5xx is a finding.
 
-    python -m veil.benchmarks.fuzz_api [--cases 10000]
+    python -m veil.benchmarks.fuzz_api [--cases 10000] [--replicas N]
 
 Starts a `veil serve` subprocess on loopback (a tenant with both scopes, max_context 64 so that
-generated completions stay cheap) and spreads ``--cases`` over the operations; operations whose
+generated completions stay cheap; with ``--replicas``, a Ray Serve cluster of that many engine
+replicas, every request through its ingress) and spreads ``--cases`` over the operations; operations whose
 input space is small (GET /health) stop early, the others get more. Prints the number of cases
 run per operation and `figure fuzz_api.cases N` / `figure fuzz_api.server_errors N`. The CI runs
 ~300 cases in-process (tests/test_fuzz_api.py).
@@ -52,9 +53,16 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=10000, help="total cases to aim for")
+    p.add_argument("--replicas", type=int, default=0, help="serve through a cluster of N replicas (0: one process)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url, key = launch_server(Path(tmp), ("plaintext", "protected"), ["--max-context", "64"])
+        if args.replicas:
+            from veil.benchmarks.cluster import launch_cluster
+
+            srv = launch_cluster(Path(tmp), args.replicas, ("plaintext", "protected"), ["--max-context", "64"])
+            proc, url, key = srv.proc, srv.url, srv.key
+        else:
+            proc, url, key = launch_server(Path(tmp), ("plaintext", "protected"), ["--max-context", "64"])
         try:
             import schemathesis
 
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             ran, failures = fuzz(url, key, per_op)
         finally:
             proc.terminate()
-            proc.wait(60)
+            proc.wait(120)  # a cluster shuts Ray down first
     for label, n in sorted(ran.items()):
         print(f"# {label}: {n} cases", file=sys.stderr)
     for f in failures:
