@@ -1,7 +1,7 @@
 """Schemathesis against the app's OpenAPI schema: generated requests (valid and invalid bodies,
 paths, parameters) on every operation of a real server; any 5xx is a finding.
 
-    python -m veil.benchmarks.fuzz_api [--cases 10000] [--replicas N]
+    python -m veil.benchmarks.fuzz_api [--cases 10000] [--replicas N] [--serve-args "--engine-process"]
 
 Starts a `veil serve` subprocess on loopback (a tenant with both scopes, max_context 64 so that
 generated completions stay cheap; with ``--replicas``, a Ray Serve cluster of that many engine
@@ -14,6 +14,7 @@ run per operation and `figure fuzz_api.cases N` / `figure fuzz_api.server_errors
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 from collections import Counter
@@ -54,15 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=10000, help="total cases to aim for")
     p.add_argument("--replicas", type=int, default=0, help="serve through a cluster of N replicas (0: one process)")
+    p.add_argument("--serve-args", default="", help="more `veil serve` options, one string (e.g. \"--engine-process\")")
     args = p.parse_args(argv)
+    serve_args = ["--max-context", "64", *shlex.split(args.serve_args)]
     with tempfile.TemporaryDirectory() as tmp:
         if args.replicas:
             from veil.benchmarks.cluster import launch_cluster
 
-            srv = launch_cluster(Path(tmp), args.replicas, ("plaintext", "protected"), ["--max-context", "64"])
+            srv = launch_cluster(Path(tmp), args.replicas, ("plaintext", "protected"), serve_args)
             proc, url, key = srv.proc, srv.url, srv.key
         else:
-            proc, url, key = launch_server(Path(tmp), ("plaintext", "protected"), ["--max-context", "64"])
+            proc, url, key = launch_server(Path(tmp), ("plaintext", "protected"), serve_args)
         try:
             import schemathesis
 

@@ -223,7 +223,8 @@ class VeilClient:
     def _post(self, path: str, retry: bool = True, **kw) -> httpx.Response:
         """POST with one retry on a broken connection (a restarted server closes our keep-alive
         connection); a server that stays unreachable is a clear 503 error, not a stack trace.
-        Retrying a step is safe: if the first attempt was processed, the retry is a replay (409).
+        Retrying a step is safe: if the first attempt was processed, the server answers the
+        retry, the same bytes, with the reply it gave (``Session.resent``), else it runs it.
         A 503 ``device_out_of_memory`` (the server dropped the work whole, its session as before)
         is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times, and one it
         refused unread while it held too many other bodies (429 ``server_busy``) up to

@@ -230,6 +230,8 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             # nothing; once submitted, the step will be computed and the step id is spent.
             if s.closed:
                 raise ApiError(404, "session_not_found", "no such session")
+            if (again := s.resent(msg.step, body)) is not None:
+                return Response(again, media_type=CONTENT_TYPE)
             if msg.step != s.next_step:
                 kind = "replayed" if msg.step < s.next_step else "out-of-order"
                 raise ApiError(409, "bad_step", f"{kind} step {msg.step}; expected {s.next_step}")
@@ -264,9 +266,10 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                 s.next_step -= 1  # the engine took the step back whole: the client may resend it
                 raise
             s.last_used = time.monotonic()
+            reply = HiddenReply(s.id, msg.step, out).to_bytes()
+            s.answered(msg.step, body, reply)
         metrics.step_latency.observe(time.perf_counter() - t0)
         metrics.tokens.labels("split").inc(T)
-        reply = HiddenReply(s.id, msg.step, out).to_bytes()
         metrics.bytes_in.labels("plaintext").inc(len(body))
         metrics.bytes_out.labels("plaintext").inc(len(reply))
         return Response(reply, media_type=CONTENT_TYPE)

@@ -124,6 +124,8 @@ class ProtectedApi:
         async with s.lock:
             if s.closed:
                 raise ApiError(404, "session_not_found", "no such session")
+            if (again := s.resent(msg.step, body)) is not None:
+                return Response(again, media_type=CONTENT_TYPE)
             t0 = time.perf_counter()
             try:
                 reply, op_seconds = await self._run(s, msg)
@@ -139,11 +141,12 @@ class ProtectedApi:
             except HEError as e:  # a ciphertext that deserialized but cannot be evaluated
                 raise ApiError(400, "bad_ciphertext", f"ciphertext rejected: {e}") from None
             s.last_used = time.monotonic()
+            out = reply.to_bytes()
+            s.answered(msg.step, body, out)
         m = self.metrics
         m.step_latency.observe(time.perf_counter() - t0)
         for op, sec in op_seconds.items():
             m.protected_op_seconds.labels(op).inc(sec)
-        out = reply.to_bytes()
         m.bytes_in.labels("protected").inc(len(body))
         m.bytes_out.labels("protected").inc(len(out))
         return Response(out, media_type=CONTENT_TYPE)

@@ -13,6 +13,7 @@ its next turn (404 ``session_not_found``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import secrets
 import threading
@@ -43,11 +44,28 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step at a time
     in_flight: int = 0  # step requests under way (reading their body, queued or computing)
     closed: bool = False
+    # the last step's (id, SHA-256 of its body, reply), for ``resent``
+    last_reply: tuple[int, bytes, bytes] | None = None
 
     @property
     def busy(self) -> bool:
         """A step under way: neither the TTL nor an eviction takes the session then."""
         return self.in_flight > 0 or self.lock.locked()
+
+    def resent(self, step: int, body: bytes | bytearray) -> bytes | None:
+        """With the lock held: the reply already given to this very message, where the client
+        sends its last step again because the reply was lost on the way (a dropped connection, a
+        timeout); the session is unchanged. Any other message with a spent step id stays a
+        replay (409). The stored reply, not a new one: recomputing a protected step would draw
+        new flooding noise for the same input, and averaging draws is what the noise forbids."""
+        last = self.last_reply
+        if last is None or last[0] != step or last[1] != hashlib.sha256(body).digest():
+            return None
+        return last[2]
+
+    def answered(self, step: int, body: bytes | bytearray, reply: bytes) -> None:
+        """With the lock held, once ``step`` has committed: keep its reply for ``resent``."""
+        self.last_reply = (step, hashlib.sha256(body).digest(), reply)
 
 
 class SessionStore:

@@ -29,6 +29,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import httpx  # noqa: E402
 import pytest  # noqa: E402
 
 #: Every backend the interface and protocol tests run on: the slot-vector test double first.
@@ -246,6 +247,32 @@ def holds_no_secret():
         assert not svc.executor().be.inner.has_secret_key
 
     return check
+
+
+class LosesReplies(httpx.HTTPTransport):
+    """Delivers every request, but the replies of the steps numbered in ``lose`` (counting every
+    step request, resent ones included) are dropped after the server answered: a connection
+    lost on the way back. A fault injector for tests of the SDK and the server, standing in for a flaky network."""
+
+    def __init__(self, lose: set[int]):
+        super().__init__()
+        self.lose, self.steps = lose, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = super().handle_request(request)
+        if request.url.path.endswith("/steps"):
+            self.steps += 1
+            if self.steps in self.lose:
+                r.read()
+                r.close()
+                raise httpx.ReadError("the connection closed after the server answered", request=request)
+        return r
+
+
+@pytest.fixture(scope="session")
+def loses_replies():
+    """``LosesReplies``: an httpx transport that drops the replies of the steps it is told."""
+    return LosesReplies
 
 
 @pytest.fixture(scope="session")

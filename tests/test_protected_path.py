@@ -79,6 +79,23 @@ def test_protected_greedy_equals_plaintext_greedy(generations, full_model, clien
                                                               "refresh", "refreshed", "final"}
 
 
+def test_protected_steps_whose_replies_were_lost_are_answered_the_same(client, full_model, generations,
+                                                                        loses_replies):
+    """Replies lost after the server answered (a weights upload's and a later token's): the SDK
+    sends each step again, the server gives the reply it had given, and the tokens are still
+    plaintext greedy, in one session."""
+    ids = client.tokenizer(PROMPTS[0])["input_ids"]
+    plain_http, lossy = client.http, loses_replies({2, 8})
+    client.http = httpx.Client(base_url=plain_http.base_url, headers=plain_http.headers, timeout=120, transport=lossy)
+    try:
+        res = client.generate(ids, 3, stop_at_eos=False)
+    finally:
+        client.http.close()
+        client.http = plain_http
+    assert res.tokens == generate_local(full_model, ids, 3) and res.stats.reestablished == 0
+    assert lossy.steps == res.stats.round_trips + 2
+
+
 def test_client_decrypted_only_protocol_values(client, generations):
     """Transcript audit over everything the SDK decrypted in the generations above."""
     kinds = set()
@@ -151,7 +168,14 @@ def test_bad_messages_are_rejected_and_the_session_goes_on(server, client, ckpt,
     r = send(token)
     assert r.status_code == 200
     scores = ProtectedMessage.from_bytes(r.content, max_bytes=1 << 30)
-    assert send(token).status_code == 409  # replayed step
+    # The same message sent again (its reply lost on the way) gets the reply already given, byte
+    # for byte: not recomputed, so no second draw of the flooding noise. Another message with
+    # that spent step id is a replay.
+    again = send(token)
+    assert again.status_code == 200 and again.content == r.content
+    c = token.cts[0]
+    flipped = dataclasses.replace(token, cts=(CtPayload(c.tag, c.level, c.data[:-1] + bytes([c.data[-1] ^ 1]), c.token),))
+    assert send(flipped).status_code == 409  # replayed step
     nxt = state.handle(scores)  # the weights upload (step 2)
     bad = [
         b"\x00garbage",  # not msgpack

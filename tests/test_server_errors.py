@@ -76,6 +76,23 @@ def test_foreign_session_is_404(live_server, alice, chat_prompts):
     sess.close()
 
 
+def test_a_step_whose_reply_was_lost_is_sent_again_and_answered_the_same(live_server, client_half, chat_prompts,
+                                                                          local_greedy, loses_replies):
+    """The SDK sends a step again when its connection fails; where the server had already run
+    it, the resent step gets the reply it had given (it was a 409 replay: the generation failed).
+    The prefill's reply and a decode step's are lost here; the tokens are still the whole model's,
+    in the one session."""
+    c = VeilClient(live_server.url, live_server.keys["alice"], half=client_half)
+    lossy = loses_replies({1, 4})
+    c.http = httpx.Client(base_url=c.http.base_url, headers=c.http.headers, timeout=120, transport=lossy)
+    try:
+        res = c.generate(chat_prompts[0], max_new_tokens=8, stop_at_eos=False)
+    finally:
+        c.close()
+    assert res.tokens == local_greedy[0][:8] and res.stats.reestablished == 0
+    assert lossy.steps == 8 + 2  # the prefill and 7 decode steps, 2 of them sent twice
+
+
 def test_malformed_steps_are_rejected_and_the_session_goes_on(live_server, alice, chat_prompts, local_greedy):
     key = live_server.keys["alice"]
     ids = chat_prompts[0]
@@ -105,7 +122,7 @@ def test_malformed_steps_are_rejected_and_the_session_goes_on(live_server, alice
         r = _raw_step(live_server, key, sess.id, body)
         assert r.status_code == 400, (name, r.status_code, r.text)
         assert r.json()["error"]["message"], name
-    # replayed and skipped step ids
+    # replayed (step 1 again, but not the message it was) and skipped step ids
     replay = HiddenStep(sess.id, 1, torch.zeros(1, 576), [len(ids)]).to_bytes()
     assert _raw_step(live_server, key, sess.id, replay).status_code == 409
     skip = HiddenStep(sess.id, 3, torch.zeros(1, 576), [len(ids)]).to_bytes()
