@@ -56,6 +56,12 @@ class DeviceOutOfMemory(RuntimeError):
     and every other sequence go on."""
 
 
+class StepFailed(RuntimeError):
+    """A step raised something other than out-of-memory (a bug met by some input, most likely):
+    each request in it ended with this error, each split session in it had that client step
+    taken back (left as before it, to be retried); the engine and every other sequence go on."""
+
+
 def check_request(full_model: bool, vocab_size: int, prompt_ids: list[int], max_new_tokens: int) -> None:
     """What a full-model request must be before it reaches the loop (Engine and EngineProcess)."""
     if not full_model:

@@ -26,6 +26,7 @@ from veil.engine.api import (
     EngineConfig,
     EngineDead,
     SessionClosed,
+    StepFailed,
     StepStats,
     check_request,
 )
@@ -69,6 +70,7 @@ class Engine:
         self._calls: deque[tuple[Callable, Future]] = deque()
         self.error: BaseException | None = None
         self.steps = 0
+        self.failed_steps = 0  # steps whose sequences failed (``_step_failed``); the loop went on
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -210,8 +212,8 @@ class Engine:
                         chunks.sort(key=lambda c: (c.seq.kind is not SeqKind.TOKENS, c.length != 1))
                         try:
                             step = self._prepare(chunks, flight) if chunks else None
-                        except torch.OutOfMemoryError:  # the block tables' copy to the device
-                            self._out_of_memory(chunks, advanced=False)
+                        except Exception as e:  # noqa: BLE001 (e.g. out of memory copying the block tables)
+                            self._step_failed(chunks, e, advanced=False)
                         if step is not None:
                             step.host_seconds = time.perf_counter() - t_host
                 last_was_call = call is not None
@@ -220,9 +222,9 @@ class Engine:
                     try:
                         step.handle = self.runner.launch(step.batch, flight.handle if flight else None)
                         step.seconds = time.perf_counter() - t0
-                    except torch.OutOfMemoryError:
+                    except Exception as e:  # noqa: BLE001 (that step's sequences fail, not the loop)
                         with self._cv:
-                            self._out_of_memory(step.chunks)
+                            self._step_failed(step.chunks, e)
                         step = None
                 if flight is not None:  # its results come back while the step just launched runs
                     self._complete(flight)
@@ -258,34 +260,51 @@ class Engine:
         batch = self.runner.prepare(chunks, flight.handle if flight else None)
         return _Step(chunks, self.scheduler.advance(chunks), batch)
 
-    def _out_of_memory(self, chunks: list[Chunk], advanced: bool = True) -> None:
-        """With the lock held: a step that ran out of device memory, launching or (``advanced``
-        False) preparing, is undone (every sequence as before it was prepared) and one sequence
-        fails with DeviceOutOfMemory, the one with the step's largest chunk (the newest among
-        equals: the likeliest cause, and the one that waited least); the rest run again from
-        the next step. A request ends; a split session's client step is taken back whole (its
-        rows, its outputs so far), the session stays open. Each out-of-memory step drops one
-        sequence, so a device that stays full empties the batch rather than spinning."""
-        if advanced:
+    def _step_failed(self, chunks: list[Chunk], error: Exception, advanced: bool = True, ran: bool = False) -> None:
+        """With the lock held: a step that raised preparing, launching (``advanced``: what
+        ``Scheduler.advance`` did is taken back) or finishing (``ran``) fails sequences, not the
+        loop. Out of device memory before it ran: one sequence fails with DeviceOutOfMemory, the
+        one with the step's largest chunk (the newest among equals: the likeliest cause, and the
+        one that waited least), and the rest run again from the next step, so a device that
+        stays full empties the batch rather than spinning. Anything else (a bug some input met:
+        one request's top_k past int64 once stopped the loop, and every tenant got 503 until a
+        restart, benchmarks/results/2026-12-06-fuzz), or any failure finishing, fails all of the
+        step's sequences with StepFailed, since nothing says which one met it. A request ends; a
+        split session's client step is taken back whole (its rows, its outputs so far) and the
+        session stays open. A CUDA device that the error left unusable still stops the loop."""
+        cuda = torch.device(self.cfg.device).type == "cuda"
+        oom = isinstance(error, torch.OutOfMemoryError) and not ran
+        if cuda and not oom:
+            torch.cuda.synchronize()  # a sticky CUDA error raises here, out of the loop
+        if advanced and not ran:
             self.scheduler.undo(chunks)
         live = [c for c in chunks if not c.seq.finished]
-        if not live:
-            return
-        seq = max(live, key=lambda c: (c.length, c.seq.arrival)).seq
-        error = DeviceOutOfMemory(f"the device ran out of memory running a step of {len(chunks)} "
-                                  f"sequences; this one's work was dropped, retry it")
-        log.warning("out of device memory: dropping sequence %d of a %d-sequence step", seq.id, len(chunks))
-        if seq.kind is SeqKind.TOKENS:
-            self._finish(seq, error)
-        else:
-            seq.take_back_step()(error)
-        if torch.device(self.cfg.device).type == "cuda":
+        if oom and live:
+            live = [max(live, key=lambda c: (c.length, c.seq.arrival))]
+            failure = DeviceOutOfMemory(f"the device ran out of memory running a step of {len(chunks)} "
+                                        f"sequences; this one's work was dropped, retry it")
+            log.warning("out of device memory: dropping sequence %d of a %d-sequence step", live[0].seq.id, len(chunks))
+        elif not oom:
+            failure = StepFailed(f"the engine failed running a step of this work ({type(error).__name__}; the server log says more)")
+            log.error("a step of %d sequences failed; they fail, the engine goes on", len(chunks), exc_info=error)
+            self.failed_steps += 1
+        for c in live:
+            if c.seq.kind is SeqKind.HIDDEN and c.seq.on_step_done is not None:
+                c.seq.take_back_step()(failure)
+            else:  # a request, or a session recomputing after a preemption with no step to take back
+                self._finish(c.seq, failure)
+        if cuda and oom:
             torch.cuda.empty_cache()  # what the failed launch left cached, back to the pool
 
     def _complete(self, step: _Step) -> None:
         """Wait for a launched step and hand its results back."""
         t0 = time.perf_counter()
-        tokens, hidden = self.runner.finish(step.handle)
+        try:
+            tokens, hidden = self.runner.finish(step.handle)
+        except Exception as e:  # noqa: BLE001 (nothing of it was handed back: its sequences fail)
+            with self._cv:
+                self._step_failed(step.chunks, e, ran=True)
+            return
         t1 = time.perf_counter()
         seconds = step.seconds + t1 - t0
         with self._cv:

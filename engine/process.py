@@ -34,6 +34,7 @@ from veil.engine.api import (
     EngineConfig,
     EngineDead,
     SessionClosed,
+    StepFailed,
     StepStats,
     check_request,
 )
@@ -224,7 +225,7 @@ class EngineProcess:
                     del self._views[sid]
                 elif kind == "step":
                     done, view.on_step_done = view.on_step_done, None
-                    if isinstance(value, DeviceOutOfMemory):  # the engine took the step back whole
+                    if isinstance(value, (DeviceOutOfMemory, StepFailed)):  # the engine took the step back whole
                         view.num_inputs -= view.step_rows
             if kind == "tok":
                 if view.on_token:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
-from veil.engine.api import DeviceOutOfMemory, EngineDead, SessionClosed, StepStats
+from veil.engine.api import DeviceOutOfMemory, EngineDead, SessionClosed, StepFailed, StepStats
 from veil.engine.engine import Engine
 from veil.engine.process import EngineProcess
 from veil.engine.split import ServerHalf
@@ -140,6 +140,11 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     async def _engine_dead(request: Request, exc: EngineDead):
         return error_response(503, "engine_unavailable", "the inference engine is not running")
 
+    @app.exception_handler(StepFailed)
+    async def _step_failed(request: Request, exc: StepFailed):
+        # the engine goes on; a split step was taken back whole, a request ended
+        return error_response(500, "engine_error", str(exc))
+
     @app.exception_handler(DeviceOutOfMemory)
     async def _device_out_of_memory(request: Request, exc: DeviceOutOfMemory):
         # the engine dropped that work whole: the same request or step may be sent again
@@ -249,7 +254,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                         return
                     if isinstance(result, SessionClosed):
                         fut.set_exception(ApiError(404, "session_not_found", "the session was closed"))
-                    elif isinstance(result, DeviceOutOfMemory):
+                    elif isinstance(result, (DeviceOutOfMemory, StepFailed)):
                         fut.set_exception(result)
                     elif isinstance(result, BaseException):
                         fut.set_exception(EngineDead(str(result)))
@@ -262,7 +267,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             s.next_step += 1
             try:
                 out = await fut
-            except DeviceOutOfMemory:
+            except (DeviceOutOfMemory, StepFailed):
                 s.next_step -= 1  # the engine took the step back whole: the client may resend it
                 raise
             s.last_used = time.monotonic()

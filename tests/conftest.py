@@ -149,28 +149,41 @@ def split_steps_check(full_model, chat_prompts):
     return check
 
 
+def _raise_once(runner, method: str, when, error: Exception) -> list:
+    """``runner.<method>`` (launch or finish) raises ``error`` the first time ``when(its first
+    argument)`` holds; every other call is the real one. Returns the arguments it failed."""
+    real, failed = getattr(runner, method), []
+
+    def wrapped(first, *rest):
+        if not failed and when(first):
+            failed.append(first)
+            raise error
+        return real(first, *rest)
+
+    setattr(runner, method, wrapped)
+    return failed
+
+
 @pytest.fixture
 def oom_once():
     """Fault injection for out-of-memory tests (a fake inside tests of the engine's and the
     server's handling, not of the runner): ``oom_once(runner, when)`` makes ``runner.launch``
     raise torch's OutOfMemoryError, as a CUDA allocation does, the first time ``when(batch)``
     holds; every other launch is the real one. Returns the list of batches it failed."""
+    import torch
 
-    def install(runner, when):
-        import torch
+    return lambda runner, when: _raise_once(runner, "launch", when,
+                                            torch.OutOfMemoryError("CUDA out of memory (injected by the test)"))
 
-        real, failed = runner.launch, []
 
-        def launch(batch, in_flight=None):
-            if not failed and when(batch):
-                failed.append(batch)
-                raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
-            return real(batch, in_flight)
-
-        runner.launch = launch
-        return failed
-
-    return install
+@pytest.fixture
+def bug_once():
+    """Fault injection for the engine's handling of a step that raises something else (a fake
+    standing in for a bug met by some input): ``bug_once(runner, when, method="launch")`` makes
+    ``runner.launch(batch)`` or ``runner.finish(handle)`` raise a RuntimeError the first time
+    ``when`` holds for its argument. Returns the arguments it failed."""
+    return lambda runner, when, method="launch": _raise_once(runner, method, when,
+                                                             RuntimeError("a bug (injected by the test)"))
 
 
 class LiveServer:

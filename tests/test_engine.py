@@ -7,7 +7,7 @@ import httpx
 import pytest
 import torch
 
-from veil.engine.api import DeviceOutOfMemory, EngineConfig, EngineDead
+from veil.engine.api import DeviceOutOfMemory, EngineConfig, EngineDead, StepFailed
 from veil.engine.engine import Engine
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.sampling import SamplingParams
@@ -297,6 +297,51 @@ def test_out_of_memory_takes_a_split_step_back(full_model, chat_prompts, oom_onc
         e.stop()
 
 
+@pytest.mark.parametrize("method", ["launch", "finish"])
+def test_a_step_that_raises_fails_its_own_work_and_the_engine_goes_on(full_model, chat_prompts, local_greedy,
+                                                                      bug_once, method):
+    """A step that raises (a bug met by some input; injected into the runner's launch, or into
+    its finish, once the step ran) ends the requests in it with StepFailed and takes back a split
+    session's client step in it; a split session outside that step, the engine, and the failed
+    work sent again are as if nothing had failed. Before, the loop died: 503 for everyone."""
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=256)).start()
+    try:
+        def run(seq, x):
+            box, ev = {}, threading.Event()
+            e.submit_hidden(seq, x, lambda out: (box.__setitem__("out", out), ev.set()))
+            assert ev.wait(120)
+            return box["out"]
+
+        with torch.inference_mode():
+            rows = [full_model.embed(torch.tensor(p)) for p in chat_prompts[:2]]
+        bystander = e.open_hidden("t")  # holds its KV through the failure, in no failed step
+        first = run(bystander, rows[0][:-2])
+        failed = bug_once(e.runner, lambda x: True, method)
+        reasons, done = [], threading.Semaphore(0)
+        e.add_request("t", chat_prompts[2], 8, SamplingParams(), on_finish=lambda r: (reasons.append(r), done.release()))
+        assert done.acquire(timeout=120)
+        assert failed and isinstance(reasons[0], StepFailed) and e.alive and e.failed_steps == 1
+        failed = bug_once(e.runner, lambda x: True, method)
+        session = e.open_hidden("t")
+        error = run(session, rows[1])
+        assert failed and isinstance(error, StepFailed) and not session.finished
+        assert (session.num_hidden, session.num_computed, session.hidden_rows, session.on_step_done) == (0, 0, [], None)
+        assert e.alive and e.failed_steps == 2
+        # the same work again, and the bystander's next step, as if nothing had failed
+        assert _run_requests(e, [chat_prompts[2]], 8) == [local_greedy[2][:8]]
+        again = run(session, rows[1])
+        rest = run(bystander, rows[0][-2:])
+        fresh = e.open_hidden("t")
+        assert torch.equal(again, run(fresh, rows[1]))
+        whole = e.open_hidden("t")  # the bystander's two steps, in a session that saw no failure
+        assert torch.equal(first, run(whole, rows[0][:-2])) and torch.equal(rest, run(whole, rows[0][-2:]))
+        for s in (bystander, session, fresh, whole):
+            e.close(s)
+        assert e.cache.num_free == e.cache.num_blocks
+    finally:
+        e.stop()
+
+
 def test_a_prompt_outside_the_vocabulary_is_refused_and_the_loop_goes_on(engine, chat_prompts, local_greedy):
     for bad in ([5, engine.model_cfg.vocab_size], [-1, 5]):
         with pytest.raises(ValueError):
@@ -309,10 +354,10 @@ def test_dead_engine_makes_health_503_and_requests_fail_fast(make_server):
     srv = make_server()
     engine = srv.app.state.engine
 
-    def broken(*args):  # fault injection: the runner fails as a hardware fault would
+    def broken(*args):  # fault injection: the loop's own bookkeeping fails (a failing step no longer stops it)
         raise RuntimeError("injected fault")
 
-    engine.runner.launch = broken
+    engine.scheduler.schedule = broken
     key = srv.keys["alice"]
     r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2},
                    headers={"Authorization": f"Bearer {key}"}, timeout=30)

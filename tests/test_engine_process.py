@@ -105,42 +105,59 @@ def _wait_for(cond, timeout=30.0):
         time.sleep(0.05)
 
 
+def _serve_failing_the_first_split_launch(conn, model, k, cfg, error: Exception) -> None:
+    """The engine process with its runner's first launch that holds split rows raising
+    ``error``: a fault injected by these tests into the child (a fake inside tests of the
+    server's handling, not of the runner)."""
+    from veil.engine.model_runner import ModelRunner
+
+    real, failed = ModelRunner.launch, []
+
+    def launch(self, batch, in_flight=None):
+        if not failed and batch.hidden is not None:
+            failed.append(1)
+            raise error
+        return real(self, batch, in_flight)
+
+    ModelRunner.launch = launch
+    serve(conn, model, k, cfg)
+
+
 class _OomOnce(EngineProcess):
-    """The engine process with its runner's first launch that holds split rows failing with
-    torch's OutOfMemoryError, as a CUDA allocation does: a fault injected by this test into the
-    child (a fake inside a test of the server's handling, not of the runner)."""
+    """Out of memory, as a CUDA allocation raises it."""
 
     @staticmethod
     def child_main(conn, model, k, cfg):
-        from veil.engine.model_runner import ModelRunner
-
-        real, failed = ModelRunner.launch, []
-
-        def launch(self, batch, in_flight=None):
-            if not failed and batch.hidden is not None:
-                failed.append(1)
-                raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
-            return real(self, batch, in_flight)
-
-        ModelRunner.launch = launch
-        serve(conn, model, k, cfg)
+        _serve_failing_the_first_split_launch(conn, model, k, cfg,
+                                              torch.OutOfMemoryError("CUDA out of memory (injected by the test)"))
 
 
-def test_an_out_of_memory_step_in_the_child_is_503_and_taken_back(ckpt, tmp_path, client_half, chat_prompts,
-                                                                  local_greedy, monkeypatch, live_server_cls):
+class _BugOnce(EngineProcess):
+    """Anything else: a bug met by some input."""
+
+    @staticmethod
+    def child_main(conn, model, k, cfg):
+        _serve_failing_the_first_split_launch(conn, model, k, cfg, RuntimeError("a bug (injected by the test)"))
+
+
+@pytest.mark.parametrize(("process", "status", "code"), [(_OomOnce, 503, "device_out_of_memory"),
+                                                         (_BugOnce, 500, "engine_error")])
+def test_a_failed_step_in_the_child_is_answered_and_taken_back(ckpt, tmp_path, client_half, chat_prompts,
+                                                               local_greedy, monkeypatch, live_server_cls,
+                                                               process, status, code):
     """The child drops the step whole (the engine's own handling); the server answers 503
-    device_out_of_memory, the same step id is accepted again, and the SDK's retry continues the
-    session to the whole model's tokens."""
+    device_out_of_memory (out of memory) or 500 engine_error (anything else), the same step id
+    is accepted again, and the session and the SDK go on to the whole model's tokens."""
     import veil.server.app as app_module
 
-    # The spawned child unpickles _OomOnce by this module's name (pytest's importlib mode names it
+    # The spawned child unpickles the class by this module's name (pytest's importlib mode names it
     # tests.test_engine_process) and takes this process's sys.path. The checkout itself is not on
     # it (PYTHONSAFEPATH: its kernels/ would shadow Hugging Face's `kernels`), so the child gets a
     # folder that holds only a link to tests/.
     (tmp_path / "importable").mkdir()
     (tmp_path / "importable" / "tests").symlink_to(Path(__file__).resolve().parent)
     monkeypatch.syspath_prepend(str(tmp_path / "importable"))
-    monkeypatch.setattr(app_module, "EngineProcess", _OomOnce)
+    monkeypatch.setattr(app_module, "EngineProcess", process)
     srv = live_server_cls(ckpt, tmp_path, engine_process=True)
     try:
         key = srv.keys["alice"]
@@ -149,14 +166,15 @@ def test_an_out_of_memory_step_in_the_child_is_503_and_taken_back(ckpt, tmp_path
             step = HiddenStep(sess.id, 1, torch.zeros(5, 576), list(range(5))).to_bytes()
             r = httpx.post(f"{srv.url}/v1/sessions/{sess.id}/steps", content=step, timeout=60,
                            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/x-veil"})
-            assert r.status_code == 503 and r.json()["error"]["code"] == "device_out_of_memory"
-            assert r.headers["retry-after"] == "1"
+            assert r.status_code == status and r.json()["error"]["code"] == code
+            assert r.headers.get("retry-after") == ("1" if status == 503 else None)
             # the rows were taken back here too: the same step at the same positions is accepted
             r = httpx.post(f"{srv.url}/v1/sessions/{sess.id}/steps", content=step, timeout=60,
                            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/x-veil"})
             assert r.status_code == 200, r.text
             sess.close()
             assert c.generate(chat_prompts[0], 8, stop_at_eos=False).tokens == local_greedy[0][:8]
+        assert httpx.get(f"{srv.url}/health").status_code == 200
     finally:
         srv.stop()
 

@@ -260,6 +260,38 @@ def test_a_tenants_concurrent_steps_past_its_share_are_429_and_its_session_goes_
     assert _raw_step(srv, srv.keys["alice"], sid, nxt).status_code == 200
 
 
+def test_a_step_that_raises_is_500_and_the_work_goes_on(make_server, ckpt, client_half, chat_prompts,
+                                                       local_greedy, bug_once):
+    """A step that raises (a bug met by some input, injected into the runner) answers 500
+    engine_error to the request in it; the server stays healthy and serves the same request
+    again; a split session's step is taken back whole, so the same step id is accepted again.
+    Before, the engine loop died: 503 engine_unavailable for every tenant from then on."""
+    srv = make_server()
+    key, engine = srv.keys["alice"], srv.app.state.engine
+    h = {"Authorization": f"Bearer {key}"}
+    body = {"prompt": chat_prompts[0], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    bug_once(engine.runner, lambda batch: True)
+    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    assert r.status_code == 500 and _err(r) == "engine_error"
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == ckpt.tokenizer.decode(local_greedy[0][:4])
+
+    c = VeilClient(srv.url, key, half=client_half)
+    sess = c.open_session()
+    ids = chat_prompts[0]
+    bug_once(engine.runner, lambda handle: handle.batch.hidden is not None, "finish")
+    with pytest.raises(VeilError) as e:
+        sess.forward(ids)
+    assert e.value.status == 500 and e.value.code == "engine_error"
+    tokens = [int(sess.forward(ids).argmax())]  # the same step again: taken back, not spent
+    for _ in range(7):
+        tokens.append(int(sess.forward([tokens[-1]]).argmax()))
+    assert tokens == local_greedy[0][:8]
+    c.close()
+    assert engine.alive and engine.failed_steps == 2
+
+
 def test_idle_sessions_expire(make_server, client_half):
     srv = make_server(session_ttl_s=0.5, sweep_interval_s=0.1)
     c = VeilClient(srv.url, srv.keys["alice"], half=client_half)
