@@ -260,6 +260,18 @@ def test_a_tenants_concurrent_steps_past_its_share_are_429_and_its_session_goes_
     assert _raw_step(srv, srv.keys["alice"], sid, nxt).status_code == 200
 
 
+def _completion_after_a_failed_step(srv, prompt: list[int], want: str) -> httpx.Response:
+    """A greedy completion of 4 tokens whose first step fails (the caller made it fail): its
+    answer, once /health says 200 and the same completion sent again gives ``want``."""
+    h = {"Authorization": f"Bearer {srv.keys['alice']}"}
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    failed = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
+    return failed
+
+
 def test_a_step_that_raises_is_500_and_the_work_goes_on(make_server, ckpt, client_half, chat_prompts,
                                                        local_greedy, bug_once):
     """A step that raises (a bug met by some input, injected into the runner) answers 500
@@ -268,14 +280,9 @@ def test_a_step_that_raises_is_500_and_the_work_goes_on(make_server, ckpt, clien
     Before, the engine loop died: 503 engine_unavailable for every tenant from then on."""
     srv = make_server()
     key, engine = srv.keys["alice"], srv.app.state.engine
-    h = {"Authorization": f"Bearer {key}"}
-    body = {"prompt": chat_prompts[0], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
     bug_once(engine.runner, lambda batch: True)
-    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    r = _completion_after_a_failed_step(srv, chat_prompts[0], ckpt.tokenizer.decode(local_greedy[0][:4]))
     assert r.status_code == 500 and _err(r) == "engine_error"
-    assert httpx.get(f"{srv.url}/health").status_code == 200
-    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
-    assert r.status_code == 200 and r.json()["choices"][0]["text"] == ckpt.tokenizer.decode(local_greedy[0][:4])
 
     c = VeilClient(srv.url, key, half=client_half)
     sess = c.open_session()
@@ -365,22 +372,17 @@ def test_killed_client_is_reclaimed(make_server, tmp_path):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
-def test_device_out_of_memory_is_503_and_the_work_goes_on(make_server, client_half, chat_prompts, local_greedy,
-                                                          oom_once):
+def test_device_out_of_memory_is_503_and_the_work_goes_on(make_server, ckpt, client_half, chat_prompts,
+                                                          local_greedy, oom_once):
     """An out-of-memory step (injected into the runner) answers 503 device_out_of_memory with
     Retry-After to the request it dropped; the server stays healthy and serves the same request
     again; a split session's step is taken back whole, so the same step id is accepted again, and
     the SDK's own retry continues the session exactly as if nothing had failed."""
     srv = make_server()
     key, engine = srv.keys["alice"], srv.app.state.engine
-    h = {"Authorization": f"Bearer {key}"}
-    body = {"prompt": chat_prompts[0], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
     oom_once(engine.runner, lambda batch: True)
-    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    r = _completion_after_a_failed_step(srv, chat_prompts[0], ckpt.tokenizer.decode(local_greedy[0][:4]))
     assert r.status_code == 503 and _err(r) == "device_out_of_memory" and r.headers["retry-after"] == "1"
-    assert httpx.get(f"{srv.url}/health").status_code == 200
-    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
     c = VeilClient(srv.url, key, half=client_half)
     sess = c.open_session()
