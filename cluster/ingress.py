@@ -155,6 +155,10 @@ def ingress_app(ing: Ingress) -> FastAPI:
     async def _api_error(request: Request, exc: ApiError):
         return exc.response()
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):  # as a replica answers a bug
+        return error_response(500, "internal_error", "the ingress failed on this request; its log says why")
+
     @app.get("/health")
     async def health():
         return await ing.health()

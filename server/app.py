@@ -136,6 +136,11 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     async def _http_error(request: Request, exc: StarletteHTTPException):
         return error_response(exc.status_code, "http_error", str(exc.detail))
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        # a bug: the API's JSON error form all the same (Starlette logs the traceback after this)
+        return error_response(500, "internal_error", "the server failed on this request; its log says why")
+
     @app.exception_handler(EngineDead)
     async def _engine_dead(request: Request, exc: EngineDead):
         return error_response(503, "engine_unavailable", "the inference engine is not running")
