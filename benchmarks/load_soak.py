@@ -48,15 +48,15 @@ def rss(pid: int) -> int:
 
 
 async def bad_message(client: httpx.AsyncClient, sid: str, kind: int, last: tuple[bytes, bytes] | None,
-                      hidden: int, pos: int) -> str | None:
-    """Send one message of ``kind`` (0-3, the docstring's order); what went wrong, or None."""
+                      step: int, hidden: int, pos: int) -> str | None:
+    """Send one message of ``kind`` (0-3, the docstring's order) to a session whose last step,
+    ``step``, was ``last`` (its body and reply); what went wrong, or None."""
     url, headers = f"/v1/sessions/{sid}/steps", {"Content-Type": CONTENT_TYPE}
     if kind == 3 and last is not None:  # the last step again: the reply it got
         r = await client.post(url, content=last[0], headers=headers)
         return None if r.status_code == 200 and r.content == last[1] else f"resent {r.status_code}"
     if kind == 1 and last is not None:  # its step id, spent, with another body
-        spent = HiddenStep.from_bytes(last[0])
-        body = HiddenStep(sid, spent.step, torch.zeros(1, hidden), [pos]).to_bytes()
+        body = HiddenStep(sid, step, torch.zeros(1, hidden), [pos]).to_bytes()
         want = 409
     elif kind == 2:
         url, body, want = f"/v1/sessions/{secrets.token_urlsafe(24)}/steps", last[0] if last else b"x", 404
@@ -83,7 +83,7 @@ async def worker(client: httpx.AsyncClient, wid: int, stop_at: float, stats: dic
                     break
                 if bad_every and rng.randrange(bad_every) == 0:
                     stats["bad_sent"] += 1
-                    if wrong := await bad_message(client, sid, stats["bad_sent"] % 4, last, hidden, pos):
+                    if wrong := await bad_message(client, sid, stats["bad_sent"] % 4, last, step, hidden, pos):
                         stats["errors"].append(wrong)
                 step += 1
                 h = torch.randn(n, hidden) * 0.5
