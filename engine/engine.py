@@ -258,20 +258,25 @@ class Engine:
         """With the lock held: the step's batch, its sequences then advanced as if it had run
         (``Scheduler.advance``), so that the next step can be scheduled before its results."""
         batch = self.runner.prepare(chunks, flight.handle if flight else None)
-        return _Step(chunks, self.scheduler.advance(chunks), batch)
+        alone = len(chunks) == 1 and chunks[0].seq.id in self.scheduler.suspects
+        return _Step(chunks, self.scheduler.advance(chunks), batch, suspect=alone)
 
     def _step_failed(self, chunks: list[Chunk], error: Exception, advanced: bool = True, ran: bool = False) -> None:
         """With the lock held: a step that raised preparing, launching (``advanced``: what
         ``Scheduler.advance`` did is taken back) or finishing (``ran``) fails sequences, not the
-        loop. Out of device memory before it ran: one sequence fails with DeviceOutOfMemory, the
-        one with the step's largest chunk (the newest among equals: the likeliest cause, and the
-        one that waited least), and the rest run again from the next step, so a device that
-        stays full empties the batch rather than spinning. Anything else (a bug some input met:
-        one request's top_k past int64 once stopped the loop, and every tenant got 503 until a
-        restart, benchmarks/results/2026-12-06-fuzz), or any failure finishing, fails all of the
-        step's sequences with StepFailed, since nothing says which one met it. A request ends; a
-        split session's client step is taken back whole (its rows, its outputs so far) and the
-        session stays open. A CUDA device that the error left unusable still stops the loop."""
+        loop. Before, anything but out-of-memory stopped the loop, and every tenant got 503 until
+        a restart (one request's top_k past int64 did, benchmarks/results/2026-12-06-fuzz).
+        * Out of device memory before it ran: one sequence fails with DeviceOutOfMemory, the one
+          with the step's largest chunk (the newest among equals: the likeliest cause, and the one
+          that waited least); the rest run again from the next step, so a device that stays full
+          empties the batch rather than spinning.
+        * Anything else before it ran (a bug some input met), with more than one sequence: none
+          fails yet. Each runs again alone (``Scheduler.suspects``), so that only those whose own
+          step raises fail, with StepFailed.
+        * Any failure finishing (the results are lost, and on CUDA the next step already reads
+          them), or of a sequence alone: its sequences fail with StepFailed.
+        A request ends; a split session's client step is taken back whole (its rows, its outputs
+        so far) and the session stays open. A CUDA device left unusable still stops the loop."""
         cuda = torch.device(self.cfg.device).type == "cuda"
         oom = isinstance(error, torch.OutOfMemoryError) and not ran
         if cuda and not oom:
@@ -279,22 +284,28 @@ class Engine:
         if advanced and not ran:
             self.scheduler.undo(chunks)
         live = [c for c in chunks if not c.seq.finished]
-        if oom and live:
-            live = [max(live, key=lambda c: (c.length, c.seq.arrival))]
+        if oom:
+            live = [max(live, key=lambda c: (c.length, c.seq.arrival))] if live else []
             failure = DeviceOutOfMemory(f"the device ran out of memory running a step of {len(chunks)} "
                                         f"sequences; this one's work was dropped, retry it")
-            log.warning("out of device memory: dropping sequence %d of a %d-sequence step", live[0].seq.id, len(chunks))
-        elif not oom:
-            failure = StepFailed(f"the engine failed running a step of this work ({type(error).__name__}; the server log says more)")
-            log.error("a step of %d sequences failed; they fail, the engine goes on", len(chunks), exc_info=error)
+            log.warning("out of device memory: dropping %d of a %d-sequence step", len(live), len(chunks))
+            if cuda:
+                torch.cuda.empty_cache()  # what the failed launch left cached, back to the pool
+        else:
             self.failed_steps += 1
+            if not ran and len(live) > 1:
+                log.error("a step of %d sequences failed; each runs again alone", len(live), exc_info=error)
+                self.scheduler.suspects.update(c.seq.id for c in live)
+                return
+            failure = StepFailed(f"the engine failed running a step of this work ({type(error).__name__}; "
+                                 f"the server log says more)")
+            log.error("a step of %d sequences failed; they fail, the engine goes on", len(live), exc_info=error)
         for c in live:
+            self.scheduler.suspects.discard(c.seq.id)
             if c.seq.kind is SeqKind.HIDDEN and c.seq.on_step_done is not None:
                 c.seq.take_back_step()(failure)
             else:  # a request, or a session recomputing after a preemption with no step to take back
                 self._finish(c.seq, failure)
-        if cuda and oom:
-            torch.cuda.empty_cache()  # what the failed launch left cached, back to the pool
 
     def _complete(self, step: _Step) -> None:
         """Wait for a launched step and hand its results back."""
@@ -309,6 +320,8 @@ class Engine:
         seconds = step.seconds + t1 - t0
         with self._cv:
             self.scheduler.postprocess(step.chunks, step.epochs, tokens, hidden, self._finish)
+            if step.suspect:  # it ran alone without raising: it batches again
+                self.scheduler.suspects.discard(step.chunks[0].seq.id)
         host_seconds = step.host_seconds + time.perf_counter() - t1
         self.steps += 1
         if self.on_step:
@@ -329,3 +342,4 @@ class _Step:
     handle: StepHandle | None = None
     seconds: float = 0.0
     host_seconds: float = 0.0
+    suspect: bool = False  # a sequence of a step that raised, running alone (Engine._step_failed)

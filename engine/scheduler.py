@@ -47,12 +47,16 @@ class Scheduler:
         self.cfg, self.cache = cfg, cache
         self.seqs: dict[int, Sequence] = {}  # every live sequence, in arrival order
         self.num_preemptions = 0
+        # sequences of a step that raised (Engine._step_failed): while any has work, the oldest
+        # runs alone, FCFS set aside, so that a bug one of them meets fails it and only it
+        self.suspects: set[int] = set()
 
     def add(self, seq: Sequence) -> None:
         self.seqs[seq.id] = seq
 
     def remove(self, seq: Sequence) -> None:
         self.seqs.pop(seq.id, None)
+        self.suspects.discard(seq.id)
         self.cache.free_table(seq.table)
 
     @property
@@ -88,6 +92,8 @@ class Scheduler:
         cache, bs = self.cache, self.cache.block_size
         live = [(s, p) for s in self.seqs.values() if (p := s.pending)]
         live.sort(key=lambda sp: sp[0].arrival)
+        if self.suspects:
+            live = [sp for sp in live if sp[0].id in self.suspects][:1] or live
         for seq, pending in live:
             if budget == 0 or len(chunks) == self.cfg.max_seqs_per_step:
                 break

@@ -149,13 +149,14 @@ def split_steps_check(full_model, chat_prompts):
     return check
 
 
-def _raise_once(runner, method: str, when, error: Exception) -> list:
-    """``runner.<method>`` (launch or finish) raises ``error`` the first time ``when(its first
-    argument)`` holds; every other call is the real one. Returns the arguments it failed."""
+def _raise_once(runner, method: str, when, error: Exception, times: float = 1) -> list:
+    """``runner.<method>`` (launch or finish) raises ``error`` the first ``times`` times that
+    ``when(its first argument)`` holds; every other call is the real one. Returns the arguments
+    it failed."""
     real, failed = getattr(runner, method), []
 
     def wrapped(first, *rest):
-        if not failed and when(first):
+        if len(failed) < times and when(first):
             failed.append(first)
             raise error
         return real(first, *rest)
@@ -179,11 +180,11 @@ def oom_once():
 @pytest.fixture
 def bug_once():
     """Fault injection for the engine's handling of a step that raises something else (a fake
-    standing in for a bug met by some input): ``bug_once(runner, when, method="launch")`` makes
-    ``runner.launch(batch)`` or ``runner.finish(handle)`` raise a RuntimeError the first time
-    ``when`` holds for its argument. Returns the arguments it failed."""
-    return lambda runner, when, method="launch": _raise_once(runner, method, when,
-                                                             RuntimeError("a bug (injected by the test)"))
+    standing in for a bug met by some input): ``bug_once(runner, when, method="launch",
+    times=1)`` makes ``runner.launch(batch)`` or ``runner.finish(handle)`` raise a RuntimeError
+    the first ``times`` times that ``when`` holds for its argument. Returns the arguments it failed."""
+    return lambda runner, when, method="launch", times=1: _raise_once(
+        runner, method, when, RuntimeError("a bug (injected by the test)"), times)
 
 
 class LiveServer:

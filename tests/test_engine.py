@@ -342,6 +342,51 @@ def test_a_step_that_raises_fails_its_own_work_and_the_engine_goes_on(full_model
         e.stop()
 
 
+@pytest.mark.parametrize("overlap", [False, True])  # True: each step launched before the last one's tokens come back
+def test_a_bug_one_sequence_meets_in_a_batch_fails_only_that_sequence(full_model, chat_prompts, local_greedy,
+                                                                      bug_once, overlap):
+    """Every launch of a batch holding one request (the culprit, marked by its top_k) raises:
+    the first step, which holds it, two other requests and a split session's step, fails; each
+    of them then runs alone, the culprit's own step raises and it alone fails with StepFailed;
+    the others give exactly what they give without it, and then batch again."""
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=512))
+    with torch.inference_mode():
+        rows = full_model.embed(torch.tensor(chat_prompts[2]))
+    want_rows = None
+    try:
+        e.start()
+        alone = e.open_hidden("t")
+        box, ev = {}, threading.Event()
+        e.submit_hidden(alone, rows, lambda out: (box.__setitem__("out", out), ev.set()))
+        assert ev.wait(120)
+        want_rows = box["out"]
+    finally:
+        e.stop()
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=512, overlap=overlap))
+    culprit = SamplingParams(top_k=7)  # greedy all the same (temperature 0)
+    failed = bug_once(e.runner, lambda batch: culprit in batch.sampling[0], times=float("inf"))
+    outs, reasons, done = [[] for _ in range(3)], [None] * 3, threading.Semaphore(0)
+    for i in range(3):  # all queued before the loop starts: one first step, with the split step
+        e.add_request("t", chat_prompts[i], 8, culprit if i == 1 else SamplingParams(), on_token=outs[i].append,
+                      on_finish=lambda r, i=i: (reasons.__setitem__(i, r), done.release()))
+    session, box, ev = e.open_hidden("t"), {}, threading.Event()
+    e.submit_hidden(session, rows, lambda out: (box.__setitem__("out", out), ev.set()))
+    e.start()
+    try:
+        for _ in range(3):
+            assert done.acquire(timeout=300)
+        assert ev.wait(120)
+        assert isinstance(reasons[1], StepFailed) and reasons[0] == reasons[2] == "length"
+        assert outs[0] == local_greedy[0][:8] and outs[2] == local_greedy[2][:8]
+        assert torch.equal(box["out"], want_rows)
+        assert len(failed) == 2 and e.failed_steps == 2  # the batch, then the culprit alone
+        assert e.alive and not e.scheduler.suspects
+        e.close(session)
+        assert e.cache.num_free == e.cache.num_blocks
+    finally:
+        e.stop()
+
+
 def test_a_prompt_outside_the_vocabulary_is_refused_and_the_loop_goes_on(engine, chat_prompts, local_greedy):
     for bad in ([5, engine.model_cfg.vocab_size], [-1, 5]):
         with pytest.raises(ValueError):
