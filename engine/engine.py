@@ -89,7 +89,7 @@ class Engine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
-    # what /metrics reads of the engine (EngineProcess has the same three)
+    # what /metrics reads of the engine (EngineProcess has the same three, and failed_steps)
     @property
     def num_running(self) -> int:
         return self.scheduler.num_running

@@ -75,7 +75,7 @@ class EngineProcess:
         self._ids = itertools.count(1)
         self._proc = self._conn = self._reader = None
         self.error: BaseException | None = None
-        self.steps = self.num_running = self.num_waiting = 0
+        self.steps = self.num_running = self.num_waiting = self.failed_steps = 0
         self.kv_utilization = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -202,7 +202,7 @@ class EngineProcess:
                 if msg[0] == "dead":
                     raise EngineDead(msg[1])
                 if msg[0] == "counts":
-                    self.num_running, self.num_waiting, self.kv_utilization = msg[1:]
+                    self.num_running, self.num_waiting, self.kv_utilization, self.failed_steps = msg[1:]
                 else:
                     self._deliver(msg[1], msg[2])
         except (EOFError, OSError):

@@ -6,7 +6,7 @@ and whatever a command or an out-of-memory step caused within a poll interval.
 Messages from the server's process: ("add", id, tenant, prompt ids, max new tokens, sampling,
 stop ids), ("abort", id), ("open", id, tenant), ("hidden", id, rows), ("close", id), ("stop",).
 To it: ("ready", None) | ("failed", why) once, then ("events", [(id, "tok" | "fin" | "step",
-value), ...], StepStats | None), ("counts", running, waiting, kv utilization) and, if the loop
+value), ...], StepStats | None), ("counts", running, waiting, kv utilization, failed steps) and, if the loop
 dies, ("dead", why).
 """
 
@@ -78,7 +78,8 @@ def serve(conn, model: LlamaModel, k: int, cfg: EngineConfig) -> None:
             if time.monotonic() >= next_count:  # on the loop thread: the scheduler is its own
                 next_count = time.monotonic() + _COUNT_EVERY_S
                 try:
-                    counts = engine.call(lambda: (engine.num_running, engine.num_waiting, engine.kv_utilization))
+                    counts = engine.call(lambda: (engine.num_running, engine.num_waiting, engine.kv_utilization,
+                                                  engine.failed_steps))
                 except EngineDead:
                     continue  # the loop's condition sends "dead"
                 with send_lock:

@@ -180,6 +180,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.running.set(engine.num_running)
         metrics.waiting.set(engine.num_waiting)
         metrics.kv_util.set(engine.kv_utilization)
+        metrics.failed_steps.set(engine.failed_steps)
         metrics.protected_kv_bytes.set(protected.kv_bytes())
         metrics.protected_key_bytes.set(protected.key_bytes())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")

@@ -26,6 +26,8 @@ class Metrics:
         self.running = Gauge("veil_running_sequences", "sequences holding KV blocks with work pending", registry=r)
         self.waiting = Gauge("veil_waiting_sequences", "sequences waiting for KV blocks", registry=r)
         self.kv_util = Gauge("veil_kv_pool_utilization", "fraction of KV blocks in use", registry=r)
+        self.failed_steps = Gauge("veil_engine_failed_steps", "engine steps that raised since start (their "
+                                  "sequences failed, or ran again alone)", registry=r)
         self.sessions = Gauge("veil_sessions", "open sessions", registry=r)
         self.sessions_evicted = Counter("veil_sessions_evicted", "idle sessions dropped for new work at a limit: "
                                         "a session count, or the protected KV cache's total (capacity)",

@@ -297,6 +297,7 @@ def test_a_step_that_raises_is_500_and_the_work_goes_on(make_server, ckpt, clien
     assert tokens == local_greedy[0][:8]
     c.close()
     assert engine.alive and engine.failed_steps == 2
+    assert "veil_engine_failed_steps 2.0" in httpx.get(f"{srv.url}/metrics").text
 
 
 def test_an_unexpected_error_is_a_json_500_and_the_session_goes_on(live_server, alice, chat_prompts, local_greedy,
