@@ -50,16 +50,18 @@ class SessionClosed(RuntimeError):
     pass
 
 
-class DeviceOutOfMemory(RuntimeError):
-    """The device ran out of memory launching a step: the request or split-session step named
-    by it was dropped (a split session is left as before that step, to be retried); the engine
-    and every other sequence go on."""
+class WorkDropped(RuntimeError):
+    """The engine dropped this work and goes on: a request ended with it, a split session's
+    client step was taken back whole (the session as before that step, to be sent again)."""
 
 
-class StepFailed(RuntimeError):
-    """A step raised something other than out-of-memory (a bug met by some input, most likely):
-    each request in it ended with this error, each split session in it had that client step
-    taken back (left as before it, to be retried); the engine and every other sequence go on."""
+class DeviceOutOfMemory(WorkDropped):
+    """The device ran out of memory running the step that held this work."""
+
+
+class StepFailed(WorkDropped):
+    """This work's own step raised something other than out-of-memory (a bug some input met,
+    most likely); ``Engine._step_failed`` says how it was told from the rest of its batch."""
 
 
 def check_request(full_model: bool, vocab_size: int, prompt_ids: list[int], max_new_tokens: int) -> None:

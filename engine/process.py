@@ -30,12 +30,11 @@ import torch
 import torch.multiprocessing as mp
 
 from veil.engine.api import (
-    DeviceOutOfMemory,
     EngineConfig,
     EngineDead,
     SessionClosed,
-    StepFailed,
     StepStats,
+    WorkDropped,
     check_request,
 )
 from veil.engine.model import LlamaModel
@@ -225,7 +224,7 @@ class EngineProcess:
                     del self._views[sid]
                 elif kind == "step":
                     done, view.on_step_done = view.on_step_done, None
-                    if isinstance(value, (DeviceOutOfMemory, StepFailed)):  # the engine took the step back whole
+                    if isinstance(value, WorkDropped):  # the engine took the step back whole
                         view.num_inputs -= view.step_rows
             if kind == "tok":
                 if view.on_token:

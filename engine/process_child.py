@@ -18,14 +18,7 @@ from collections import deque
 
 import torch
 
-from veil.engine.api import (
-    DeviceOutOfMemory,
-    EngineConfig,
-    EngineDead,
-    SessionClosed,
-    StepFailed,
-    StepStats,
-)
+from veil.engine.api import EngineConfig, EngineDead, SessionClosed, StepStats, WorkDropped
 from veil.engine.engine import Engine
 from veil.engine.model import LlamaModel
 
@@ -36,7 +29,7 @@ _COUNT_EVERY_S = 0.5  # how often the child sends /metrics' counts (a count walk
 def _portable(reason):
     """A finish reason or an error as it can cross the pipe: the engine's own errors as they
     are, any other exception (a crashed loop's) as EngineDead naming it."""
-    if isinstance(reason, (str, DeviceOutOfMemory, SessionClosed, EngineDead, StepFailed)):
+    if isinstance(reason, (str, WorkDropped, SessionClosed, EngineDead)):
         return reason
     return EngineDead(f"the engine loop has stopped: {reason!r}")
 

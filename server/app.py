@@ -22,7 +22,14 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from veil.crypto.wire import CONTENT_TYPE, HiddenReply, HiddenStep, WireError
-from veil.engine.api import DeviceOutOfMemory, EngineDead, SessionClosed, StepFailed, StepStats
+from veil.engine.api import (
+    DeviceOutOfMemory,
+    EngineDead,
+    SessionClosed,
+    StepFailed,
+    StepStats,
+    WorkDropped,
+)
 from veil.engine.engine import Engine
 from veil.engine.process import EngineProcess
 from veil.engine.split import ServerHalf
@@ -260,7 +267,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
                         return
                     if isinstance(result, SessionClosed):
                         fut.set_exception(ApiError(404, "session_not_found", "the session was closed"))
-                    elif isinstance(result, (DeviceOutOfMemory, StepFailed)):
+                    elif isinstance(result, WorkDropped):
                         fut.set_exception(result)
                     elif isinstance(result, BaseException):
                         fut.set_exception(EngineDead(str(result)))
@@ -273,7 +280,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
             s.next_step += 1
             try:
                 out = await fut
-            except (DeviceOutOfMemory, StepFailed):
+            except WorkDropped:
                 s.next_step -= 1  # the engine took the step back whole: the client may resend it
                 raise
             s.last_used = time.monotonic()

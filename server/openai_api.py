@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from veil.engine.api import DeviceOutOfMemory, StepFailed
+from veil.engine.api import WorkDropped
 from veil.engine.engine import Engine
 from veil.engine.sampling import TOP_K_MAX, SamplingParams
 from veil.engine.split import ServerHalf
@@ -188,8 +188,8 @@ def openai_router(cfg: ServerConfig, half: ServerHalf, engine: Engine, tenants: 
                             yield "".join(pieces), "stop", n
                             return
                     else:
-                        if isinstance(val, (DeviceOutOfMemory, StepFailed)):
-                            raise val  # the app's handlers: 503 with Retry-After, 500
+                        if isinstance(val, WorkDropped):
+                            raise val  # the app's handlers: 503 with Retry-After (out of memory), 500
                         if isinstance(val, BaseException):
                             raise ApiError(503, "engine_unavailable", "the inference engine failed")
                         metrics.e2e.observe(now - t0)
