@@ -302,10 +302,28 @@ class Engine:
             log.error("a step of %d sequences failed; they fail, the engine goes on", len(live), exc_info=error)
         for c in live:
             self.scheduler.suspects.discard(c.seq.id)
-            if c.seq.kind is SeqKind.HIDDEN and c.seq.on_step_done is not None:
-                c.seq.take_back_step()(failure)
-            else:  # a request, or a session recomputing after a preemption with no step to take back
-                self._finish(c.seq, failure)
+            try:
+                if c.seq.kind is SeqKind.HIDDEN and c.seq.on_step_done is not None:
+                    c.seq.take_back_step()(failure)
+                else:  # a request, or a session recomputing after a preemption with no step to take back
+                    self._finish(c.seq, failure)
+            except Exception as e:  # noqa: BLE001
+                self._receiver_failed(c.seq, e)
+
+    def _receiver_failed(self, seq: Sequence, error: Exception) -> None:
+        """With the lock held: a callback of ``seq`` (its tokens', its finish's or its split
+        step's receiver: the server's hop onto its event loop, the engine process's pipe, a
+        library user's function) raised on the loop thread. That sequence ends, with StepFailed
+        where it still had a finish to hear; the loop and every other sequence go on. Before,
+        the exception stopped the loop, and every tenant got 503 until a restart."""
+        log.error("a callback of sequence %d raised; it ends, the engine goes on", seq.id, exc_info=error)
+        if seq.finished:
+            return
+        try:
+            self._finish(seq, StepFailed(f"the engine could not hand this work's results back "
+                                         f"({type(error).__name__}; the server log says more)"))
+        except Exception:  # noqa: BLE001 (its finish's receiver raised too: nothing more to tell it)
+            log.exception("the finish callback of sequence %d raised as well", seq.id)
 
     def _complete(self, step: _Step) -> None:
         """Wait for a launched step and hand its results back."""
@@ -319,15 +337,19 @@ class Engine:
         t1 = time.perf_counter()
         seconds = step.seconds + t1 - t0
         with self._cv:
-            self.scheduler.postprocess(step.chunks, step.epochs, tokens, hidden, self._finish)
+            for seq, e in self.scheduler.postprocess(step.chunks, step.epochs, tokens, hidden, self._finish):
+                self._receiver_failed(seq, e)
             if step.suspect:  # it ran alone without raising: it batches again
                 self.scheduler.suspects.discard(step.chunks[0].seq.id)
         host_seconds = step.host_seconds + time.perf_counter() - t1
         self.steps += 1
         if self.on_step:
             chunks = step.chunks
-            self.on_step(StepStats(len(chunks), sum(c.length for c in chunks), sum(c.length == 1 for c in chunks),
-                                   seconds, self.cache.utilization, host_seconds))
+            try:
+                self.on_step(StepStats(len(chunks), sum(c.length for c in chunks), sum(c.length == 1 for c in chunks),
+                                       seconds, self.cache.utilization, host_seconds))
+            except Exception:  # noqa: BLE001 (a statistics receiver's bug: the step's work is handed back already)
+                log.exception("the on_step callback raised; the engine goes on")
 
 
 @dataclass

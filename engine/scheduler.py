@@ -166,39 +166,49 @@ class Scheduler:
             seq.num_computed = min(seq.num_computed, c.start)
 
     def postprocess(self, chunks: list[Chunk], epochs: list[int], tokens: dict[int, int],
-                    hidden: dict[int, torch.Tensor], finish: Callable[[Sequence, str], None]) -> None:
+                    hidden: dict[int, torch.Tensor], finish: Callable[[Sequence, str], None]
+                    ) -> list[tuple[Sequence, Exception]]:
         """A finished step's results: each sampled token in place of its ``PENDING`` (callbacks,
         stop and length checks, ``finish`` on the end), the full blocks published for sharing,
-        a split step's output rows handed to its waiter."""
-        bs = self.cache.block_size
+        a split step's output rows handed to its waiter. Returns the sequences whose callback
+        raised, each with its exception: the other sequences' results are handed back all the same."""
+        broken = []
         for c, epoch in zip(chunks, epochs, strict=True):
-            seq = c.seq
-            if seq.finished:
-                continue  # aborted or closed while the batch ran
-            intact = seq.preemptions == epoch  # not preempted since: its blocks hold this step's KV
-            if seq.kind is SeqKind.TOKENS:
-                end = c.start + c.length
-                if intact and end // bs > len(seq.table.hashes):  # a block was completed
-                    self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, end)
-                token = tokens.get(seq.id)
-                if token is not None:  # a sample stays valid even if its sequence was preempted since
-                    seq.token_ids[end] = token
-                    if seq.first_token_time is None:
-                        seq.first_token_time = time.monotonic()
-                    if seq.on_token:
-                        seq.on_token(token)
-                    if token in seq.stop_ids:
-                        finish(seq, "stop")
-                    elif end + 1 - seq.num_prompt_tokens >= seq.max_new_tokens:
-                        finish(seq, "length")
-            elif intact:
-                rows = hidden[seq.id]
-                skip = max(0, seq.step_start - c.start)  # rows recomputed after a preemption
-                if skip < rows.shape[0]:
-                    seq.step_out.append(rows[skip:].clone())
-                if c.end == seq.num_hidden:
-                    out = torch.cat(seq.step_out) if len(seq.step_out) > 1 else seq.step_out[0]
-                    seq.step_out.clear()
-                    done, seq.on_step_done = seq.on_step_done, None
-                    if done:
-                        done(out)
+            try:
+                self._hand_back(c, epoch, tokens, hidden, finish)
+            except Exception as e:  # noqa: BLE001 (a receiver's bug ends its own sequence, Engine._receiver_failed)
+                broken.append((c.seq, e))
+        return broken
+
+    def _hand_back(self, c: Chunk, epoch: int, tokens: dict[int, int], hidden: dict[int, torch.Tensor],
+                   finish: Callable[[Sequence, str], None]) -> None:
+        seq = c.seq
+        if seq.finished:
+            return  # aborted or closed while the batch ran
+        intact = seq.preemptions == epoch  # not preempted since: its blocks hold this step's KV
+        if seq.kind is SeqKind.TOKENS:
+            end = c.start + c.length
+            if intact and end // self.cache.block_size > len(seq.table.hashes):  # a block was completed
+                self.cache.register_full_blocks(seq.table, seq.tenant, seq.token_ids, end)
+            token = tokens.get(seq.id)
+            if token is not None:  # a sample stays valid even if its sequence was preempted since
+                seq.token_ids[end] = token
+                if seq.first_token_time is None:
+                    seq.first_token_time = time.monotonic()
+                if seq.on_token:
+                    seq.on_token(token)
+                if token in seq.stop_ids:
+                    finish(seq, "stop")
+                elif end + 1 - seq.num_prompt_tokens >= seq.max_new_tokens:
+                    finish(seq, "length")
+        elif intact:
+            rows = hidden[seq.id]
+            skip = max(0, seq.step_start - c.start)  # rows recomputed after a preemption
+            if skip < rows.shape[0]:
+                seq.step_out.append(rows[skip:].clone())
+            if c.end == seq.num_hidden:
+                out = torch.cat(seq.step_out) if len(seq.step_out) > 1 else seq.step_out[0]
+                seq.step_out.clear()
+                done, seq.on_step_done = seq.on_step_done, None
+                if done:
+                    done(out)

@@ -387,6 +387,64 @@ def test_a_bug_one_sequence_meets_in_a_batch_fails_only_that_sequence(full_model
         e.stop()
 
 
+def test_a_callback_that_raises_ends_its_own_sequence_and_the_engine_goes_on(full_model, chat_prompts, local_greedy,
+                                                                            bug_once):
+    """Callbacks run on the loop thread (the server's hop onto its event loop, the engine
+    process's pipe, a library user's function). One that raises (a bug, injected here: a
+    request's on_token, another's on_finish, a split step's waiter, the step statistics'
+    on_step, a failed step's on_finish) ends its own sequence, with StepFailed where its finish
+    still hears it; the loop goes on and the work in the same steps comes back exactly.
+    Before, the exception stopped the loop."""
+    def bug(*args):
+        raise RuntimeError("a receiver's bug (injected by the test)")
+
+    stats = []
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=64 << 20, max_tokens_per_step=512),
+               on_step=lambda s: (stats.append(s), len(stats) == 1 and bug()))
+    with torch.inference_mode():
+        rows = full_model.embed(torch.tensor(chat_prompts[2]))
+    outs, reasons, done = [[] for _ in range(3)], [None] * 3, threading.Semaphore(0)
+
+    def finished(i):
+        def on_finish(r):
+            reasons[i] = r
+            done.release()
+            if i == 2:
+                bug()
+        return on_finish
+
+    for i in range(3):  # all queued before the loop starts: one first step, with the split steps
+        e.add_request("t", chat_prompts[i], 8, SamplingParams(), on_token=bug if i == 1 else outs[i].append,
+                      on_finish=finished(i))
+    broken, bystander, box, ev = e.open_hidden("t"), e.open_hidden("t"), {}, threading.Event()
+    e.submit_hidden(broken, rows, bug)
+    e.submit_hidden(bystander, rows, lambda out: (box.__setitem__("out", out), ev.set()))
+    e.start()
+    try:
+        for _ in range(3):
+            assert done.acquire(timeout=300)
+        assert ev.wait(120)
+        assert isinstance(reasons[1], StepFailed) and reasons[0] == reasons[2] == "length"
+        assert outs[0] == local_greedy[0][:8] and outs[2] == local_greedy[2][:8] and outs[1] == []
+        assert broken.finished and not bystander.finished
+        alone, box2, ev2 = e.open_hidden("t"), {}, threading.Event()
+        e.submit_hidden(alone, rows, lambda out: (box2.__setitem__("out", out), ev2.set()))
+        assert ev2.wait(120) and torch.equal(box["out"], box2["out"])
+        failed = bug_once(e.runner, lambda x: True)  # a failed step whose request's on_finish raises
+        e.add_request("t", chat_prompts[0], 4, SamplingParams(), on_finish=bug)
+        deadline = time.monotonic() + 60
+        while not failed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert failed
+        assert _run_requests(e, chat_prompts[:1], 4) == [local_greedy[0][:4]]
+        assert e.alive and e.failed_steps == 1 and len(stats) > 1
+        for s in (bystander, alone):
+            e.close(s)
+        assert e.cache.num_free == e.cache.num_blocks
+    finally:
+        e.stop()
+
+
 def test_a_prompt_outside_the_vocabulary_is_refused_and_the_loop_goes_on(engine, chat_prompts, local_greedy):
     for bad in ([5, engine.model_cfg.vocab_size], [-1, 5]):
         with pytest.raises(ValueError):
