@@ -16,7 +16,9 @@ FFN shuffle (the executor shuffles its first protected layer only).
 Prints the server time split by operation kind (matvec, ctct, rotations, refresh, flooding,
 serialization, other), the client time, bytes up and down for the layer, the output error
 against the plaintext blocks, one ``figure protected.<backend>.<metric> <value>`` line per
-number. ``--he-backend seal,native`` measures both backends in one run, on the same inputs (the
+number. ``--profile`` steps the first context once more under the torch profiler, without a
+synchronization per op kind, and reports the server's host seconds against the device seconds
+of the kernels it launched, the launches and the torch ops (``host_device``, ``profile.*``). ``--he-backend seal,native`` measures both backends in one run, on the same inputs (the
 client and the server of a run use the same backend).
 """
 
@@ -49,6 +51,7 @@ PROMPT = (
 
 
 FIGURES: dict[str, dict[str, float]] = {}
+PROFILES: dict[str, dict] = {}  # --profile: context tag -> host_device.summarize's figures
 
 
 def fig(backend: str, name: str, value: float) -> None:
@@ -97,10 +100,12 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]
 
 
-def _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int):
+def _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int, handle=None):
     """One decode step at position ``ctx - 1`` through both layers in a fresh session: the
     session, one record per round trip (upload kind, layer, server s, client s, bytes up, bytes
-    down), the first layer's cycle's seconds and counts by op kind, the wall time, the output."""
+    down), the first layer's cycle's seconds and counts by op kind, the wall time, the output.
+    ``handle`` stands in for ``ex.handle`` (the profiled step marks each message)."""
+    handle = handle or ex.handle
     session = ex.new_session()
     client = ProtectedClientState(client_be, cfg, layers[0], layers[1] + 1, session.id)
     _seed_cache(ex, client, session, weights[0], cfg, layers[0], h0, ctx - 1)
@@ -113,7 +118,7 @@ def _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int):
         if (msg.kind, msg.layer) == (MsgKind.WEIGHTS, layers[0]):
             ex.be.reset()  # the first layer's cycle starts here
         ts = time.perf_counter()
-        reply = ex.handle(msg)
+        reply = handle(msg)
         ts = time.perf_counter() - ts
         if (msg.kind, msg.layer) == (MsgKind.REFRESHED, layers[0]):
             per_op, counts = dict(ex.be.times), dict(ex.be.counts)
@@ -182,6 +187,38 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
         for shape, dt in by_shape.items():
             print(f"# {name} ctx {ctx}: matvec {shape}: {dt:.3f} s", flush=True)
         print(f"# {name} ctx {ctx}: counts {counts}", flush=True)
+        if args.profile and name == "native" and ctx == int(args.contexts.split(",")[0]):
+            _profiled_step(ex, client_be, cfg, weights, layers, h0, h1, ctx, args.device, tag)
+
+
+def _profiled_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int, device: str, tag: str) -> None:
+    """The step once more under the torch profiler, each server message a marked range, with
+    no synchronization per op kind (the step as a server runs it); figures for both layers'
+    messages together. The profiler's own cost per op inflates the host time somewhat."""
+    from torch.profiler import profile
+
+    from veil.benchmarks.host_device import activities, marked, summarize
+
+    def handle(msg):
+        with marked(msg.kind):
+            return ex.handle(msg)
+
+    sync, ex.be.synchronize = ex.be.synchronize, False
+    try:
+        with profile(activities=activities(device)) as prof:
+            session = _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx, handle)[0]
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+    finally:
+        ex.be.synchronize = sync
+    ex.drop_session(session.id)
+    s = summarize(prof.events())
+    for key in ("host_s", "device_s", "device_busy_share", "kernels", "torch_ops"):
+        fig("native", f"profile.server_{key}.{tag}", s[key])
+    PROFILES[tag] = s
+    for n, t in s["top_kernels_s"].items():
+        print(f"# profile {tag}: kernel {n}: {t:.4f} s in {s['top_kernels_count'][n]} launches", flush=True)
+    print(f"# profile {tag}: torch ops called most {s['top_ops']}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="run each context's step once untimed first (default: on CUDA only, where "
                          "Triton compiles each kernel at its first shape)")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
+    ap.add_argument("--profile", action="store_true",
+                    help="native: one more step at the first context under the torch profiler (host vs device)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_bench.json"), help="JSON of the figures")
     args = ap.parse_args(argv)
     backends = args.he_backend.split(",")
@@ -218,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
         fig("native", "device_peak_bytes", torch.cuda.max_memory_allocated())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"he_backends": backends, "device": args.device, "model": ckpt.source,
-                                    "layers": [args.layer, args.layer + 1], "figures": FIGURES},
+                                    "layers": [args.layer, args.layer + 1], "figures": FIGURES,
+                                    "profiles": PROFILES},
                                    indent=2))
 
 

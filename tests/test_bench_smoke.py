@@ -88,3 +88,61 @@ def test_chat_turns_smoke(tmp_path, capsys):
     fresh, kept = (res["settings"][n]["turns"] for n in ("session_per_turn", "kept_session"))
     assert fresh[1]["prompt_tokens_fed"] == fresh[1]["prompt_tokens"]
     assert kept[1]["prompt_tokens_fed"] < kept[1]["prompt_tokens"] == fresh[1]["prompt_tokens"]
+
+
+def _marked_work(device: str):
+    """A profile of work inside and outside ``host_device.marked`` ranges (one nested in another)."""
+    import torch
+    from torch.profiler import profile
+
+    from veil.benchmarks.host_device import activities, marked
+
+    a = torch.ones(64, 64, device=device)
+    with profile(activities=activities(device)) as prof:
+        a.sum()  # outside: not counted
+        with marked("first"):
+            b = torch.add(a, a)
+            b.to(torch.float64)  # aten::to calls aten::_to_copy and aten::copy_: one op from Python
+            with marked("inner"):  # inside another range: its ops count, its time does not twice
+                b.mul(2)
+        with marked("second"):
+            (a @ a).sum()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return prof.events()
+
+
+def test_host_device_counts_the_marked_ranges_ops_once():
+    """``host_device.summarize`` (protected_bench --profile): the marked ranges' host time, and the
+    torch ops called from Python inside them, each once (not the ops they call, not ops outside)."""
+    from veil.benchmarks.host_device import summarize
+
+    s = summarize(_marked_work("cpu"))
+    assert s["ranges"] == 2 and s["host_s"] > 0
+    assert s["top_ops"] == {"aten::add": 1, "aten::to": 1, "aten::mul": 1, "aten::matmul": 1, "aten::sum": 1}
+    assert s["torch_ops"] == 5
+    assert (s["kernels"], s["device_s"], s["device_busy_share"]) == (0, 0.0, 0.0)  # no device on a CPU
+
+
+def test_host_device_counts_the_kernels_launched_in_the_ranges_on_cuda():
+    """On CUDA (skipped elsewhere): the kernels the marked work launched, torch's and Triton's,
+    with their device time, tied to the ranges; the kernel launched outside them is not counted."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch.profiler import profile
+
+    from veil.benchmarks.host_device import activities, marked, summarize
+    from veil.kernels.rmsnorm import add_rms_norm_triton
+
+    s = summarize(_marked_work("cuda"))
+    assert s["kernels"] >= 5 and 0 < s["device_s"] <= s["host_s"]
+    x, w = torch.randn(8, 576, device="cuda"), torch.ones(576, device="cuda")
+    add_rms_norm_triton(x, None, w, 1e-5)  # compiled before the profile
+    with profile(activities=activities("cuda")) as prof:
+        with marked("triton"):
+            add_rms_norm_triton(x, None, w, 1e-5)
+        torch.cuda.synchronize()
+    t = summarize(prof.events())
+    assert t["kernels"] == 1 and "rms" in next(iter(t["top_kernels_s"])) and t["device_s"] > 0, t

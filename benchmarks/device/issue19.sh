@@ -2,7 +2,8 @@
 # timeout_s = BUDGET + 20 (BUDGET, default 380 s: the steps stop starting once it is spent):
 #   BUDGET=380 bash benchmarks/device/issue19.sh
 # Prints what the issue asks for: the CUDA tests, he_ops --device cuda, the k=2 server time per
-# token (protected_bench extrapolates 28 layers from two), and sessions 1/4/16 with TPOT,
+# token (protected_bench extrapolates 28 layers from two; its --profile step says how much of the
+# server's host time the GPU spends computing, and how many kernels it launches), and sessions 1/4/16 with TPOT,
 # aggregate tok/s, server time by operation and device memory; files land in $OUT. Last figures
 # to compare with: ../results/2026-11-28-gpu/ (H100: rotate 5.30 ms, 16 hoisted 8.82, ct x ct +
 # relin 6.74; a layer 0.552 / 0.854 s at contexts 16 / 64 on the H200; sessions TPOT 1.40 / 2.99
@@ -14,14 +15,16 @@ git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
 keep() { grep -v "it/s"; }
 stamp tests  # every CKKS kernel and whole operation on CUDA = the CPU path, bit for bit
 t=$(within 150) && VEIL_TEST_MODEL=/tmp/model timeout "$t" python3 -m pytest -q -p no:cacheprovider --tb=short \
-  tests/test_native_cuda.py tests/test_rounding.py 2>&1 | tail -40 > "$OUT/tests.txt"; tail -6 "$OUT/tests.txt"
+  tests/test_native_cuda.py tests/test_rounding.py "tests/test_bench_smoke.py::test_host_device_counts_the_kernels_launched_in_the_ranges_on_cuda" \
+  2>&1 | tail -40 > "$OUT/tests.txt"; tail -6 "$OUT/tests.txt"
 stamp he_ops
 t=$(within 60) && timeout "$t" python3 -m veil.benchmarks.he_ops --backends native --device cuda --repeat 5 \
   --out "$OUT/he_ops.json" 2>&1 | keep > "$OUT/he_ops.txt"; grep "^figure" "$OUT/he_ops.txt" | head -20
-stamp protected_bench  # k=2: server seconds per token, extrapolated from layers 10-11
-t=$(within 90) && timeout "$t" python3 -m veil.benchmarks.protected_bench --he-backend native --device cuda \
-  --model /tmp/model --contexts 16,64 --out "$OUT/pb.json" 2>&1 | keep > "$OUT/pb.txt"
-grep -E "layer_server_s|tpot_s|peak|rel_err" "$OUT/pb.txt"
+stamp protected_bench  # k=2: server seconds per token, extrapolated from layers 10-11; then, profiled
+# (--profile, host_device.py), how much of the server's host time the GPU computes, and its launches
+t=$(within 110) && timeout "$t" python3 -m veil.benchmarks.protected_bench --he-backend native --device cuda \
+  --model /tmp/model --contexts 16,64 --profile --out "$OUT/pb.json" 2>&1 | keep > "$OUT/pb.txt"
+grep -E "layer_server_s|tpot_s|peak|rel_err|profile" "$OUT/pb.txt"
 stamp protected_sessions
 t=$(within 200) && timeout "$t" python3 -m veil.benchmarks.protected_sessions --device cuda --model /tmp/model \
   --sessions 1,4,16 --warmup --out "$OUT/ps.json" 2>&1 | keep > "$OUT/ps.txt"
