@@ -314,8 +314,8 @@ class Engine:
         """With the lock held: a callback of ``seq`` (its tokens', its finish's or its split
         step's receiver: the server's hop onto its event loop, the engine process's pipe, a
         library user's function) raised on the loop thread. That sequence ends, with StepFailed
-        where it still had a finish to hear; the loop and every other sequence go on. Before,
-        the exception stopped the loop, and every tenant got 503 until a restart."""
+        where it still had a finish to hear; the loop and every other sequence go on (a bug in
+        one receiver must not give every tenant 503)."""
         log.error("a callback of sequence %d raised; it ends, the engine goes on", seq.id, exc_info=error)
         if seq.finished:
             return
