@@ -342,6 +342,16 @@ def test_a_step_that_raises_fails_its_own_work_and_the_engine_goes_on(full_model
         e.stop()
 
 
+def _only_the_second_failed(done, ev, reasons, outs, local_greedy):
+    """Three requests of 8 tokens and a split step, queued together: wait for all, then the
+    second request failed with StepFailed and the first and third gave their exact tokens."""
+    for _ in range(3):
+        assert done.acquire(timeout=300)
+    assert ev.wait(120)
+    assert isinstance(reasons[1], StepFailed) and reasons[0] == reasons[2] == "length"
+    assert outs[0] == local_greedy[0][:8] and outs[2] == local_greedy[2][:8]
+
+
 @pytest.mark.parametrize("overlap", [False, True])  # True: each step launched before the last one's tokens come back
 def test_a_bug_one_sequence_meets_in_a_batch_fails_only_that_sequence(full_model, chat_prompts, local_greedy,
                                                                       bug_once, overlap):
@@ -373,11 +383,7 @@ def test_a_bug_one_sequence_meets_in_a_batch_fails_only_that_sequence(full_model
     e.submit_hidden(session, rows, lambda out: (box.__setitem__("out", out), ev.set()))
     e.start()
     try:
-        for _ in range(3):
-            assert done.acquire(timeout=300)
-        assert ev.wait(120)
-        assert isinstance(reasons[1], StepFailed) and reasons[0] == reasons[2] == "length"
-        assert outs[0] == local_greedy[0][:8] and outs[2] == local_greedy[2][:8]
+        _only_the_second_failed(done, ev, reasons, outs, local_greedy)
         assert torch.equal(box["out"], want_rows)
         assert len(failed) == 2 and e.failed_steps == 2  # the batch, then the culprit alone
         assert e.alive and not e.scheduler.suspects
@@ -421,11 +427,8 @@ def test_a_callback_that_raises_ends_its_own_sequence_and_the_engine_goes_on(ful
     e.submit_hidden(bystander, rows, lambda out: (box.__setitem__("out", out), ev.set()))
     e.start()
     try:
-        for _ in range(3):
-            assert done.acquire(timeout=300)
-        assert ev.wait(120)
-        assert isinstance(reasons[1], StepFailed) and reasons[0] == reasons[2] == "length"
-        assert outs[0] == local_greedy[0][:8] and outs[2] == local_greedy[2][:8] and outs[1] == []
+        _only_the_second_failed(done, ev, reasons, outs, local_greedy)
+        assert outs[1] == []
         assert broken.finished and not bystander.finished
         alone, box2, ev2 = e.open_hidden("t"), {}, threading.Event()
         e.submit_hidden(alone, rows, lambda out: (box2.__setitem__("out", out), ev2.set()))
