@@ -200,6 +200,8 @@ def test_key_inner_equals_twin(lead):
         want = rns._key_inner(d, key, Basis.of(primes))
         assert torch.equal(ckks_cpu.key_inner_cpu(primes, d, [key])[0], want)
         assert torch.equal(rns.key_inner(d, key, Basis.of(primes)), want)  # dispatched
+        strided = key.transpose(-1, -2).contiguous().transpose(-1, -2)  # coefficients not adjacent: copied first
+        assert strided.stride(-1) != 1 and torch.equal(ckks_cpu.key_inner_cpu(primes, d, [strided])[0], want)
 
 
 @pytest.mark.parametrize("lead", [(), (3,)], ids=["one", "rows"])
