@@ -1,6 +1,7 @@
 """Where the torch ops of one protected layer's server work on the CUDA code path come from,
 counted on the CPU: ``../2026-11-28-ntt-launches/layer_count.py`` with each op outside a Triton
-launcher also tallied by its Python call site (the innermost frame in the project).
+launcher also tallied by its Python call site (the innermost frame in the project; for the
+modular arithmetic of ``native/modarith.py``, the frame that called it).
 That script's doc:
 
 Launches of one protected layer's server work on the CUDA code path, counted on the CPU:
@@ -91,6 +92,8 @@ class TorchOps(TorchDispatchMode):
             ops[str(func.overloadpacket)] += 1
             frames = [f for f in traceback.extract_stack()[:-1] if "site-packages" not in f.filename and ("/veil/" in f.filename or "/work/main/" in f.filename)]
             f = frames[-1] if frames else None
+            if f and "modarith" in f.filename and len(frames) > 1:
+                f = next((g for g in reversed(frames) if "modarith" not in g.filename), f)
             where = f"{f.filename.split('/')[-2]}/{f.filename.split('/')[-1]}:{f.lineno} {f.name}" if f else "?"
             sites[(rows_seen(), str(func.overloadpacket), where)] += 1
         return func(*args, **(kwargs or {}))
