@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from veil.crypto import rounding
+from veil.crypto.native import rns
 from veil.crypto.native.encoding import Encoder
 from veil.crypto.native.modarith import Basis
 from veil.crypto.native.ntt import NttTables
@@ -77,6 +78,7 @@ class _Rings:
     small_p: NttTables  # [p, *qs] at N/2: the public key's
     encoder: Encoder  # the ring of N/2
     cols: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # [p, *qs], qs and p^-1 mod qs, as [L, 1]
+    p_inv: torch.Tensor  # p^-1 mod q_i in every coefficient [L, N/2]: ModDown's constant as the kernels take it
 
     @property
     def primes(self) -> tuple[int, ...]:
@@ -89,7 +91,7 @@ def _rings(n: int, qs: tuple[int, ...], p: int, device: str) -> _Rings:
     cols = tuple(torch.tensor(v, dtype=torch.int64, device=device).view(-1, 1)
                  for v in ((p, *qs), qs, tuple(pow(p, -1, q) for q in qs)))
     return _Rings(n, qs, p, NttTables(big, n), NttTables(small, n // 2), NttTables(big, n // 2), Encoder(n // 2),
-                  cols)
+                  cols, cols[2].expand(-1, n // 2).contiguous())
 
 
 def _of(params: CkksParams, level: int = TOP_LEVEL, device: torch.device | str = "cpu") -> _Rings:
@@ -220,7 +222,8 @@ def is_folded(data: bytes) -> bool:
     return bytes(data[:4]) == MAGIC
 
 
-def _centre(x: torch.Tensor, q: int) -> torch.Tensor:
+def _centre(x: torch.Tensor, q: int | torch.Tensor) -> torch.Tensor:
+    """Residues in ``[0, q)`` -> centred ``(-q/2, q/2]`` (``q``: one prime, or a column of them)."""
     return torch.where(x > q // 2, x - q, x)
 
 
@@ -235,27 +238,26 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
         raise ValueError("an unflooded fold needs the floor to round to")
     dev = key.switch[0].device
     r = _of(params, level, dev)
-    primes_col, q, p_inv = r.cols
+    primes_col, q, _ = r.cols
     c = (coeffs if isinstance(coeffs, torch.Tensor) else torch.from_numpy(np.asarray(coeffs, dtype=np.int64)))
     c = c.to(dev, torch.int64).reshape(2, level + 1, r.n)
     basis, half = r.big.basis, r.n // 2
-    # each digit c1 mod q_i, centred, lifted to [p, q0..] and times its key; back to coefficients
-    acc = None
-    for i, qi in enumerate(r.qs):
-        term = basis.mul(r.big.lift(_centre(c[1, i], qi)).unsqueeze(0), key.switch[level][i])
-        acc = term if acc is None else basis.add(acc, term)
-    t = r.big.inverse(acc)  # [2, level + 2, N]
+    # the digits c1 mod q_i, centred, lifted to [p, q0..] in one transform, and their inner product
+    # with the key (the key switch's: one C pass on the CPU, one Triton launch on CUDA, where a
+    # product per digit took a dozen torch kernels); back to coefficients
+    digits = r.big.lift(_centre(c[1], r.cols[1]))  # [level + 1, level + 2, N]
+    t = r.big.inverse(rns.key_inner(digits, key.switch[level].transpose(0, 1), basis))  # [2, level + 2, N]
     # a fresh encryption of zero under s'(X²) (the small ring's, on the even coefficients), over
     # p·Q like the key switch, so that the ModDown divides its noise by p (as SEAL encrypts at
     # the key level and switches down): it re-randomizes c1 and adds almost no noise
     stream, sp = Stream(), r.small_p
     v = sp.lift(torch.from_numpy(stream.ternary(half)).to(dev))
-    zero = sp.inverse(sp.basis.mul(v.unsqueeze(0), key.public[level]))  # [2, level + 2, N/2]
+    zero = sp.inverse(rns.mul_plain(key.public[level], v, sp.basis))  # [2, level + 2, N/2]
     errors = torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))).to(dev).unsqueeze(1)
     t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, primes_col)
     # ModDown by p, then keep the even coefficients of c0 + ks0 and ks1
     diff = torch.remainder(t[:, 1:, 0::2] - _centre(t[:, :1, 0::2], r.p), q)
-    down = r.small.basis.mul(diff, p_inv.expand(-1, half))
+    down = rns.mul_plain(diff, r.p_inv, r.small.basis)
     even = torch.stack((c[0, :, 0::2] + down[0], down[1]))  # [2, level + 1, N/2]
     if noise_log2 is not None:  # a download: m(X) + m(-X) = 2 m_e(X²), flooded
         even = 2 * even
@@ -283,7 +285,7 @@ def decrypt_residues(params: CkksParams, secret: FoldSecret, data: bytes) -> tup
         raise FoldError("a folded ciphertext has two polynomials")
     c = torch.from_numpy(rounding.unround(body, polys, half, r.qs, bits).astype(np.int64))  # [2, L, N/2]
     sb = r.small.basis
-    m = sb.add(c[0], r.small.inverse(sb.mul(r.small.forward(c[1]), secret.s[: level + 1])))
+    m = sb.add(c[0], r.small.inverse(rns.mul_plain(r.small.forward(c[1]), secret.s[: level + 1], sb)))
     return m.numpy(), level, scale
 
 

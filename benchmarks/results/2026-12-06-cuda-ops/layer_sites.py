@@ -133,7 +133,7 @@ for (row, op, where), n in sites.items():
     if row >= first:
         cycle[(op, where)] += n
 by_site = collections.Counter()
-for (op, where), n in cycle.items():
+for (_op, where), n in cycle.items():
     by_site[where] += n
 print(f"# call sites of the layer's {sum(cycle.values())} torch ops, most first:")
 for where, n in by_site.most_common(30):
