@@ -92,6 +92,24 @@ def test_add_and_plaintext_products_keep_the_scale(pair, rng):
         server.multiply_plain(server.mod_switch_to(ca, 0), server.encode(b, 0, 2.0**10))  # no level left
 
 
+def test_a_product_with_an_all_zero_plaintext_is_refused(pair, rng):
+    """ct x pt (alone and in a dot product) with a plaintext whose every coefficient is zero is
+    refused (the product would be a transparent ciphertext), whether the plaintext was encoded
+    alone or with others (``encode_many``, which the shuffled FFN encodes afresh every step), and
+    a nonzero one encoded beside it is not."""
+    client, server = pair
+    a = rng.standard_normal(SLOTS)
+    ca, top = client.encrypt(a), P.top_level
+    zeros = np.zeros(SLOTS)
+    alone, (together, other) = server.encode(zeros, top), server.encode_many([zeros, a], top)
+    for pt in (alone, together):
+        with pytest.raises(HEError, match="all-zero"):
+            server.multiply_plain(ca, pt)
+        with pytest.raises(HEError, match="all-zero"):
+            server.dot_plain([ca, ca], [other, pt])
+    np.testing.assert_allclose(client.decrypt(server.multiply_plain(ca, other)), a * a, atol=1e-4)
+
+
 def test_rotations_and_hoisted_rotations(pair, rng):
     client, server = pair
     x = rng.standard_normal(SLOTS)

@@ -252,9 +252,10 @@ class NativeBackend(Evaluator, HEBackend):
                     part[i, : v.size] = v
             m = self._encode(part, level, scale)
             rows = [Plaintext(row, self.params.id, level, scale, row.numel() * 8) for row in m.unbind(0)]
-            if self.device.type == "cuda":  # the products' all-zero check, one host sync per chunk
-                for pt, nonzero in zip(rows, m.reshape(len(rows), -1).any(1).tolist(), strict=True):
-                    pt.nonzero = nonzero
+            # the products' all-zero check, once per chunk (one host sync on a GPU) instead of per
+            # plaintext at its first product: the shuffled W_down is encoded afresh every step
+            for pt, nonzero in zip(rows, m.reshape(len(rows), -1).any(1).tolist(), strict=True):
+                pt.nonzero = nonzero
             out += rows
         return out
 
