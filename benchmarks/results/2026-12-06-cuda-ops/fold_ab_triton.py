@@ -1,7 +1,7 @@
 import runpy
 import sys
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/../2026-11-28-ntt-launches")  # its cuda_dispatch
 from cuda_dispatch import force_cuda_dispatch
 
 from veil.crypto.native import ntt, rns

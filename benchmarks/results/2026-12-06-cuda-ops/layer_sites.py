@@ -11,7 +11,7 @@ counter that computes with the kernel's twin (the same dispatch and shapes as on
 C kernels off), after one untimed step (a warm server). Runs on 975c8ad too (``PYTHONPATH``). Per upload kind of the first layer's cycle: Triton launches by kernel and torch
 ops outside them (each a kernel or at least a dispatch on a GPU), the server's own only.
 
-    cd benchmarks/results/2026-12-06-cuda-ops && PYTHONSAFEPATH=1 PYTHONPATH=$PWD python layer_sites.py
+    cd benchmarks/results/2026-12-06-cuda-ops && PYTHONSAFEPATH=1 python layer_sites.py
 """
 
 import collections
@@ -21,7 +21,8 @@ import traceback
 
 os.environ["VEIL_CPU_KERNELS"] = "0"
 
-from cuda_dispatch import force_cuda_dispatch  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-11-28-ntt-launches"))
+from cuda_dispatch import force_cuda_dispatch  # noqa: E402  (that census's, shared)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from veil.benchmarks import protected_bench  # noqa: E402
