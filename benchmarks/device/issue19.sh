@@ -7,7 +7,8 @@
 # aggregate tok/s, server time by operation and device memory; files land in $OUT. Last figures
 # to compare with: ../results/2026-11-28-gpu/ (H100: rotate 5.30 ms, 16 hoisted 8.82, ct x ct +
 # relin 6.74; a layer 0.552 / 0.854 s at contexts 16 / 64 on the H200; sessions TPOT 1.40 / 2.99
-# / 5.07 s on the H100).
+# / 5.07 s on the H100). Since then, counted on the CPU: a layer 1,144 Triton launches and 2,279
+# torch ops (../results/2026-12-06-cuda-ops/), against ~6,800 launches then.
 BUDGET=${BUDGET:-380}
 source benchmarks/device/setup.sh > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
 tail -2 "$OUT/setup.txt"
