@@ -10,8 +10,9 @@ profile's events: for all the marked ranges together, their host seconds, the de
 the kernels launched inside them (Triton's and torch's; kineto ties each kernel to the op or range
 that launched it), the share of the host time the device was busy, the kernel launches, the torch
 ops called from Python (the top-level ``aten::`` ops inside a range; the ops they call are not
-counted again), and the kernels and ops that take the most. On a CPU the device figures are zero
-and the host time and the op counts are still measured.
+counted again), and the kernels and ops that take the most; beside them, the whole profile's
+device kernels and seconds, tied to a range or not. On a CPU the device figures are zero and
+the host time and the op counts are still measured.
 """
 
 from __future__ import annotations
@@ -63,7 +64,12 @@ def summarize(events, top: int = 8) -> dict:
             kernel_count[k.name] += 1
     host_s = sum(r.time_range.elapsed_us() for r in ranges) / 1e6
     device_s = sum(kernel_time.values()) / 1e6
+    # every device kernel of the profile, marked or not (the client's too): what the device did
+    # whether or not the profiler tied each kernel to the range that launched it
+    device = [e for e in events if e.device_type != DeviceType.CPU]
     return {
+        "profile_kernels": len(device),
+        "profile_device_s": sum(e.time_range.elapsed_us() for e in device) / 1e6,
         "ranges": len(ranges),
         "host_s": host_s,
         "device_s": device_s,

@@ -215,6 +215,8 @@ def _profiled_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int, device
     s = summarize(prof.events())
     for key in ("host_s", "device_s", "device_busy_share", "kernels", "torch_ops"):
         fig("native", f"profile.server_{key}.{tag}", s[key])
+    fig("native", f"profile.step_device_s.{tag}", s["profile_device_s"])  # the client's kernels too
+    fig("native", f"profile.step_kernels.{tag}", s["profile_kernels"])
     PROFILES[tag] = s
     for n, t in s["top_kernels_s"].items():
         print(f"# profile {tag}: kernel {n}: {t:.4f} s in {s['top_kernels_count'][n]} launches", flush=True)

@@ -122,6 +122,7 @@ def test_host_device_counts_the_marked_ranges_ops_once():
     assert s["top_ops"] == {"aten::add": 1, "aten::to": 1, "aten::mul": 1, "aten::matmul": 1, "aten::sum": 1}
     assert s["torch_ops"] == 5
     assert (s["kernels"], s["device_s"], s["device_busy_share"]) == (0, 0.0, 0.0)  # no device on a CPU
+    assert (s["profile_kernels"], s["profile_device_s"]) == (0, 0.0)
 
 
 def test_host_device_counts_the_kernels_launched_in_the_ranges_on_cuda():
@@ -138,6 +139,7 @@ def test_host_device_counts_the_kernels_launched_in_the_ranges_on_cuda():
 
     s = summarize(_marked_work("cuda"))
     assert s["kernels"] >= 5 and 0 < s["device_s"] <= s["host_s"]
+    assert s["profile_kernels"] > s["kernels"]  # and the sum outside every range
     x, w = torch.randn(8, 576, device="cuda"), torch.ones(576, device="cuda")
     add_rms_norm_triton(x, None, w, 1e-5)  # compiled before the profile
     with profile(activities=activities("cuda")) as prof:
@@ -145,4 +147,5 @@ def test_host_device_counts_the_kernels_launched_in_the_ranges_on_cuda():
             add_rms_norm_triton(x, None, w, 1e-5)
         torch.cuda.synchronize()
     t = summarize(prof.events())
+    assert t["profile_kernels"] == 1, t  # the device ran it, whichever op the profiler ties it to
     assert t["kernels"] == 1 and "rms" in next(iter(t["top_kernels_s"])) and t["device_s"] > 0, t
