@@ -77,7 +77,7 @@ class _Rings:
     small: NttTables  # qs at N/2
     small_p: NttTables  # [p, *qs] at N/2: the public key's
     encoder: Encoder  # the ring of N/2
-    cols: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # [p, *qs], qs and p^-1 mod qs, as [L, 1]
+    cols: tuple[torch.Tensor, torch.Tensor]  # [p, *qs] and qs, as [L, 1]
     p_inv: torch.Tensor  # p^-1 mod q_i in every coefficient [L, N/2]: ModDown's constant as the kernels take it
 
     @property
@@ -88,10 +88,10 @@ class _Rings:
 @functools.lru_cache(maxsize=8)
 def _rings(n: int, qs: tuple[int, ...], p: int, device: str) -> _Rings:
     big, small = Basis.of((p, *qs), device), Basis.of(qs, device)
-    cols = tuple(torch.tensor(v, dtype=torch.int64, device=device).view(-1, 1)
-                 for v in ((p, *qs), qs, tuple(pow(p, -1, q) for q in qs)))
+    col = lambda v: torch.tensor(v, dtype=torch.int64, device=device).view(-1, 1)  # noqa: E731
+    p_inv = col([pow(p, -1, q) for q in qs]).expand(-1, n // 2).contiguous()
     return _Rings(n, qs, p, NttTables(big, n), NttTables(small, n // 2), NttTables(big, n // 2), Encoder(n // 2),
-                  cols, cols[2].expand(-1, n // 2).contiguous())
+                  (col((p, *qs)), col(qs)), p_inv)
 
 
 def _of(params: CkksParams, level: int = TOP_LEVEL, device: torch.device | str = "cpu") -> _Rings:
@@ -238,14 +238,14 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
         raise ValueError("an unflooded fold needs the floor to round to")
     dev = key.switch[0].device
     r = _of(params, level, dev)
-    primes_col, q, _ = r.cols
+    primes_col, q = r.cols
     c = (coeffs if isinstance(coeffs, torch.Tensor) else torch.from_numpy(np.asarray(coeffs, dtype=np.int64)))
     c = c.to(dev, torch.int64).reshape(2, level + 1, r.n)
     basis, half = r.big.basis, r.n // 2
     # the digits c1 mod q_i, centred, lifted to [p, q0..] in one transform, and their inner product
     # with the key (the key switch's: one C pass on the CPU, one Triton launch on CUDA, where a
     # product per digit took a dozen torch kernels); back to coefficients
-    digits = r.big.lift(_centre(c[1], r.cols[1]))  # [level + 1, level + 2, N]
+    digits = r.big.lift(_centre(c[1], q))  # [level + 1, level + 2, N]
     t = r.big.inverse(rns.key_inner(digits, key.switch[level].transpose(0, 1), basis))  # [2, level + 2, N]
     # a fresh encryption of zero under s'(X²) (the small ring's, on the even coefficients), over
     # p·Q like the key switch, so that the ModDown divides its noise by p (as SEAL encrypts at
