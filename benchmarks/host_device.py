@@ -52,10 +52,11 @@ def _marked_ancestor(e):
 
 def summarize(events, top: int = 8) -> dict:
     """The marked ranges' figures (module doc) from ``profile.events()``."""
-    ranges = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith(PREFIX)]
-    ranges = [r for r in ranges if _marked_ancestor(r)[0] is None]  # a range inside another counts once
-    inside = [e for e in events if e.device_type == DeviceType.CPU and _marked_ancestor(e)[0] is not None]
-    ops = Counter(e.name for e in inside if e.name.startswith("aten::") and not _marked_ancestor(e)[1])
+    cpu = [(e, *_marked_ancestor(e)) for e in events if e.device_type == DeviceType.CPU]
+    # a range inside another counts once, as part of the outer one
+    ranges = [e for e, outer, _ in cpu if outer is None and e.name.startswith(PREFIX)]
+    inside = [e for e, outer, _ in cpu if outer is not None]
+    ops = Counter(e.name for e, outer, nested in cpu if outer is not None and not nested and e.name.startswith("aten::"))
     kernel_time: Counter = Counter()
     kernel_count: Counter = Counter()
     for e in [*ranges, *inside]:
