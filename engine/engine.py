@@ -264,8 +264,7 @@ class Engine:
     def _step_failed(self, chunks: list[Chunk], error: Exception, advanced: bool = True, ran: bool = False) -> None:
         """With the lock held: a step that raised preparing, launching (``advanced``: what
         ``Scheduler.advance`` did is taken back) or finishing (``ran``) fails sequences, not the
-        loop. Before, anything but out-of-memory stopped the loop, and every tenant got 503 until
-        a restart (one request's top_k past int64 did, benchmarks/results/2026-12-06-fuzz).
+        loop: a bug one input meets must not give every tenant 503 (docs/ARCHITECTURE.md).
         * Out of device memory before it ran: one sequence fails with DeviceOutOfMemory, the one
           with the step's largest chunk (the newest among equals: the likeliest cause, and the one
           that waited least); the rest run again from the next step, so a device that stays full
