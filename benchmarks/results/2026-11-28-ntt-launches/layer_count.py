@@ -6,6 +6,9 @@ C kernels off), after one untimed step (a warm server). Runs on 975c8ad too (``P
 ops outside them (each a kernel or at least a dispatch on a GPU), the server's own only.
 
     python benchmarks/results/2026-11-28-ntt-launches/layer_count.py
+
+``on_op`` (functions of each counted op's ``func``) and ``main`` let another census reuse this one
+(``../2026-12-06-cuda-ops/layer_sites.py``: the ops by call site); run as a script it is unchanged.
 """
 
 import collections
@@ -25,6 +28,7 @@ from veil.protected.server import ProtectedExecutor  # noqa: E402
 launches: collections.Counter = collections.Counter()
 ops: collections.Counter = collections.Counter()
 state = {"server": False, "inside": 0}
+on_op: list = []  # called with each counted op's func (see the docstring)
 
 
 def counted(name, count, twin):
@@ -82,6 +86,8 @@ class TorchOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if state["server"] and not state["inside"]:
             ops[str(func.overloadpacket)] += 1
+            for hook in on_op:
+                hook(func)
         return func(*args, **(kwargs or {}))
 
 
@@ -103,8 +109,15 @@ def handle(self, msg):
 
 
 ProtectedExecutor.handle = handle
-protected_bench.main(["--he-backend", "native", "--contexts", "16", "--warmup", *sys.argv[1:]])
-for kind, layer, by_kernel, total, n_ops, top in rows[-4:]:
-    print(f"# {kind} layer {layer}: {total} Triton launches {by_kernel}; {n_ops} torch ops; top {top}")
-layer = rows[-3:]  # the first layer's cycle: weights, mlp_in, refreshed (as protected_bench counts)
-print(f"# one layer: {sum(r[3] for r in layer)} Triton launches, {sum(r[4] for r in layer)} torch ops")
+
+
+def main(argv: list[str]) -> None:
+    protected_bench.main(["--he-backend", "native", "--contexts", "16", "--warmup", *argv])
+    for kind, layer, by_kernel, total, n_ops, top in rows[-4:]:
+        print(f"# {kind} layer {layer}: {total} Triton launches {by_kernel}; {n_ops} torch ops; top {top}")
+    layer = rows[-3:]  # the first layer's cycle: weights, mlp_in, refreshed (as protected_bench counts)
+    print(f"# one layer: {sum(r[3] for r in layer)} Triton launches, {sum(r[4] for r in layer)} torch ops")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
