@@ -18,6 +18,10 @@ warm-up; one ``figure he.<op>_ms.<backend>.<device> <value>`` line each, and JSO
 SEAL runs on the CPU whatever ``--device`` says (its figures say ``cpu``). ``--compile`` adds a
 ``native_compiled`` run (``torch.compile`` of the hot loops; the warm-up compiles, minutes from
 a cold cache) after checking that its server operations give the eager residues bit for bit.
+``--cuda-graphs`` (with ``--device cuda``) adds a ``native_graphs`` run: key switches and rescales
+replayed from CUDA graphs (``crypto/native/graphs.py``), checked the same way over a name's
+eager, captured and replayed calls; its medians are of replays (the warm-up runs eagerly, the
+first timed call captures).
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ def _ntt_op(name: str, server, ct, repeat: int):
     return (lambda: sc.ev.transform_to_ntt_inplace(carriers.pop())), 0.5
 
 
-def _pair(name: str, params, device: str, steps: list[int], compile: bool):
-    opts = {"device": device, "compile": compile} if name == "native" else {}
+def _pair(name: str, params, device: str, steps: list[int], compile: bool, graphs: bool = False):
+    opts = {"device": device, "compile": compile, "cuda_graphs": graphs} if name == "native" else {}
     client = make_backend(params, name, allow_test_backends=params.test_only, **opts)
     client.generate_keys(steps)
     server = make_backend(params, name, allow_test_backends=params.test_only, **opts)
@@ -84,10 +88,10 @@ def _server_ops(server, ct, cy, pt, prod, steps, babies) -> dict:
     }
 
 
-def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile: bool = False
-                ) -> dict[str, float]:
+def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile: bool = False,
+                graphs: bool = False) -> dict[str, float]:
     steps = list(range(1, hoist + 1))
-    client, server = _pair(name, params, device, steps, compile)
+    client, server = _pair(name, params, device, steps, compile, graphs)
     sync = lambda: None  # noqa: E731
     if name == "native" and device.startswith("cuda"):
         import torch
@@ -102,15 +106,17 @@ def run_backend(name: str, params, device: str, repeat: int, hoist: int, compile
     prod = server.multiply_plain(ct, pt, rescale=False)
     babies = [ct, *server.rotate_many(ct, steps[:-1])]  # a BSGS inner sum's terms
     ops = _server_ops(server, ct, cy, pt, prod, steps, babies)
-    if compile:  # the compiled server must give the eager residues, bit for bit
-        eager = make_backend(params, name, allow_test_backends=params.test_only, device=device)
+    if compile or graphs:  # the compiled server, or the graphs' replays, must give the eager residues, bit for bit
+        eager = make_backend(params, name, allow_test_backends=params.test_only, device=device, compile=False,
+                             cuda_graphs=False)
         eager.import_public_material(client.export_public_material())
         for op, (f, g) in {k: (ops[k], v) for k, v in _server_ops(eager, ct, cy, pt, prod, steps, babies).items()}.items():
-            got, want = f(), g()
-            got, want = (got, want) if isinstance(got, list) else ([got], [want])
-            for a, b in zip(got, want, strict=True):
-                if not torch_equal(a._obj, b._obj):
-                    raise SystemExit(f"compiled {op} differs from eager")
+            want = g()
+            for _ in range(3 if graphs else 1):  # a graph's name: eager, captured, replayed
+                got = f()
+                for a, b in zip(*((got, want) if isinstance(got, list) else ([got], [want])), strict=True):
+                    if not torch_equal(a._obj, b._obj):
+                        raise SystemExit(f"{'graphed' if graphs else 'compiled'} {op} differs from eager")
     out = {
         "encode": _median_ms(lambda: server.encode(y, top, server.prime(top)), repeat, sync),
         "encrypt": _median_ms(lambda: client.encrypt_to_bytes(x), repeat, sync),
@@ -164,17 +170,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--compile", action="store_true",
                     help="also time native with torch.compile (checked bit-identical to eager)")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="also time native with its key switches replayed from CUDA graphs (--device cuda; "
+                         "checked bit-identical to eager)")
     args = ap.parse_args(argv)
 
     params = get_params(args.params, allow_test_params=args.allow_test_params)
     results: dict[str, dict] = {}
-    runs = [(n, False) for n in args.backends.split(",")]
+    runs = [(n, "") for n in args.backends.split(",")]
     if args.compile and "native" in args.backends.split(","):
-        runs.append(("native", True))
-    for name, comp in runs:
+        runs.append(("native", "compiled"))
+    if args.cuda_graphs and "native" in args.backends.split(","):
+        if not args.device.startswith("cuda"):
+            raise SystemExit("--cuda-graphs needs --device cuda")
+        runs.append(("native", "graphs"))
+    for name, variant in runs:
         device = args.device if name == "native" else "cpu"
-        label = f"{name}_compiled" if comp else name
-        res = run_backend(name, params, device, args.repeat, args.hoist, comp)
+        label = f"{name}_{variant}" if variant else name
+        res = run_backend(name, params, device, args.repeat, args.hoist, variant == "compiled", variant == "graphs")
         results[f"{label}.{device}"] = res
         for op, v in res.items():
             print(f"figure he.{op}_ms.{label}.{device} {v:.6g}", flush=True)

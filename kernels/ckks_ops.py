@@ -24,7 +24,9 @@ first).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import torch
 import triton
@@ -110,7 +112,26 @@ def _addresses(tensors: list[torch.Tensor], device) -> torch.Tensor:
     """The data addresses of ``tensors`` as an int64 tensor on ``device`` (a kernel's table of
     operands that are not one tensor), made once per set of addresses: a session's keys are
     long-lived, so a key switch does not pay a host-to-device copy for its table."""
-    return _address_table(tuple(t.data_ptr() for t in tensors), str(device))
+    table = _address_table(tuple(t.data_ptr() for t in tensors), str(device))
+    for into in getattr(_keeping, "lists", ()):
+        into.append(table)
+    return table
+
+
+_keeping = threading.local()
+
+
+@contextlib.contextmanager
+def keep_tables(into: list):
+    """Within it, on this thread, every address table a launch reads is appended to ``into``: a
+    CUDA graph captured meanwhile reads those tables at each replay, so it holds them (the
+    table cache may drop them; ``veil.crypto.native.graphs``)."""
+    lists = _keeping.__dict__.setdefault("lists", [])
+    lists.append(into)
+    try:
+        yield
+    finally:
+        lists.pop()
 
 
 @functools.lru_cache(maxsize=4096)

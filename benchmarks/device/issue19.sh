@@ -9,23 +9,31 @@
 # relin 6.74; a layer 0.552 / 0.854 s at contexts 16 / 64 on the H200; sessions TPOT 1.40 / 2.99
 # / 5.07 s on the H100). Since then, counted on the CPU: a layer 1,144 Triton launches and 2,279
 # torch ops (../results/2026-12-06-cuda-ops/), against ~6,800 launches then.
-BUDGET=${BUDGET:-380}
+# CUDA graphs of the key switches and rescales (crypto/native/graphs.py, VEIL_NATIVE_CUDA_GRAPHS=1,
+# off by default until this call measures them): their tests, he_ops' native_graphs run (checked
+# bit-identical to eager there) and protected_bench at context 16 with them, beside the eager run.
+BUDGET=${BUDGET:-400}
 source benchmarks/device/setup.sh > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
 tail -2 "$OUT/setup.txt"
 git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
 keep() { grep -v "it/s"; }
 stamp tests  # every CKKS kernel and whole operation on CUDA = the CPU path, bit for bit
 t=$(within 150) && VEIL_TEST_MODEL=/tmp/model timeout "$t" python3 -m pytest -q -p no:cacheprovider --tb=short \
-  tests/test_native_cuda.py tests/test_rounding.py "tests/test_bench_smoke.py::test_host_device_counts_the_kernels_launched_in_the_ranges_on_cuda" \
+  tests/test_native_cuda.py tests/test_native_graphs.py tests/test_rounding.py \
+  "tests/test_bench_smoke.py::test_host_device_counts_the_kernels_launched_in_the_ranges_on_cuda" \
   2>&1 | tail -40 > "$OUT/tests.txt"; tail -6 "$OUT/tests.txt"
 stamp he_ops
-t=$(within 60) && timeout "$t" python3 -m veil.benchmarks.he_ops --backends native --device cuda --repeat 5 \
-  --out "$OUT/he_ops.json" 2>&1 | keep > "$OUT/he_ops.txt"; grep "^figure" "$OUT/he_ops.txt" | head -20
+t=$(within 90) && timeout "$t" python3 -m veil.benchmarks.he_ops --backends native --device cuda --repeat 5 \
+  --cuda-graphs --out "$OUT/he_ops.json" 2>&1 | keep > "$OUT/he_ops.txt"; grep -E "^figure|differs" "$OUT/he_ops.txt" | head -40
 stamp protected_bench  # k=2: server seconds per token, extrapolated from layers 10-11; then, profiled
 # (--profile, host_device.py), how much of the server's host time the GPU computes, and its launches
 t=$(within 110) && timeout "$t" python3 -m veil.benchmarks.protected_bench --he-backend native --device cuda \
   --model /tmp/model --contexts 16,64 --profile --out "$OUT/pb.json" 2>&1 | keep > "$OUT/pb.txt"
 grep -E "layer_server_s|tpot_s|peak|rel_err|profile" "$OUT/pb.txt"
+stamp protected_bench_graphs  # the same step, its key switches and rescales replayed from CUDA graphs
+t=$(within 70) && VEIL_NATIVE_CUDA_GRAPHS=1 timeout "$t" python3 -m veil.benchmarks.protected_bench --he-backend native \
+  --device cuda --model /tmp/model --contexts 16 --out "$OUT/pb_graphs.json" 2>&1 | keep > "$OUT/pb_graphs.txt"
+grep -E "layer_server_s|tpot_s|peak|rel_err|graph" "$OUT/pb_graphs.txt"
 stamp protected_sessions
 t=$(within 200) && timeout "$t" python3 -m veil.benchmarks.protected_sessions --device cuda --model /tmp/model \
   --sessions 1,4,16 --warmup --out "$OUT/ps.json" 2>&1 | keep > "$OUT/ps.txt"

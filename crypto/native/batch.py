@@ -43,6 +43,7 @@ class NativeBatch(RowBatch, NativeBackend):
             raise ValueError("a batch's rows share one device")
         self.params, self._ctx, self._encoder = first.params, first._ctx, first._encoder
         self._n, self._slots = first._n, first._slots
+        self._graphs = first._graphs  # the first row's context, so its graphs
         self._sk, self._export = None, None
         self._pk = [self._require(r._pk, "public key") for r in rows]
         if all(r is first for r in rows):  # one session's span positions: its own keys, read once per batch

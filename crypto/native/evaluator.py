@@ -16,6 +16,7 @@ from veil.crypto.backend import Ciphertext, CiphertextError, HEError, Plaintext,
 from veil.crypto.native import keys as K
 from veil.crypto.native import keyswitch, rns, serial
 from veil.crypto.native.context import galois_element
+from veil.crypto.native.graphs import OpGraphs, key_storage
 from veil.crypto.native.sampling import DIGIT_BITS, Stream
 
 __all__ = ["Evaluator"]
@@ -31,6 +32,16 @@ HOIST_CHUNK = {"cuda": 256, "cpu": 64}
 
 class Evaluator:
     """Mixin over ``NativeBackend``'s state (``_ctx``, ``_wrap``/``_unwrap``, the keys)."""
+
+    #: The key switches' and rescales' CUDA graphs (``graphs``), where the backend keeps them.
+    _graphs: OpGraphs | None = None
+
+    def _graphed(self, name: tuple, keys: tuple, fn, *inputs: torch.Tensor) -> torch.Tensor:
+        """``fn(*inputs)``: replayed from a CUDA graph where this backend keeps them, named by
+        ``name`` and the storage of the ``keys`` its kernels read."""
+        if self._graphs is None:
+            return fn(*inputs)
+        return self._graphs.run(name + key_storage(*keys), fn, *inputs)
 
     # ------------------------------------------------------------------ arithmetic
     def add(self, a: Ciphertext, b: Ciphertext) -> Ciphertext:
@@ -126,16 +137,20 @@ class Evaluator:
             self._check_relin(x.level)
         scale = self._product_scale(x.scale * y.scale, x.level)
         basis, _ = self._ctx.data(x.level)
-        (a0, a1), (b0, b1) = x.data.unbind(-3), y.data.unbind(-3)
-        # the tensor product as three multiply-accumulates (one kernel pass each: C on the CPU,
-        # Triton on CUDA), each sum exact and reduced once
+
         def mac(*terms):
             return rns.mac([t for t, _ in terms], [w for _, w in terms], basis, self._ctx.compile)
 
-        out = torch.stack((mac((a0, b0)), mac((a0, b1), (a1, b0)), mac((a1, b1))), dim=-3)
-        if relinearize:
-            out = keyswitch.relinearize(out, self._rlk, self._ctx, x.level)
-        out = self._wrap(out, x.level, scale)
+        def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            # the tensor product as three multiply-accumulates (one kernel pass each: C on the
+            # CPU, Triton on CUDA), each sum exact and reduced once
+            (a0, a1), (b0, b1) = a.unbind(-3), b.unbind(-3)
+            out = torch.stack((mac((a0, b0)), mac((a0, b1), (a1, b0)), mac((a1, b1))), dim=-3)
+            return keyswitch.relinearize(out, self._rlk, self._ctx, x.level) if relinearize else out
+
+        keys = (self._rlk,) if relinearize else ()
+        out = self._wrap(self._graphed(("multiply", x.level, relinearize), keys, product, x.data, y.data),
+                         x.level, scale)
         return self.rescale(out) if rescale else out
 
     def relinearize(self, ct: Ciphertext) -> Ciphertext:
@@ -144,13 +159,15 @@ class Evaluator:
         if c.data.shape[-3] == 2:
             return self._wrap(c.data.clone(), c.level, c.scale)
         self._check_relin(c.level)
-        return self._wrap(keyswitch.relinearize(c.data, self._rlk, self._ctx, c.level), c.level, c.scale)
+        out = self._graphed(("relinearize", c.level), (self._rlk,),
+                            lambda d: keyswitch.relinearize(d, self._rlk, self._ctx, c.level), c.data)
+        return self._wrap(out, c.level, c.scale)
 
     def rescale(self, ct: Ciphertext) -> Ciphertext:
         c = self._unwrap(ct)
         if c.level == 0:
             raise HEError("no level left to rescale")
-        out = rns.rescale(c.data, self._ctx, c.level)
+        out = self._graphed(("rescale", c.level), (), lambda d: rns.rescale(d, self._ctx, c.level), c.data)
         return self._wrap(out, c.level - 1, c.scale / self._ctx.data_primes[c.level])
 
     def mod_switch_to(self, ct: Ciphertext, level: int) -> Ciphertext:
@@ -180,7 +197,10 @@ class Evaluator:
             return self._wrap(c.data.clone(), c.level, c.scale)
         if c.data.shape[-3] != 2:
             raise HEError("rotate expects a relinearized (size 2) ciphertext")
-        return self._wrap(keyswitch.rotate(c.data, *gk, self._ctx, c.level), c.level, c.scale)
+        g, key = gk
+        out = self._graphed(("rotate", c.level, g), (key,),
+                            lambda d: keyswitch.rotate(d, g, key, self._ctx, c.level), c.data)
+        return self._wrap(out, c.level, c.scale)
 
     def rotate_many(self, ct: Ciphertext, steps: Sequence[int]) -> list[Ciphertext]:
         """Hoisted: one decomposition of ``c1`` for all steps (``keyswitch.rotate_hoisted``)."""
@@ -196,8 +216,10 @@ class Evaluator:
         chunk = max(1, HOIST_CHUNK.get(c.data.device.type, HOIST_CHUNK["cpu"]) // math.prod(self._rows))
         for start in range(0, len(todo), chunk):
             part = todo[start : start + chunk]
-            rot = keyswitch.rotate_hoisted(c.data, [found[i][0] for i in part],
-                                           [found[i][1] for i in part], self._ctx, c.level)
+            elements, keys = tuple(found[i][0] for i in part), tuple(found[i][1] for i in part)
+            rot = self._graphed(("rotate_many", c.level, elements), keys,
+                                lambda d, e=elements, k=keys: keyswitch.rotate_hoisted(d, e, k, self._ctx, c.level),
+                                c.data)
             for j, i in enumerate(part):
                 out[i] = self._wrap(rot[j], c.level, c.scale)
         return out

@@ -1,0 +1,176 @@
+"""CUDA graphs of the native backend's key switches and rescales, replayed instead of launched
+one kernel at a time.
+
+Why: on a GPU one session's protected step is bound by launching, not by the GPU (a layer is
+~1,150 Triton launches and ~2,300 torch ops from Python, ``benchmarks/results/2026-12-06-cuda-ops``;
+a rotation's kernels take a fraction of the host time it spends launching them). A rotation
+replayed from a graph is three launches from Python: its input copied in, the graph, its output
+copied out.
+
+How (``OpGraphs.run``): an operation is named by what its kernels read besides the input — the
+operation and its static arguments (level, Galois elements) and the storage of the keys
+(address, shape, strides) — and by its inputs' shapes. The first call of a name runs eagerly
+(it fills the tables' caches and compiles the Triton kernels); the second captures a graph on a
+side stream and replays it, and every later one replays it. Inputs are copied into static
+buffers and the output out of one (a clone: the next replay overwrites it); the buffers are
+shared by every graph of the same shapes, and the graphs' intermediates by one memory pool, so a
+graph costs no memory of its own beyond its nodes. Calls are serialized by a lock: a replay owns
+the buffers from its copy in to its clone out.
+
+Why keys by address: a graph reads the key it was captured with in place, so it is replayed only
+for a key stored there now (a later key at a freed key's address, same shape and strides, is
+that key: the graph reads it). The address tables the key-inner kernel reads are held by the
+graph (``ckks_ops.keep_tables``): its cache may drop them, the graph still reads them. A capture
+that fails (an operation that syncs with the host, or copies from it) leaves that name eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from veil.kernels import ckks_ops
+
+__all__ = ["OpGraphs", "key_storage"]
+
+log = logging.getLogger("veil.crypto.native")
+
+#: Graphs one backend keeps (least recently used dropped first). A protected layer uses some
+#: 150 names (rotations by each step at each level, hoisted sets, rescales); every layer the same.
+MAX_GRAPHS = 1024
+#: Device bytes of one backend's static buffers (one per role and shape). A session's own names
+#: need ~60 MB at N = 2^14 (every level, a hoisted set of 16); a batch's grow with its rows, and a
+#: name whose buffers would not fit stays eager (a batch's hoisted sets, 0.5 GB at 16 rows, are
+#: one launch sequence each anyway).
+MAX_BUFFER_BYTES = 256 << 20
+_EAGER = object()  # a name whose capture failed
+
+
+def key_storage(*keys) -> tuple:
+    """What names a switching key for a graph: each ``SwitchKey``'s (and each row's of a
+    ``RowKeys``) storage address, shape and strides."""
+    out = []
+    for key in keys:
+        for k in getattr(key, "rows", (key,)):
+            out.append((k.data.data_ptr(), tuple(k.data.shape), k.data.stride()))
+    return tuple(out)
+
+
+@dataclass
+class _Graph:
+    graph: object  # torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]  # the static buffers it reads (shared by shape)
+    output: torch.Tensor  # the static buffer it writes (shared by shape)
+    kept: list  # what it reads that no one else holds for it (address tables)
+
+
+class OpGraphs:
+    """One backend's graphs (a session's; a batch of sessions uses its first row's)."""
+
+    def __init__(self, device: torch.device, max_graphs: int = MAX_GRAPHS,
+                 max_buffer_bytes: int = MAX_BUFFER_BYTES) -> None:
+        self.device, self.max_graphs, self.max_buffer_bytes = torch.device(device), max_graphs, max_buffer_bytes
+        self._graphs: OrderedDict[tuple, _Graph | object] = OrderedDict()
+        self._seen: OrderedDict[tuple, None] = OrderedDict()  # names run once, eagerly
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._pool = None
+        self._side: torch.cuda.Stream | None = None  # captures run here (one stream: its cached blocks reused)
+        self._last: torch.cuda.Stream | None = None  # the stream of the last replay
+        self._lock = threading.Lock()
+        self.replays = self.captures = 0
+
+    def run(self, name: tuple, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+        """``fn(*inputs)``, from a graph where one was captured for ``name`` and these shapes."""
+        full = name + tuple((tuple(x.shape), x.dtype) for x in inputs)
+        with self._lock:
+            entry = self._graphs.get(full)
+            if entry is None:
+                if full not in self._seen:
+                    _remember(self._seen, full, self.max_graphs)
+                    return fn(*inputs)
+                entry = self._capture(full, fn, inputs)
+                _remember(self._graphs, full, self.max_graphs, entry)
+            else:
+                self._graphs.move_to_end(full)
+            if entry is _EAGER:
+                return fn(*inputs)
+            return self._replay(entry, inputs)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def _buffer(self, role: str, like: torch.Tensor) -> torch.Tensor | None:
+        """The static buffer of ``role`` for ``like``'s shape, or None where a new one would
+        take this backend over ``max_buffer_bytes``."""
+        key = (role, tuple(like.shape), like.dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            if self.buffer_bytes + like.numel() * like.element_size() > self.max_buffer_bytes:
+                return None
+            buf = self._buffers[key] = torch.empty(like.shape, dtype=like.dtype, device=self.device)
+        return buf
+
+    def _capture(self, full: tuple, fn: Callable, inputs: Sequence[torch.Tensor]) -> _Graph | object:
+        static = tuple(self._buffer(f"in{i}", x) for i, x in enumerate(inputs))
+        if any(buf is None for buf in static):
+            return _EAGER
+        for buf, x in zip(static, inputs, strict=True):
+            buf.copy_(x)
+        current = torch.cuda.current_stream(self.device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=self.device)
+        self._side.wait_stream(current)
+        graph, kept = torch.cuda.CUDAGraph(), []
+        try:
+            with torch.cuda.stream(self._side):
+                # once on the static buffers first: a kernel specialized for their strides and
+                # alignment compiles here, not inside the capture
+                output = self._buffer("out", fn(*static))
+                if output is None:
+                    current.wait_stream(self._side)
+                    return _EAGER
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                try:
+                    with ckks_ops.keep_tables(kept):
+                        output.copy_(fn(*static))
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        graph.capture_end()
+                    raise
+                graph.capture_end()
+        except torch.OutOfMemoryError:
+            current.wait_stream(self._side)
+            raise  # the step fails (503); the next call of this name tries again
+        except Exception as e:  # noqa: BLE001 (this name stays eager; the result comes from fn)
+            current.wait_stream(self._side)
+            log.warning("no CUDA graph for %s (%s: %s); it runs eagerly", full[0], type(e).__name__, e)
+            return _EAGER
+        current.wait_stream(self._side)
+        if self._pool is None:
+            self._pool = graph.pool()
+        self.captures += 1
+        return _Graph(graph, static, output, kept)
+
+    def _replay(self, g: _Graph, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        current = torch.cuda.current_stream(self.device)
+        if self._last is not None and self._last != current:  # the buffers are free once it is done
+            current.wait_stream(self._last)
+        self._last = current
+        for buf, x in zip(g.inputs, inputs, strict=True):
+            buf.copy_(x)
+        g.graph.replay()
+        self.replays += 1
+        return g.output.clone()
+
+
+def _remember(table: OrderedDict, key: tuple, limit: int, value=None) -> None:
+    table[key] = value
+    while len(table) > limit:
+        table.popitem(last=False)
