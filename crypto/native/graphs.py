@@ -123,6 +123,12 @@ class OpGraphs:
             return _EAGER
         for buf, x in zip(static, inputs, strict=True):
             buf.copy_(x)
+        # once on the static buffers first, on this stream (its working memory goes back to the
+        # eager cache): a kernel specialized for their strides and alignment compiles here, not
+        # inside the capture
+        output = self._buffer("out", fn(*static))
+        if output is None:
+            return _EAGER
         current = torch.cuda.current_stream(self.device)
         if self._side is None:
             self._side = torch.cuda.Stream(device=self.device)
@@ -130,12 +136,6 @@ class OpGraphs:
         graph, kept = torch.cuda.CUDAGraph(), []
         try:
             with torch.cuda.stream(self._side):
-                # once on the static buffers first: a kernel specialized for their strides and
-                # alignment compiles here, not inside the capture
-                output = self._buffer("out", fn(*static))
-                if output is None:
-                    current.wait_stream(self._side)
-                    return _EAGER
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
                     with ckks_ops.keep_tables(kept):
