@@ -70,6 +70,12 @@ def test_static_buffers_are_shared_by_role_and_shape_within_a_byte_budget():
     assert graphs._buffer("in0", x) is a
 
 
+def test_the_device_budget_counts_what_graphs_may_hold(cpu_pair):
+    _, eager, routed = cpu_pair[0]
+    assert routed._graphs.reserved_bytes == 2 * G.MAX_BUFFER_BYTES
+    assert routed.resident_bytes() == eager.resident_bytes() + routed._graphs.reserved_bytes
+
+
 class _StandIn(G.OpGraphs):
     """Only for this test of ``OpGraphs.run``'s bookkeeping (no CUDA here): "capturing" keeps the
     function and "replaying" calls it on the static copies of the inputs, or the capture fails

@@ -395,12 +395,13 @@ class NativeBackend(Evaluator, HEBackend):
 
     def resident_bytes(self) -> int:
         """The public, relinearization, Galois and fold keys as held on the device (seeded halves
-        expanded)."""
+        expanded), and with CUDA graphs what they may come to hold (``OpGraphs.reserved_bytes``)."""
         tensors = [k.data for k in (self._rlk, *self._gks.values()) if k is not None]
         if self._pk is not None:
             tensors += [self._pk.b, self._pk.a]
         fold = self._fold_key.nbytes if self._fold_key is not None else 0
-        return sum(t.numel() * t.element_size() for t in tensors) + fold
+        graphs = self._graphs.reserved_bytes if self._graphs is not None else 0
+        return sum(t.numel() * t.element_size() for t in tensors) + fold + graphs
 
     def nbytes(self, ct: Ciphertext) -> int:
         return self._unwrap(ct).data.numel() * 8

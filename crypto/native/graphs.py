@@ -103,6 +103,14 @@ class OpGraphs:
             return self._replay(entry, inputs)
 
     @property
+    def reserved_bytes(self) -> int:
+        """What the device budget (``--protected-device-gb``) counts for these graphs from the
+        start: the static buffers' limit, and as much again for the pool, which holds the largest
+        captured operation's working set (a batched rotation of 16 rows at the top level, ~0.25 GB).
+        The pool is not bounded by this class: an estimate, not a limit."""
+        return 2 * self.max_buffer_bytes
+
+    @property
     def buffer_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
