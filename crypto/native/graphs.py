@@ -41,13 +41,14 @@ __all__ = ["OpGraphs", "key_storage"]
 
 log = logging.getLogger("veil.crypto.native")
 
-#: Graphs one backend keeps (least recently used dropped first). A protected layer uses some
-#: 150 names (rotations by each step at each level, hoisted sets, rescales); every layer the same.
+#: Graphs one backend keeps (least recently used dropped first). A session's protected step uses
+#: ~70 names (48 rotations, 10 rescales, 5 hoisted sets, 3 products, 3 relinearizations: two
+#: layers, ``benchmarks/results/2026-12-06-op-graphs``); every layer the same.
 MAX_GRAPHS = 1024
 #: Device bytes of one backend's static buffers (one per role and shape). A session's own names
-#: need ~60 MB at N = 2^14 (every level, a hoisted set of 16); a batch's grow with its rows, and a
-#: name whose buffers would not fit stays eager (a batch's hoisted sets, 0.5 GB at 16 rows, are
-#: one launch sequence each anyway).
+#: need 101 MB at N = 2^14 (32 buffers; a hoisted set of 16 at the top level is 34 MB); a batch's
+#: grow with its rows, and a name whose buffers would not fit stays eager (a batch's hoisted sets,
+#: 0.5 GB at 16 rows, are one launch sequence each anyway).
 MAX_BUFFER_BYTES = 256 << 20
 _EAGER = object()  # a name whose capture failed
 

@@ -1,0 +1,78 @@
+"""How many graph names and how many bytes of static buffers one session's protected step needs:
+``protected_bench`` (native, layers 10-11 of the shipped SmolLM2, context 16, the C kernels) with
+the server backend's graphs driven through ``OpGraphs._capture`` / ``_replay`` on the CPU, with
+stand-ins for torch.cuda's stream and graph objects (this check only: a "replay" reruns the
+operation on the static buffers into the output buffer; ``capture_path_smoke.py``'s). Prints the
+names captured, the static buffers' bytes, and the step's figures (its error against the
+plaintext blocks: the replays' results feed the protocol).
+
+    cd benchmarks/results/2026-12-06-op-graphs && PYTHONSAFEPATH=1 python names_and_buffers.py
+"""
+
+import collections
+import contextlib
+
+import torch
+
+from veil.benchmarks import protected_bench
+from veil.crypto.native import graphs as G
+from veil.crypto.native.backend import NativeBackend
+
+
+class FakeStream:
+    def __init__(self, device=None):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def __eq__(self, other):
+        return isinstance(other, FakeStream)
+
+
+class FakeGraph:
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        pass
+
+    def capture_end(self):
+        pass
+
+    def pool(self):
+        return (0, 1)
+
+    def replay(self):
+        self.replay_fn()
+
+
+torch.cuda.current_stream = lambda device=None: FakeStream()
+torch.cuda.Stream = FakeStream
+torch.cuda.stream = lambda s: contextlib.nullcontext()
+torch.cuda.CUDAGraph = FakeGraph
+
+
+class Driven(G.OpGraphs):
+    def _capture(self, full, fn, inputs):
+        entry = super()._capture(full, fn, inputs)
+        if entry is not G._EAGER:
+            entry.graph.replay_fn = lambda e=entry, f=fn: e.output.copy_(f(*e.inputs))
+        return entry
+
+
+made = []
+_init = NativeBackend.__init__
+
+
+def init(self, *a, **kw):
+    _init(self, *a, **kw)
+    self._graphs = Driven(self.device)
+    made.append(self)
+
+
+NativeBackend.__init__ = init
+protected_bench.main(["--he-backend", "native", "--contexts", "16", "--warmup"])
+server = max(made, key=lambda b: b._graphs.captures)
+g = server._graphs
+kinds = collections.Counter(name[0] for name, e in g._graphs.items() if e is not G._EAGER)
+print(f"# server graphs: {g.captures} captured, {g.replays} replays, eager names {sum(e is G._EAGER for e in g._graphs.values())}")
+print(f"# names by operation: {dict(kinds)}")
+print(f"# static buffers: {len(g._buffers)}, {g.buffer_bytes / 2**20:.1f} MB")
