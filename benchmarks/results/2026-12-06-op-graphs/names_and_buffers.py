@@ -1,63 +1,27 @@
 """How many graph names and how many bytes of static buffers one session's protected step needs:
 ``protected_bench`` (native, layers 10-11 of the shipped SmolLM2, context 16, the C kernels) with
 the server backend's graphs driven through ``OpGraphs._capture`` / ``_replay`` on the CPU, with
-stand-ins for torch.cuda's stream and graph objects (this check only: a "replay" reruns the
-operation on the static buffers into the output buffer; ``capture_path_smoke.py``'s). Prints the
+the stand-ins of ``cuda_standins.py`` (this check only). Prints the
 names captured, the static buffers' bytes, and the step's figures (its error against the
 plaintext blocks: the replays' results feed the protocol).
 
     cd benchmarks/results/2026-12-06-op-graphs && PYTHONSAFEPATH=1 python names_and_buffers.py
 """
 
-import collections
-import contextlib
+import os
+import sys
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # cuda_standins
+
+import collections
+
+from cuda_standins import Driven, install
 
 from veil.benchmarks import protected_bench
 from veil.crypto.native import graphs as G
 from veil.crypto.native.backend import NativeBackend
 
-
-class FakeStream:
-    def __init__(self, device=None):
-        pass
-
-    def wait_stream(self, other):
-        pass
-
-    def __eq__(self, other):
-        return isinstance(other, FakeStream)
-
-
-class FakeGraph:
-    def capture_begin(self, pool=None, capture_error_mode="global"):
-        pass
-
-    def capture_end(self):
-        pass
-
-    def pool(self):
-        return (0, 1)
-
-    def replay(self):
-        self.replay_fn()
-
-
-torch.cuda.current_stream = lambda device=None: FakeStream()
-torch.cuda.Stream = FakeStream
-torch.cuda.stream = lambda s: contextlib.nullcontext()
-torch.cuda.CUDAGraph = FakeGraph
-
-
-class Driven(G.OpGraphs):
-    def _capture(self, full, fn, inputs):
-        entry = super()._capture(full, fn, inputs)
-        if entry is not G._EAGER:
-            entry.graph.replay_fn = lambda e=entry, f=fn: e.output.copy_(f(*e.inputs))
-        return entry
-
-
+install()
 made = []
 _init = NativeBackend.__init__
 
