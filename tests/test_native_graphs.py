@@ -245,3 +245,45 @@ def test_a_graph_reads_its_address_tables_after_the_cache_dropped_them(pair):
         assert graphed.serialize(graphed.rotate(graphed.deserialize(up), 1)) == \
             eager.serialize(eager.rotate(eager.deserialize(up), 1))
     assert graphed._graphs.replays == replays + 2 and filler
+
+
+@cuda
+def test_out_of_memory_while_capturing_fails_the_call_and_the_next_call_captures():
+    """An out-of-memory error during a capture reaches the caller (the server's 503) without
+    leaving the name eager; a later call captures it."""
+    graphs, oom = G.OpGraphs(torch.device("cuda")), {"on": True}
+
+    def fn(x):
+        if oom["on"] and torch.cuda.is_current_stream_capturing():
+            raise torch.OutOfMemoryError("stand-in for a full device, in this test")
+        return x + 1
+
+    x = torch.arange(8, device="cuda")
+    assert torch.equal(graphs.run(("f",), fn, x), x + 1)  # eager
+    with pytest.raises(torch.OutOfMemoryError):
+        graphs.run(("f",), fn, x)
+    oom["on"] = False
+    assert torch.equal(graphs.run(("f",), fn, x), x + 1) and graphs.captures == 1
+    assert torch.equal(graphs.run(("f",), fn, x + 5), x + 6) and graphs.replays == 2
+
+
+@cuda
+def test_an_operation_that_syncs_stays_eager_and_the_device_goes_on(pair):
+    """A capture that fails (a host sync inside it) leaves that name eager, gives the eager
+    result, and leaves the device usable for the graphs that do capture. Last in the module: a
+    failed capture is the one thing here that could leave CUDA unusable."""
+    graphs = G.OpGraphs(torch.device("cuda"))
+
+    def syncs(x):
+        y = x * 2
+        return y if int(y.sum().item()) >= 0 else -y
+
+    x = torch.arange(8, device="cuda")
+    for _ in range(3):
+        assert torch.equal(graphs.run(("syncs",), syncs, x), 2 * x)
+    assert graphs.captures == 0 and list(graphs._graphs.values()) == [G._EAGER]
+    client, eager, graphed = pair[0]
+    up = client.encrypt_to_bytes(np.ones(SLOTS))
+    for _ in range(3):
+        assert graphed.serialize(graphed.rotate(graphed.deserialize(up), -3)) == \
+            eager.serialize(eager.rotate(eager.deserialize(up), -3))
