@@ -81,7 +81,7 @@ class OpGraphs:
         self._seen: OrderedDict[tuple, None] = OrderedDict()  # names run once, eagerly
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._pool = None
-        self._side: torch.cuda.Stream | None = None  # captures run here (one stream: its cached blocks reused)
+        self._side: torch.cuda.Stream | None = None  # where every capture of this backend runs
         self._last: torch.cuda.Stream | None = None  # the stream of the last replay
         self._lock = threading.Lock()
         self.replays = self.captures = 0
