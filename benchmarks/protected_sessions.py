@@ -20,6 +20,9 @@ aggregate tokens/s (S / wall), server seconds by operation, the cores the server
 busy (its CPU seconds, every thread's, over its wall seconds) and the page faults it took, and
 each session's next token from its decrypted h_L (final norm and LM head in the clear) against
 the plaintext model's.
+``--modes batched,alone`` times the same sessions both ways, step by step in turn (``alone``: each
+round trip's messages through ``handle`` one at a time, as a server with ``--protected-max-batch
+1`` runs them; its figures carry ``.alone``): what batching sessions buys, paired in one run.
 ``--warmup [STEPS]`` first steps the sessions untimed, once or STEPS times, so that compiled code
 is timed warm and, on the CPU, the heap has grown to the size the step needs
 (benchmarks/results/2026-12-03-context-leak: with fresh sessions and keys for every step, as this
@@ -56,10 +59,22 @@ def fig(name: str, value: float) -> None:
     print(f"figure protected.{name} {value:.6g}", flush=True)
 
 
-def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, logits, device: str) -> dict:
+def _one_at_a_time(ex: ProtectedExecutor, msgs: list) -> list:
+    out = []
+    for m in msgs:
+        try:
+            out.append(ex.handle(m))
+        except Exception as e:  # noqa: BLE001 (as handle_batch answers it)
+            out.append(e)
+    return out
+
+
+def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, logits, device: str,
+          alone: bool = False) -> dict:
     """One decode step of every session in lockstep at its position in ``pos``: each round trip
-    hands all pending messages to ``handle_batch``; the clients run one after another; each
-    session's token from its h_L by ``logits`` (final norm and LM head in the clear)."""
+    hands all pending messages to ``handle_batch`` (``alone``: to ``handle``, one after another);
+    the clients run one after another; each session's token from its h_L by ``logits`` (final
+    norm and LM head in the clear)."""
     ex.be.reset()
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -73,7 +88,8 @@ def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, l
         live = [i for i, m in enumerate(msgs) if m is not None]
         ts, tp = time.perf_counter(), time.process_time()  # process time: every thread's CPU seconds
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        replies = ex.handle_batch([msgs[i] for i in live])
+        pending = [msgs[i] for i in live]
+        replies = _one_at_a_time(ex, pending) if alone else ex.handle_batch(pending)
         server += time.perf_counter() - ts
         server_cpu += time.process_time() - tp
         faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
@@ -111,13 +127,19 @@ def main(argv: list[str] | None = None) -> None:
                          "the CPU, the heap grown to its steady size")
     ap.add_argument("--steps", type=int, default=1,
                     help="timed decode steps of the same sessions, one position further each (figures: their mean)")
+    ap.add_argument("--modes", default="batched",
+                    help="comma-separated, taken in turn step by step: batched (handle_batch), alone (handle)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))
     args = ap.parse_args(argv)
     counts = [int(s) for s in args.sessions.split(",")]
+    modes = args.modes.split(",")
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps >= 1 and --warmup >= 0")
+    if not modes or any(m not in ("batched", "alone") for m in modes) or len(set(modes)) != len(modes):
+        ap.error("--modes: batched and/or alone, each once")
+    rounds = (args.warmup + args.steps) * len(modes)  # every step one position further
 
     from veil.engine.loader import build_model, load_checkpoint
 
@@ -127,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--layer must be num_layers - 2 = {cfg.num_layers - 2}: the last layer's h_L gives the token")
     dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
     layers = (args.layer, args.layer + 1)
-    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.ctx + args.warmup + args.steps - 1]
+    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.ctx + rounds - 1]
     with torch.no_grad():
         h0 = model.run_layers(model.embed(ids), 0, layers[0])
         h1 = model.run_layers(h0, layers[0], layers[1])
@@ -158,48 +180,60 @@ def main(argv: list[str] | None = None) -> None:
             _seed_cache(ex, c, s, weights[1], cfg, layers[1], h1, p)
             sessions.append(s)
             states.append(c)
-        timed = [_step(ex, states, [p + i for p in pos0], h0, model.logits, args.device)
-                 for i in range(args.warmup + args.steps)][args.warmup:]
+        runs = [(i, modes[i % len(modes)]) for i in range(rounds)]
+        done = [(i, mode, _step(ex, states, [p + i for p in pos0], h0, model.logits, args.device, mode == "alone"))
+                for i, mode in runs]
         for s in sessions:
             ex.drop_session(s.id)
-        mean = {k: sum(r[k] for r in timed) / len(timed) for k in ("wall", "server", "server_cpu", "client",
-                                                                    "slowest", "faults")}
-        fig(f"sessions.tpot_s.s{n}", mean["wall"])
-        fig(f"aggregate_tok_s.s{n}", n / mean["wall"])
-        fig(f"sessions.server_s.s{n}", mean["server"])
-        fig(f"sessions.client_s.s{n}", mean["client"])
-        # how many of the machine's cores the server's work kept busy: on a CPU, what batching
-        # sessions can still win is the idle remainder plus what shared weight reads save
-        fig(f"sessions.server_cpu_cores.s{n}", mean["server_cpu"] / mean["server"])
-        # pages the server's work touched for the first time: each is a fault and a zeroed page
-        # (30 us apiece on the development VM), what a heap that keeps growing costs
-        fig(f"sessions.server_page_faults.s{n}", mean["faults"])
-        # derived, not timed: the step as S SDKs on their own machines would see it, each round
-        # trip waiting for its slowest client instead of all of them in turn (no network)
-        own = mean["wall"] - mean["client"] + mean["slowest"]
-        fig(f"sessions.tpot_s.own_clients.s{n}", own)
-        fig(f"aggregate_tok_s.own_clients.s{n}", n / own)
-        for kind in sorted({k for r in timed for k in r["times"]}):
-            fig(f"sessions.server_s.{kind}.s{n}", sum(r["times"].get(kind, 0.0) for r in timed) / len(timed))
-        if args.device.startswith("cuda"):  # weights, every session's keys and caches, the steps' peak
-            fig(f"sessions.device_peak_gb.s{n}", max(r["peak_gb"] for r in timed))
-        tokens = [r["tokens"] for r in timed]
-        plain = [[want[p + args.warmup + i] for p in pos0] for i in range(len(timed))]
-        fig(f"sessions.tokens_equal_plaintext.s{n}", float(tokens == plain))
-        STEPS[n] = timed
-        for i, (r, w) in enumerate(zip(timed, plain, strict=True)):
-            print(f"# s{n} step {i}: positions {r['positions']}, wall {r['wall']:.3f} s, server {r['server']:.3f} s, "
-                  f"faults {r['faults']}, tokens {r['tokens']}, plaintext {w}", flush=True)
-        for shape, dt in sorted(timed[-1]["matvec_by_shape"].items()):
-            print(f"# s{n}: last step's matvec {shape}: {dt:.3f} s", flush=True)
-        print(f"# s{n}: last step's counts {timed[-1]['counts']}", flush=True)
+        for mode in modes:
+            timed = [(i, r) for i, m, r in done[args.warmup * len(modes):] if m == mode]
+            _report(n, "" if mode == "batched" else ".alone", timed, pos0, want, args.device)
+            STEPS[n if mode == "batched" else f"{n}.alone"] = [r for _, r in timed]
     if len(counts) > 1 and counts[0] == 1:
         for n in counts[1:]:
-            fig(f"sessions.aggregate_speedup.s{n}", FIGURES[f"aggregate_tok_s.s{n}"] / FIGURES["aggregate_tok_s.s1"])
+            for sfx in ("" if m == "batched" else ".alone" for m in modes):
+                fig(f"sessions.aggregate_speedup{sfx}.s{n}", FIGURES[f"aggregate_tok_s{sfx}.s{n}"] / FIGURES[f"aggregate_tok_s{sfx}.s1"])
+    if "batched" in modes and "alone" in modes:
+        for n in counts:
+            fig(f"sessions.batched_over_alone.s{n}", FIGURES[f"aggregate_tok_s.s{n}"] / FIGURES[f"aggregate_tok_s.alone.s{n}"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"sessions": counts, "layers": list(layers), "ctx": args.ctx, "spread": args.spread,
-                                    "warmup": args.warmup, "steps": args.steps, "device": args.device,
+                                    "warmup": args.warmup, "steps": args.steps, "modes": modes, "device": args.device,
                                     "model": ckpt.source, "figures": FIGURES, "steps_by_sessions": STEPS}, indent=2))
+
+
+def _report(n: int, sfx: str, timed: list[tuple[int, dict]], pos0: list[int], want: list[int], device: str) -> None:
+    """One session count's figures over its timed steps ``(round, record)`` of one mode."""
+    recs = [r for _, r in timed]
+    mean = {k: sum(r[k] for r in recs) / len(recs) for k in ("wall", "server", "server_cpu", "client", "slowest",
+                                                            "faults")}
+    fig(f"sessions.tpot_s{sfx}.s{n}", mean["wall"])
+    fig(f"aggregate_tok_s{sfx}.s{n}", n / mean["wall"])
+    fig(f"sessions.server_s{sfx}.s{n}", mean["server"])
+    fig(f"sessions.client_s{sfx}.s{n}", mean["client"])
+    # how many of the machine's cores the server's work kept busy: on a CPU, what batching
+    # sessions can still win is the idle remainder plus what shared weight reads save
+    fig(f"sessions.server_cpu_cores{sfx}.s{n}", mean["server_cpu"] / mean["server"])
+    # pages the server's work touched for the first time: each is a fault and a zeroed page
+    # (30 us apiece on the development VM), what a heap that keeps growing costs
+    fig(f"sessions.server_page_faults{sfx}.s{n}", mean["faults"])
+    # derived, not timed: the step as S SDKs on their own machines would see it, each round
+    # trip waiting for its slowest client instead of all of them in turn (no network)
+    own = mean["wall"] - mean["client"] + mean["slowest"]
+    fig(f"sessions.tpot_s.own_clients{sfx}.s{n}", own)
+    fig(f"aggregate_tok_s.own_clients{sfx}.s{n}", n / own)
+    for kind in sorted({k for r in recs for k in r["times"]}):
+        fig(f"sessions.server_s{sfx}.{kind}.s{n}", sum(r["times"].get(kind, 0.0) for r in recs) / len(recs))
+    if device.startswith("cuda"):  # weights, every session's keys and caches, the steps' peak
+        fig(f"sessions.device_peak_gb{sfx}.s{n}", max(r["peak_gb"] for r in recs))
+    plain = [[want[p + i] for p in pos0] for i, _ in timed]
+    fig(f"sessions.tokens_equal_plaintext{sfx}.s{n}", float([r["tokens"] for r in recs] == plain))
+    for (i, r), w in zip(timed, plain, strict=True):
+        print(f"# s{n}{sfx} round {i}: positions {r['positions']}, wall {r['wall']:.3f} s, server {r['server']:.3f} s, "
+              f"faults {r['faults']}, tokens {r['tokens']}, plaintext {w}", flush=True)
+    for shape, dt in sorted(recs[-1]["matvec_by_shape"].items()):
+        print(f"# s{n}{sfx}: last step's matvec {shape}: {dt:.3f} s", flush=True)
+    print(f"# s{n}{sfx}: last step's counts {recs[-1]['counts']}", flush=True)
 
 
 if __name__ == "__main__":
