@@ -1,0 +1,6 @@
+# Two runs, back to back, from the checkout (2-core EPYC VM, nothing else running):
+for i in 1 2; do
+  PYTHONSAFEPATH=1 python -m veil.benchmarks.protected_sessions --sessions 1,4 --modes batched,alone \
+    --warmup 2 --steps 3 --out benchmarks/results/2026-12-06-sessions-paired/run$i.json \
+    > benchmarks/results/2026-12-06-sessions-paired/run$i.txt 2>&1
+done
