@@ -21,8 +21,8 @@ busy (its CPU seconds, every thread's, over its wall seconds) and the page fault
 each session's next token from its decrypted h_L (final norm and LM head in the clear) against
 the plaintext model's.
 ``--modes batched,alone`` times the same sessions both ways, step by step in turn (``alone``: each
-round trip's messages through ``handle`` one at a time, as a server with ``--protected-max-batch
-1`` runs them; its figures carry ``.alone``): what batching sessions buys, paired in one run.
+round trip's messages handed over one per call, as a server with ``--protected-max-batch 1``
+runs them; its figures carry ``.alone``): what batching sessions buys, paired in one run.
 ``--warmup [STEPS]`` first steps the sessions untimed, once or STEPS times, so that compiled code
 is timed warm and, on the CPU, the heap has grown to the size the step needs
 (benchmarks/results/2026-12-03-context-leak: with fresh sessions and keys for every step, as this
@@ -59,20 +59,10 @@ def fig(name: str, value: float) -> None:
     print(f"figure protected.{name} {value:.6g}", flush=True)
 
 
-def _one_at_a_time(ex: ProtectedExecutor, msgs: list) -> list:
-    out = []
-    for m in msgs:
-        try:
-            out.append(ex.handle(m))
-        except Exception as e:  # noqa: BLE001 (as handle_batch answers it)
-            out.append(e)
-    return out
-
-
 def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, logits, device: str,
           alone: bool = False) -> dict:
     """One decode step of every session in lockstep at its position in ``pos``: each round trip
-    hands all pending messages to ``handle_batch`` (``alone``: to ``handle``, one after another);
+    hands all pending messages to ``handle_batch`` (``alone``: one message per call);
     the clients run one after another; each session's token from its h_L by ``logits`` (final
     norm and LM head in the clear)."""
     ex.be.reset()
@@ -89,7 +79,8 @@ def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, l
         ts, tp = time.perf_counter(), time.process_time()  # process time: every thread's CPU seconds
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         pending = [msgs[i] for i in live]
-        replies = _one_at_a_time(ex, pending) if alone else ex.handle_batch(pending)
+        # alone: a batch of one per message, as the scheduler hands them over at --protected-max-batch 1
+        replies = [r for m in pending for r in ex.handle_batch([m])] if alone else ex.handle_batch(pending)
         server += time.perf_counter() - ts
         server_cpu += time.process_time() - tp
         faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
@@ -128,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=1,
                     help="timed decode steps of the same sessions, one position further each (figures: their mean)")
     ap.add_argument("--modes", default="batched",
-                    help="comma-separated, taken in turn step by step: batched (handle_batch), alone (handle)")
+                    help="comma-separated, taken in turn step by step: batched (all of a round trip's messages "
+                         "in one handle_batch), alone (one message per call)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))

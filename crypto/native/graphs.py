@@ -155,13 +155,12 @@ class OpGraphs:
                     raise
                 graph.capture_end()
         except torch.OutOfMemoryError:
-            current.wait_stream(self._side)
             raise  # the step fails (503); the next call of this name tries again
         except Exception as e:  # noqa: BLE001 (this name stays eager; the result comes from fn)
-            current.wait_stream(self._side)
             log.warning("no CUDA graph for %s (%s: %s); it runs eagerly", full[0], type(e).__name__, e)
             return _EAGER
-        current.wait_stream(self._side)
+        finally:
+            current.wait_stream(self._side)
         if self._pool is None:
             self._pool = graph.pool()
         self.captures += 1
