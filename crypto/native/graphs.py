@@ -46,9 +46,10 @@ log = logging.getLogger("veil.crypto.native")
 #: layers, ``benchmarks/results/2026-12-06-op-graphs``); every layer the same.
 MAX_GRAPHS = 1024
 #: Device bytes of one backend's static buffers (one per role and shape). A session's own names
-#: need 101 MB at N = 2^14 (32 buffers; a hoisted set of 16 at the top level is 34 MB); a batch's
-#: grow with its rows, and a name whose buffers would not fit stays eager (a batch's hoisted sets,
-#: 0.5 GB at 16 rows, are one launch sequence each anyway).
+#: need 101 MB at N = 2^14 (32 buffers, measured; by shape, a hoisted set of 16's output at the top
+#: level is 16 x 2 x 8 x N int64, 34 MB); a batch's grow with its rows, and a name whose buffers
+#: would not fit stays eager (a batch's hoisted sets, 0.5 GB of output by shape at 16 rows, are
+#: one launch sequence each anyway).
 MAX_BUFFER_BYTES = 256 << 20
 _EAGER = object()  # a name whose capture failed
 
@@ -107,8 +108,9 @@ class OpGraphs:
     def reserved_bytes(self) -> int:
         """What the device budget (``--protected-device-gb``) counts for these graphs from the
         start: the static buffers' limit, and as much again for the pool, which holds the largest
-        captured operation's working set (a batched rotation of 16 rows at the top level, ~0.25 GB).
-        The pool is not bounded by this class: an estimate, not a limit."""
+        captured operation's working set (by shape, the digits of a 16-row rotation at the top level
+        alone are 16 x 8 x 9 x N int64, 151 MB). Not measured on a GPU, and the pool is not bounded
+        by this class: an estimate, not a limit."""
         return 2 * self.max_buffer_bytes
 
     @property
