@@ -6,7 +6,10 @@
   automorphism is a gather of the output: ``keys.rotation_key``). Twin: ``rns.key_inner``
   (lazy products summed and reduced once).
 * ``mac``: ``out[..., i, x] = sum_k a[k, ..., i, x] * w[k, i, x] mod q_i``, the ct x pt sums
-  of the BSGS matvec (``evaluator.dot_plain``), one pass over the terms.
+  of the BSGS matvec (``evaluator.dot_plain``), one pass over the terms; ``mac_many_triton``:
+  every giant step of a product (rows of weights, absent ones left out) in one launch, the
+  weights read in place through a table of addresses, once per tile of a batch's rows. Twin:
+  ``mac_torch`` per row.
 * ``sub_mul_const``: ``(x - r) * c mod q_i`` with a per-limb constant ``c``, the tail of
   ``rns.rescale`` and ``rns.mod_down`` after their NTT.
 
@@ -36,7 +39,8 @@ from veil.kernels import ckks_cpu
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy, use_triton
 
-__all__ = ["add_triton", "key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_torch", "mac_triton", "sub_mul_const",
+__all__ = ["add_triton", "key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_many_layout", "mac_many_triton",
+           "mac_torch", "mac_triton", "sub_mul_const",
            "sub_mul_const_torch", "sub_mul_const_triton"]
 
 _BLOCK = 1024
@@ -274,6 +278,121 @@ def kernel_takes_mac(a, w) -> bool:
         return all(x.dim() == 2 for x in w)
     return (a[0].device.type == "cpu" and ckks_cpu.available() and len({x.shape for x in w}) == 1
             and ckks_cpu.row_weights(a[0].shape, w[0].shape) is not None)
+
+
+# ---- every giant step of a product: rows of weights against the same terms ---------------------
+@triton.jit
+def _mac_rows_sum(a_ptr, terms_ptr, addr_ptr, start, end, r, wr, limb, x, mask, per_reduce, q, qinv,
+                  sa_k, sa_r, sa_i, sw_b, sw_i, WIDE: tl.constexpr, RB: tl.constexpr, BLOCK: tl.constexpr):
+    acc = tl.zeros([RB, BLOCK], dtype=tl.int64)
+    held = 0  # as in _mac_sum
+    for j in range(start, end):
+        if held == per_reduce:
+            acc = reduce_lazy(acc, q, qinv)
+            held = 1
+        k = tl.load(terms_ptr + j)
+        w_base = tl.load(addr_ptr + j).to(tl.pointer_type(tl.int64))
+        w = tl.load(w_base + wr[:, None] * sw_b + limb * sw_i + x[None, :], mask=mask, other=0)
+        a = tl.load(a_ptr + k * sa_k + r[:, None] * sa_r + limb * sa_i + x[None, :], mask=mask, other=0)
+        acc += mul_lazy(a, w, q, qinv, WIDE)
+        held += 1
+    return acc
+
+
+@triton.jit
+def _mac_rows_kernel(a_ptr, offs_ptr, terms_ptr, addr_ptr, out_ptr, q_ptr, qinv_ptr, wide_ptr, per_reduce,
+                     limbs, n, rows_a, tiles, per_w, sa_k, sa_r, sa_i, sw_b, sw_i, so_o, so_r, so_i,
+                     RB: tl.constexpr, BLOCK: tl.constexpr):
+    # program (output row o, limb, tile of RB rows of the terms) x BLOCK coefficients: the row's
+    # terms are the CSR slice offs[o]..offs[o+1] of (term index, weight address), so an absent
+    # weight costs nothing and each weight is read in place, once for the RB rows of a tile; the
+    # tiles of one (o, limb) are neighbouring programs, which read the same weights (from L2)
+    pid = tl.program_id(0).to(tl.int64)
+    tile = pid % tiles
+    limb = (pid // tiles) % limbs
+    o = pid // (tiles * limbs)
+    x = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    r = tile * RB + tl.arange(0, RB)
+    mask = (r < rows_a)[:, None] & (x < n)[None, :]
+    wr = r // per_w  # the weight's batch row (sw_b = 0: one weight for every row)
+    q = tl.load(q_ptr + limb)
+    qinv = tl.load(qinv_ptr + limb)
+    start = tl.load(offs_ptr + o)
+    end = tl.load(offs_ptr + o + 1)
+    if tl.load(wide_ptr + limb) != 0:
+        acc = _mac_rows_sum(a_ptr, terms_ptr, addr_ptr, start, end, r, wr, limb, x, mask, per_reduce, q, qinv,
+                            sa_k, sa_r, sa_i, sw_b, sw_i, True, RB, BLOCK)
+    else:
+        acc = _mac_rows_sum(a_ptr, terms_ptr, addr_ptr, start, end, r, wr, limb, x, mask, per_reduce, q, qinv,
+                            sa_k, sa_r, sa_i, sw_b, sw_i, False, RB, BLOCK)
+    out = out_ptr + o * so_o + r[:, None] * so_r + limb * so_i + x[None, :]
+    tl.store(out, fix(reduce_lazy(acc, q, qinv), q), mask=mask)
+
+
+#: A ``_mac_rows_kernel`` tile: RB <= 2 rows of the terms (a session's c0 and c1) x BLOCK
+#: coefficients, 1,024 elements in all. ptxas (CUDA 13.4, sm_90a, 4 warps): 64 registers at
+#: 2 x 512, no spills, against 114 at 4 x 256 and more for taller tiles
+#: (benchmarks/results/2026-12-07-mac-rows), so a batch's further rows are further tiles.
+_ROWS_TILE = 1024
+_MAX_RB = 2
+
+
+def mac_many_layout(a: torch.Tensor, w: torch.Tensor) -> tuple[int, int] | None:
+    """``(per_w, sw_b)`` where ``mac_many_triton`` takes weights shaped like ``w`` against terms
+    ``a`` ``[K, *lead, L, N]``: one ``[L, N]`` plaintext for every row (``sw_b`` 0), or a batch's
+    per-row plaintexts ``[*lead[:-1], 1, L, N]`` (contiguous: ``NativeBatch.stack_plain``), the
+    weight of batch row ``b`` serving the ``per_w = lead[-1]`` rows ``b * per_w ..``. None for
+    anything else (the twin takes it)."""
+    lead = tuple(a.shape[1:-2])
+    if w.stride(-1) != 1 or w.shape[-2:] != a.shape[-2:]:
+        return None
+    if w.dim() == 2:
+        return 1, 0
+    if lead and tuple(w.shape[:-2]) == lead[:-1] + (1,) and w.is_contiguous():
+        return lead[-1], w.shape[-2] * w.shape[-1]
+    return None
+
+
+def mac_many_triton(a: torch.Tensor, rows, basis) -> torch.Tensor:
+    """``rns.mac_many`` in one launch: terms ``a`` ``[K, *lead, L, N]`` (stacked once for every
+    row), ``rows`` of K weights each (``None``: the term is left out of that row; all present
+    weights of one shape and strides, ``mac_many_layout``) -> ``[R, *lead, L, N]``. Each row
+    reads its weights in place through a table of (term, address) pairs made once per set of
+    weights (``_addresses``' cache: a product's encoded diagonals are long-lived), not stacked.
+    Same contract as ``mac_torch`` per row."""
+    present = [w for row in rows for w in row if w is not None]
+    check_triton_device(a, basis.q, *present)
+    terms, limbs, n = a.shape[0], a.shape[-2], a.shape[-1]
+    if (a.dtype != torch.int64 or a.dim() < 3 or a.shape[-2] != len(basis) or not rows or not present
+            or any(len(row) != terms for row in rows)):
+        raise ValueError(f"terms {tuple(a.shape)} and {len(rows)} rows of weights do not match [K, ..., "
+                         f"{len(basis)}, N] / rows of K")
+    layout = mac_many_layout(a, present[0])
+    if layout is None or len({(w.shape, w.stride(), w.dtype) for w in present}) != 1:
+        raise ValueError(f"weights {sorted({tuple(w.shape) for w in present})} do not share one layout "
+                         f"mac_many_triton reads against terms {tuple(a.shape)}")
+    per_w, sw_b = layout
+    a4 = _unit_last(a.reshape(terms, -1, limbs, n))
+    rows_a = a4.shape[1]
+    offs, idx = [0], []
+    for row in rows:
+        idx.extend(k for k, w in enumerate(row) if w is not None)
+        offs.append(len(idx))
+    ptrs = [w for row in rows for w in row if w is not None]
+    table = _address_table(tuple(offs) + tuple(idx), str(a.device))
+    addrs = _addresses(ptrs, a.device)
+    for into in getattr(_keeping, "lists", ()):
+        into.append(table)
+    out = torch.empty((len(rows), rows_a, limbs, n), dtype=torch.int64, device=a.device)
+    rb = min(_MAX_RB, triton.next_power_of_2(rows_a))
+    block = min(triton.next_power_of_2(n), max(16, _ROWS_TILE // rb))
+    tiles = triton.cdiv(rows_a, rb)
+    grid = (len(rows) * limbs * tiles, triton.cdiv(n, block))
+    _mac_rows_kernel[grid](
+        a4, table, table[len(offs):], addrs, out, _col(basis.q), _col(basis.qinv), basis.wide_limbs,
+        _per_reduce(basis), limbs, n, rows_a, tiles, per_w, a4.stride(0), a4.stride(1), a4.stride(2), sw_b,
+        present[0].stride(-2), out.stride(0), out.stride(1), out.stride(2), RB=rb, BLOCK=block, **NO_FMA)
+    return out.view(len(rows), *a.shape[1:])
 
 
 # ---- ciphertext addition: x + y --------------------------------------------------------------

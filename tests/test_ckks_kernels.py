@@ -224,6 +224,42 @@ def test_mac_equals_twin_and_the_sum_of_products(name):
 
 
 @pytest.mark.parametrize("name", list(BASES))
+@pytest.mark.parametrize("lead", [(2,), (3, 2), (24, 2)], ids=["session", "batch3", "batch24"])
+def test_mac_many_equals_twin_per_row(name, lead):
+    """Every giant step of a product in one launch (``mac_many_triton``) = ``mac_torch`` per row:
+    rows with terms left out (one row with a single term, one with all), against shared ``[L, N]``
+    weights (some views into one larger tensor, as a product's encoded diagonals) and against a
+    batch's per-row ``[B, 1, L, N]`` weights; 9 terms, so the 60-bit limbs reduce mid-way; 48 rows
+    of terms (24 sessions) span two tiles of rows."""
+    primes, n, terms = BASES[name][:4], 256, 9
+    basis = Basis.of(primes)
+    a = _residues(primes, (terms, *lead), n, seed=11)
+    big = _residues(primes, (2 * terms,), n, seed=12)
+    shared = [big[2 * k] if k % 2 else _residues(primes, (), n, seed=20 + k) for k in range(terms)]
+    holes = [[w if k % 3 != r else None for k, w in enumerate(shared)] for r in range(3)]
+    rows = [*holes, [None] * (terms - 1) + [shared[-1]], shared]
+    per_row = [_residues(primes, (*lead[:-1], 1), n, seed=40 + k) for k in range(terms)] if len(lead) > 1 else None
+    cases = [rows] + ([[[w if k != 4 else None for k, w in enumerate(per_row)], per_row]] if per_row else [])
+    for case in cases:
+        got = ckks_ops.mac_many_triton(a, case, basis)
+        assert got.shape == (len(case), *a.shape[1:])
+        for o, row in enumerate(case):
+            keep = [k for k, w in enumerate(row) if w is not None]
+            want = ckks_ops.mac_torch(a[keep], [row[k] for k in keep], basis)
+            assert torch.equal(got[o], want), (o, keep)
+    assert torch.equal(ckks_ops.mac_many_triton(a, [shared], basis)[0], ckks_ops.mac_triton(a, torch.stack(shared), basis))
+    # 20 lazy products of (q-1)/2 each, all of one sign: without the mid-way reductions the
+    # int64 sum would pass 2^63 on the 60-bit limbs (random terms cancel and would not show it)
+    q = torch.tensor(primes).view(-1, 1)
+    half = ((q - 1) // 2).expand(len(primes), n).expand(20, *lead, len(primes), n)
+    got = ckks_ops.mac_many_triton(half, [[torch.ones(len(primes), n, dtype=torch.int64)] * 20], basis)[0]
+    exact = torch.tensor([(p - 1) // 2 * 20 % p for p in primes]).view(-1, 1)  # Python ints: no wrap
+    assert torch.equal(got, exact.expand_as(got))
+    with pytest.raises(ValueError, match="layout"):  # one weight of another shape
+        ckks_ops.mac_many_triton(a, [shared[:-1] + [big[:2]]], basis)
+
+
+@pytest.mark.parametrize("name", list(BASES))
 def test_sub_mul_const_equals_twin(name):
     primes, n = BASES[name], 256
     basis = Basis.of(primes)
@@ -314,6 +350,9 @@ for one_launch in (0, 10**6):  # launches per group of stages, then a program pe
         ckks_ntt.ntt_triton(NttTables(wide60, n), z[0, :2, :2], inverse)
 ckks_ops.key_inner_triton(z[:1], z, basis)
 ckks_ops.mac_triton(z, z[0, :2].expand(2, 4, n), basis)
+ckks_ops.mac_many_triton(z[:, :2], [[z[0, 0], None], [z[1, 0], z[1, 1]]], basis)  # a session: 2 rows of terms
+rows16 = torch.zeros(2, 16, 2, 4, n, dtype=torch.int64)  # 16 sessions' per-row weights: 32 rows of terms
+ckks_ops.mac_many_triton(rows16, [[torch.zeros(16, 1, 4, n, dtype=torch.int64)] * 2], basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis)
 ckks_ops.sub_mul_const_triton(z[0], z[0], basis.const(torch.ones(4, 1, dtype=torch.int64)), basis, z[0, :1])
 ckks_ops.add_triton(z[0], z[0], basis)
@@ -334,7 +373,7 @@ for kernel, bound in launches:
     assert "fma.rn.f64" not in ptx and (not products or "mul.lo.s64" in ptx and "cvt.rmi.f64.f64" in ptx), key
     print("ok", key)
 assert {k[0] for k in seen} == {"_ntt_kernel", "_ntt_row_kernel", "_key_inner_kernel", "_mac_kernel",
-                                "_sub_mul_kernel", "_add_kernel"}
+                                "_mac_rows_kernel", "_sub_mul_kernel", "_add_kernel"}
 ntt = [dict(k[1]) for k in seen if k[0] == "_ntt_kernel"]
 assert {c["STAGES"] for c in ntt} == {1, 2, 4} and {c["LAST"] for c in ntt} == {0, 1, 2}
 assert {c["LIFT"] for c in ntt} == {False, True}
@@ -361,7 +400,8 @@ def test_ckks_kernels_compile_for_sm90():
 # ---- the CUDA code path of whole operations, on the CPU --------------------------------------------
 def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeypatch):
     """Rotations (single, hoisted, and a two-session batch's per-row keys), ct x ct with its
-    relinearization and rescale, an addition and a ct x pt product take the Triton kernels (interpreted) through the backend, as on
+    relinearization and rescale, an addition, a ct x pt product and a product's giant steps
+    (``dot_plain_many``: one session's, a batch's with shared and per-row plaintexts) take the Triton kernels (interpreted) through the backend, as on
     a GPU: every NTT over all runs of limbs in one launch per group of stages, a hoisted set's
     keys (and a batch's per-row keys) read in place by one key-switch launch, the tables of
     each level's view. Bit for bit what the CPU path gives. Test-only N=8192 set."""
@@ -380,6 +420,16 @@ def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeyp
         ops = [server.rotate(a, 1), *server.rotate_many(a, steps), server.multiply(a, b),
                server.add(a, b), server.multiply_plain(a, pt)]
         ops += batch.unstack(batch.rotate_many(batch.stack(cts), steps[:2])[1])
+        # a product's giant steps (rows with terms left out), one session's and a batch's
+        # against shared and per-row plaintexts: one _mac_rows_kernel launch each
+        pts = [server.encode(np.linspace(-1, 1, p.slot_count) * (k + 1) / 4, level=server.level(a)) for k in range(3)]
+        ops += server.dot_plain_many([a, *server.rotate_many(a, steps[:2])], [[pts[0], None, pts[2]], [None, pts[1], None]])
+        sb = batch.stack(cts)
+        terms = [sb, *batch.rotate_many(sb, steps[:2])]
+        rows = batch.stack_plain(pts[:2]), batch.stack_plain(pts[1:])
+        for out in (*batch.dot_plain_many(terms, [[rows[0], None, rows[1]], [None, rows[1], rows[0]]]),
+                    *batch.dot_plain_many(terms, [[pts[2], pts[0], None]])):
+            ops += batch.unstack(out)
         return [server._unwrap(ct).data for ct in ops]
 
     want = run()
@@ -392,6 +442,7 @@ def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeyp
     monkeypatch.setattr(ckks_ntt, "check_triton_device", lambda *t: None)
     monkeypatch.setattr(ckks_ops, "check_triton_device", lambda *t: None)
     got = run()
-    assert launches.count("_key_inner_kernel") == 4  # rotate, the hoisted set, relinearize, the batch's set
+    assert launches.count("_key_inner_kernel") == 6  # rotate, the hoisted sets (3), relinearize, the batch's set
+    assert launches.count("_mac_rows_kernel") == 3
     for w, g in zip(want, got, strict=True):
         assert torch.equal(w, g)

@@ -128,6 +128,28 @@ def test_cuda_session_batch_equals_each_cpu_row(servers):
         assert gpu.serialize(row) == cpu.serialize(fn(cpu, cpu.deserialize(up)))
 
 
+def test_cuda_batch_per_row_plaintexts_equal_each_cpu_row(servers):
+    """A batch's giant steps against per-row plaintexts (the shuffled FFN's products, one
+    ``mac_many_triton`` launch on the GPU) give each row the bytes the CPU server gives it alone."""
+    client, cpu, gpu = servers
+    rng = np.random.default_rng(10)
+    ups = [client.encrypt_to_bytes(rng.standard_normal(SLOTS) * 0.5) for _ in range(2)]
+    level = cpu.level(cpu.deserialize(ups[0]))
+    pts = [[cpu.encode(rng.standard_normal(SLOTS) * 0.5, level=level) for _ in range(2)] for _ in range(2)]  # [row][term]
+
+    def fn(s, terms, rows):
+        outs = s.dot_plain_many([terms, s.rotate(terms, 1)], rows)
+        return s.add(*(s.rescale(c) for c in outs))
+
+    batch = gpu.batched([gpu, gpu])
+    per_term = [batch.stack_plain([_to(gpu, pts[b][k]) for b in range(2)]) for k in range(2)]
+    got = batch.unstack(fn(batch, batch.stack([gpu.deserialize(u) for u in ups]),
+                           [[per_term[0], None], per_term]))
+    for b, (up, row) in enumerate(zip(ups, got, strict=True)):
+        want = fn(cpu, cpu.deserialize(up), [[pts[b][0], None], pts[b]])
+        assert gpu.serialize(row) == cpu.serialize(want)
+
+
 def test_cuda_encoding_matches_cpu(servers):
     """The two devices' encodings are one polynomial up to their FFTs' rounding: no coefficient
     differs by more than 1, and few differ at all."""

@@ -148,9 +148,14 @@ def mac(a, w, basis: Basis, compile: bool = False) -> torch.Tensor:
 def mac_many(a, rows, basis: Basis, compile: bool = False) -> list[torch.Tensor]:
     """``mac`` of the same terms ``a`` against each row of weights (one per term; None leaves
     the term out of that row). On the CPU one C call (``ckks_cpu.mac_many_cpu``) reads each
-    block of the terms once for all rows, an absent weight meeting zeros; elsewhere a ``mac``
-    per row."""
+    block of the terms once for all rows, an absent weight meeting zeros; on CUDA one launch
+    (``ckks_ops.mac_many_triton``) for every row, the terms stacked once and each weight read in
+    place, a batch's shared or per-row plaintexts alike; elsewhere a ``mac`` per row."""
     ws = [w for row in rows for w in row if w is not None]
+    if (use_triton(a[0]) and ws and len({(w.shape, w.stride()) for w in ws}) == 1
+            and ckks_ops.mac_many_layout(a[0][None], ws[0]) is not None):
+        stacked = a if torch.is_tensor(a) else torch.stack(list(a))
+        return list(ckks_ops.mac_many_triton(stacked, rows, basis).unbind(0))
     if a[0].device.type == "cpu" and ckks_ops.kernel_takes_mac(a, ws):
         zero = torch.zeros_like(ws[0]) if len(ws) < len(a) * len(rows) else None
         full = [[zero if w is None else w for w in row] for row in rows]

@@ -1,0 +1,75 @@
+"""One protected layer's server work on the CUDA code path, counted on the CPU
+(``../2026-11-28-ntt-launches/layer_count.py``: ``protected_bench``, native, layers 10-11,
+context 16, every Triton launcher a counter around its twin), with ``mac_many_triton`` counted
+too, and the bytes that ``torch.stack`` copies from the server's Python (a product's terms and
+weights stacked for the ct x pt kernels) added up per layer.
+
+    cd benchmarks/results/2026-12-07-mac-rows
+    PYTHONSAFEPATH=1 python census.py            # this commit: a product's giant steps in one launch
+    PYTHONSAFEPATH=1 python census.py --before   # the dispatch before it: a `mac` launch per giant step
+
+On CPU tensors ``rns.mac_many`` took its CPU branch even with the CUDA dispatch forced (the C
+kernel's twin, uncounted), so the earlier censuses (``../2026-11-28-ntt-launches``,
+``../2026-12-06-op-graphs``) left a product's giant steps out; ``--before`` runs the CUDA
+branch as it was.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-11-28-ntt-launches"))
+import layer_count  # noqa: E402  (first: it turns the C kernels off and patches the launchers)
+import torch  # noqa: E402
+
+from veil.kernels import ckks_ops  # noqa: E402
+
+
+def _rows_twin(a, rows, basis):
+    outs = []
+    for row in rows:
+        keep = [k for k, w in enumerate(row) if w is not None]
+        outs.append(ckks_ops.mac_torch(a[keep], [row[k] for k in keep], basis))
+    return torch.stack(outs)
+
+
+ckks_ops.mac_many_triton = layer_count.counted("mac_rows", lambda *a: 1, _rows_twin)
+if "--before" in sys.argv:  # rns.mac_many's CUDA branch before this commit: a `mac` per row (giant step)
+    from veil.crypto.native import rns
+
+    def mac_many_before(a, rows, basis, compile=False):
+        return [rns.mac([t for t, w in zip(a, row, strict=True) if w is not None], [w for w in row if w is not None],
+                        basis, compile) for row in rows]
+
+    rns.mac_many = mac_many_before
+
+stacked = {"bytes": 0, "calls": 0}
+_stack = torch.stack
+
+
+def stack(tensors, *a, **kw):
+    out = _stack(tensors, *a, **kw)
+    if layer_count.state["server"] and not layer_count.state["inside"]:
+        stacked["bytes"] += out.numel() * out.element_size()
+        stacked["calls"] += 1
+    return out
+
+
+torch.stack = stack
+_handle = layer_count.ProtectedExecutor.handle
+per_msg = []
+
+
+def handle(self, msg):
+    stacked.update(bytes=0, calls=0)
+    try:
+        return _handle(self, msg)
+    finally:
+        per_msg.append(dict(stacked))
+
+
+layer_count.ProtectedExecutor.handle = handle
+if __name__ == "__main__":
+    layer_count.main([a for a in sys.argv[1:] if a != "--before"])
+    layer = per_msg[-3:]  # the first layer's cycle, as layer_count counts it
+    print(f"# one layer: torch.stack from the server's Python {sum(m['calls'] for m in layer)} calls, "
+          f"{sum(m['bytes'] for m in layer) / 1e6:.1f} MB")
