@@ -78,9 +78,10 @@ class Ciphertext:
 
 class Plaintext:
     """Opaque handle of one encoded plaintext: a slot vector at a level and scale (immutable:
-    ``nonzero`` caches a backend's check that it is not all zero, None until checked)."""
+    ``nonzero`` caches a backend's check that it is not all zero, None until checked; a batch's
+    stacked plaintext also keeps its rows' checks in ``row_nonzero``, for the rows it gives back)."""
 
-    __slots__ = ("_obj", "params_id", "level", "scale", "nbytes", "nonzero")
+    __slots__ = ("_obj", "params_id", "level", "scale", "nbytes", "nonzero", "row_nonzero")
 
     def __init__(self, obj: object, params_id: str, level: int, scale: float, nbytes: int) -> None:
         self._obj = obj
@@ -89,6 +90,7 @@ class Plaintext:
         self.scale = scale
         self.nbytes = nbytes
         self.nonzero: bool | None = None
+        self.row_nonzero: tuple[bool, ...] | None = None
 
     def __repr__(self) -> str:
         return f"Plaintext(params={self.params_id!r}, level={self.level}, scale=2^{np.log2(self.scale):.1f})"

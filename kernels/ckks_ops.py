@@ -261,14 +261,19 @@ def mac_triton(a: torch.Tensor, w: torch.Tensor, basis) -> torch.Tensor:
 
 
 def mac(a, w, basis) -> torch.Tensor:
-    """:func:`mac_torch`, in one kernel: Triton on CUDA tensors (``use_triton``) when every
-    weight is one ``[L, N]`` plaintext (a batch's per-row weights take the twin there), C on
-    CPU tensors (``ckks_cpu``, where it could be built) for those and for per-row weights."""
+    """:func:`mac_torch`, in one kernel: on CUDA tensors (``use_triton``) ``_mac_kernel`` when
+    every weight is one ``[L, N]`` plaintext, ``_mac_rows_kernel`` for a batch's per-row weights
+    (``mac_many_layout``); C on CPU tensors (``ckks_cpu``, where it could be built) for both."""
     if kernel_takes_mac(a, w):
         if a[0].device.type == "cpu":
             return ckks_cpu.mac_cpu(basis.primes, list(a), list(w))
         return mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
                           w if torch.is_tensor(w) else torch.stack(list(w)), basis)
+    term = a.shape[1:] if torch.is_tensor(a) else a[0].shape  # (no select op for a stacked a)
+    if use_triton(a[0]) and len({(x.shape, x.stride()) for x in w}) == 1 and mac_many_layout(term, w[0]):
+        # a batch's per-row operands (ct x ct's polynomials, per-session plaintexts): one row of
+        # the rows kernel, where the twin would launch a dozen torch kernels per term
+        return mac_many_triton(a if torch.is_tensor(a) else torch.stack(list(a)), [list(w)], basis)[0]
     return mac_torch(a, w, basis)
 
 
@@ -337,19 +342,22 @@ _ROWS_TILE = 1024
 _MAX_RB = 2
 
 
-def mac_many_layout(a: torch.Tensor, w: torch.Tensor) -> tuple[int, int] | None:
-    """``(per_w, sw_b)`` where ``mac_many_triton`` takes weights shaped like ``w`` against terms
-    ``a`` ``[K, *lead, L, N]``: one ``[L, N]`` plaintext for every row (``sw_b`` 0), or a batch's
+def mac_many_layout(term: torch.Size, w: torch.Tensor) -> tuple[int, int] | None:
+    """``(per_w, sw_b)`` where ``mac_many_triton`` takes weights shaped like ``w`` against terms of
+    shape ``term`` ``[*lead, L, N]``: one ``[L, N]`` plaintext for every row (``sw_b`` 0); a batch's
     per-row plaintexts ``[*lead[:-1], 1, L, N]`` (contiguous: ``NativeBatch.stack_plain``), the
-    weight of batch row ``b`` serving the ``per_w = lead[-1]`` rows ``b * per_w ..``. None for
-    anything else (the twin takes it)."""
-    lead = tuple(a.shape[1:-2])
-    if w.stride(-1) != 1 or w.shape[-2:] != a.shape[-2:]:
+    weight of batch row ``b`` serving the ``per_w = lead[-1]`` rows ``b * per_w ..``; or one
+    weight per row ``[R, L, N]`` against ``lead = (R,)`` (a batch's ct x ct: each row's
+    polynomial, rows ``sw_b`` apart). None for anything else (the twin takes it)."""
+    lead = tuple(term[:-2])
+    if w.stride(-1) != 1 or w.shape[-2:] != term[-2:]:
         return None
     if w.dim() == 2:
         return 1, 0
     if lead and tuple(w.shape[:-2]) == lead[:-1] + (1,) and w.is_contiguous():
         return lead[-1], w.shape[-2] * w.shape[-1]
+    if w.dim() == 3 and tuple(w.shape[:-2]) == lead:  # one per row, any stride between rows (ct x ct's c0s)
+        return 1, w.stride(0)
     return None
 
 
@@ -367,7 +375,7 @@ def mac_many_triton(a: torch.Tensor, rows, basis) -> torch.Tensor:
             or any(len(row) != terms for row in rows)):
         raise ValueError(f"terms {tuple(a.shape)} and {len(rows)} rows of weights do not match [K, ..., "
                          f"{len(basis)}, N] / rows of K")
-    layout = mac_many_layout(a, present[0])
+    layout = mac_many_layout(a.shape[1:], present[0])
     if layout is None or len({(w.shape, w.stride(), w.dtype) for w in present}) != 1:
         raise ValueError(f"weights {sorted({tuple(w.shape) for w in present})} do not share one layout "
                          f"mac_many_triton reads against terms {tuple(a.shape)}")

@@ -218,6 +218,29 @@ def test_rows_encoded_together_stack_without_a_copy(rows):
     assert again._obj.data_ptr() == st._obj.data_ptr() and torch.equal(again._obj, st._obj)
 
 
+def test_a_stacked_plaintext_takes_its_zero_check_from_its_rows(rows):
+    """``stack_plain`` carries the rows' all-zero checks (``encode_many`` makes them once per
+    chunk), so a product with it does not check the device tensor again, a host sync per stacked
+    diagonal per step on a GPU; the flag is what that check would give (any row nonzero), and
+    unknown where a row's is. The rows it gives back keep their own checks."""
+    be = rows[0][1]
+    batch = NativeBatch([be] * 2)
+    vals = np.zeros((4, 16))
+    vals[1, 3] = 1.0
+    zero, one, zero2, one2 = be.encode_many(vals, 2)
+    for pts, want in (([zero, one], True), ([zero, zero2], False), ([one2, one], True)):
+        st = batch.stack_plain(pts)
+        assert st.nonzero is want and bool(st._obj.any()) is want
+    back = batch.unstack_plain(batch.stack_plain([zero, one]))  # a session's W_down between its steps
+    assert [p.nonzero for p in back] == [False, True] and batch.stack_plain(back).nonzero is True
+    fresh = be.encode(vals[1], level=2)
+    assert fresh.nonzero is None and batch.stack_plain([one, fresh]).nonzero is None
+    assert [p.nonzero for p in batch.unstack_plain(batch.stack_plain([one, fresh]))] == [None, None]
+    ct = batch.stack([be.deserialize(rows[0][0].encrypt_to_bytes(np.ones(SLOTS), level=2))] * 2)
+    with pytest.raises(HEError, match="all-zero"):
+        batch.multiply_plain(ct, batch.stack_plain([zero, zero2]))
+
+
 def test_one_sessions_positions_as_rows_use_its_own_keys(rows):
     """A prefill span's products (``Circuit.matvecs`` where a batch pays): the rows are one
     session's positions, so the batch holds that session's keys themselves (one key read for all

@@ -97,12 +97,19 @@ class NativeBatch(RowBatch, NativeBackend):
         rows = [p._obj for p in pts]
         m = _adjacent_rows(rows)
         m = (torch.stack(rows) if m is None else m).unsqueeze(1)
-        return Plaintext(m, self.params.id, pts[0].level, pts[0].scale, m.numel() * 8)
+        out = Plaintext(m, self.params.id, pts[0].level, pts[0].scale, m.numel() * 8)
+        flags = tuple(p.nonzero for p in pts)
+        if None not in flags:  # the products' all-zero check from the rows' (encode_many's), not a
+            out.nonzero, out.row_nonzero = any(flags), flags  # host sync per stacked diagonal per step
+        return out
 
     def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
         """Views of the rows (a row's plaintexts are read until its next step, then dropped)."""
         m = pt._obj
-        return [Plaintext(m[b, 0], self.params.id, pt.level, pt.scale, pt.nbytes // m.shape[0]) for b in range(m.shape[0])]
+        rows = [Plaintext(m[b, 0], self.params.id, pt.level, pt.scale, pt.nbytes // m.shape[0]) for b in range(m.shape[0])]
+        for row, flag in zip(rows, pt.row_nonzero or (), strict=False):  # restacked at the next step
+            row.nonzero = flag
+        return rows
 
 
 def _adjacent_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor | None:

@@ -128,9 +128,9 @@ def add(x: torch.Tensor, y: torch.Tensor, basis: Basis) -> torch.Tensor:
 def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
     """ct x pt: ``c`` ``[..., L, N]`` times a plaintext ``m`` (``[L, N]``, or a batch's per-row
     ``[B, 1, L, N]``) in ``[0, q)``: the multiply-accumulate with one term (C on the CPU,
-    Triton on CUDA: one pass where ``Basis.mul`` makes a dozen eager ones); ``Basis.mul``
-    elsewhere."""
-    if ckks_ops.kernel_takes_mac([c], [m]):
+    Triton on CUDA, a batch's per-row plaintexts through the rows kernel: one pass where
+    ``Basis.mul`` makes a dozen eager ones); ``Basis.mul`` elsewhere."""
+    if ckks_ops.kernel_takes_mac([c], [m]) or (use_triton(c) and ckks_ops.mac_many_layout(c.shape, m) is not None):
         return ckks_ops.mac(c.unsqueeze(0), m.unsqueeze(0), basis)
     return basis.mul(c, m)
 
@@ -153,7 +153,7 @@ def mac_many(a, rows, basis: Basis, compile: bool = False) -> list[torch.Tensor]
     place, a batch's shared or per-row plaintexts alike; elsewhere a ``mac`` per row."""
     ws = [w for row in rows for w in row if w is not None]
     if (use_triton(a[0]) and ws and len({(w.shape, w.stride()) for w in ws}) == 1
-            and ckks_ops.mac_many_layout(a[0][None], ws[0]) is not None):
+            and ckks_ops.mac_many_layout(a[0].shape, ws[0]) is not None):
         stacked = a if torch.is_tensor(a) else torch.stack(list(a))
         return list(ckks_ops.mac_many_triton(stacked, rows, basis).unbind(0))
     if a[0].device.type == "cpu" and ckks_ops.kernel_takes_mac(a, ws):

@@ -40,10 +40,17 @@ def run_batch(self, msgs):
 
 
 ProtectedExecutor._run_batch = run_batch
-protected_sessions.main(["--sessions", "2", "--warmup", "1", "--out", "bench_out/batch_census.json"])
-step = rows[len(rows) // 2:]  # the timed step (the first half: the warm-up step)
-for kind, layer, n, by_kernel, total, n_ops, stacked in step:
-    print(f"# {kind} layer {layer} ({n} sessions): {total} Triton launches {by_kernel}; {n_ops} torch ops; "
-          f"torch.stack {stacked / 1e6:.1f} MB")
-print(f"# the step: {sum(r[4] for r in step)} Triton launches, {sum(r[5] for r in step)} torch ops, "
-      f"torch.stack {sum(r[6] for r in step) / 1e6:.1f} MB")
+
+
+def main() -> None:
+    protected_sessions.main(["--sessions", "2", "--warmup", "1", "--out", "bench_out/batch_census.json"])
+    step = rows[len(rows) // 2:]  # the timed step (the first half: the warm-up step)
+    for kind, layer, n, by_kernel, total, n_ops, stacked in step:
+        print(f"# {kind} layer {layer} ({n} sessions): {total} Triton launches {by_kernel}; {n_ops} torch ops; "
+              f"torch.stack {stacked / 1e6:.1f} MB")
+    print(f"# the step: {sum(r[4] for r in step)} Triton launches, {sum(r[5] for r in step)} torch ops, "
+          f"torch.stack {sum(r[6] for r in step) / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -33,7 +33,22 @@ def _rows_twin(a, rows, basis):
 
 
 ckks_ops.mac_many_triton = layer_count.counted("mac_rows", lambda *a: 1, _rows_twin)
-if "--before" in sys.argv:  # rns.mac_many's CUDA branch before this commit: a `mac` per row (giant step)
+_mac_before = ckks_ops.mac  # layer_count's stand-in for the CUDA branch of ckks_ops.mac before this commit
+
+
+def mac_now(a, w, basis):
+    """``ckks_ops.mac``'s CUDA branch as of this commit (its CPU test, which CPU tensors would
+    take, left out as layer_count's stand-in does): a batch's per-row operands (ct x ct's
+    polynomials, per-session plaintexts) through the rows kernel, not the twin."""
+    if not all(x.dim() == 2 for x in w) and len({(x.shape, x.stride()) for x in w}) == 1 \
+            and ckks_ops.mac_many_layout(a.shape[1:] if torch.is_tensor(a) else a[0].shape, w[0]):
+        return ckks_ops.mac_many_triton(a if torch.is_tensor(a) else torch.stack(list(a)), [list(w)], basis)[0]
+    return _mac_before(a, w, basis)
+
+
+ckks_ops.mac = mac_now
+if "--before" in sys.argv:
+    ckks_ops.mac = _mac_before  # rns.mac_many's CUDA branch before this commit: a `mac` per row (giant step)
     from veil.crypto.native import rns
 
     def mac_many_before(a, rows, basis, compile=False):
