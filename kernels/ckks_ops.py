@@ -376,7 +376,7 @@ def mac_many_triton(a: torch.Tensor, rows, basis) -> torch.Tensor:
         raise ValueError(f"terms {tuple(a.shape)} and {len(rows)} rows of weights do not match [K, ..., "
                          f"{len(basis)}, N] / rows of K")
     layout = mac_many_layout(a.shape[1:], present[0])
-    if layout is None or len({(w.shape, w.stride(), w.dtype) for w in present}) != 1:
+    if layout is None or present[0].dtype != torch.int64 or len({(w.shape, w.stride(), w.dtype) for w in present}) != 1:
         raise ValueError(f"weights {sorted({tuple(w.shape) for w in present})} do not share one layout "
                          f"mac_many_triton reads against terms {tuple(a.shape)}")
     per_w, sw_b = layout
@@ -386,9 +386,8 @@ def mac_many_triton(a: torch.Tensor, rows, basis) -> torch.Tensor:
     for row in rows:
         idx.extend(k for k, w in enumerate(row) if w is not None)
         offs.append(len(idx))
-    ptrs = [w for row in rows for w in row if w is not None]
     table = _address_table(tuple(offs) + tuple(idx), str(a.device))
-    addrs = _addresses(ptrs, a.device)
+    addrs = _addresses(present, a.device)
     for into in getattr(_keeping, "lists", ()):
         into.append(table)
     out = torch.empty((len(rows), rows_a, limbs, n), dtype=torch.int64, device=a.device)
