@@ -140,7 +140,15 @@ def keep_tables(into: list):
 
 @functools.lru_cache(maxsize=4096)
 def _address_table(addresses: tuple[int, ...], device: str) -> torch.Tensor:
-    return torch.tensor(addresses, dtype=torch.int64, device=device)
+    host = torch.tensor(addresses, dtype=torch.int64)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    if torch.cuda.is_current_stream_capturing():  # a graph would copy from a host buffer reused later:
+        raise RuntimeError("an address table made during a CUDA graph capture")  # that name runs eagerly
+    # through pinned memory, queued behind the stream's work: a copy from pageable memory would
+    # wait for that work first (engine/host.py), and a batch's ct x ct or a shuffled layer's
+    # product makes a table of fresh addresses at every call
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def key_inner_sets_triton(d: torch.Tensor, sets, basis) -> torch.Tensor:

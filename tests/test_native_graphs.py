@@ -248,6 +248,23 @@ def test_a_graph_reads_its_address_tables_after_the_cache_dropped_them(pair):
 
 
 @cuda
+def test_an_address_table_made_while_capturing_leaves_the_name_eager():
+    """A table of addresses the cache lacks when a capture reaches it (copied from pinned host
+    memory, which a replay would read again after its reuse) fails that capture: the name runs
+    eagerly, with the right result."""
+    graphs, fresh = G.OpGraphs(torch.device("cuda")), iter(range(1 << 30))
+
+    def fn(x):
+        table = ckks_ops._address_table((next(fresh), x.data_ptr()), "cuda")  # a miss at every call
+        return x + table[1:] * 0 + 1
+
+    x = torch.arange(8, device="cuda")
+    for _ in range(3):
+        assert torch.equal(graphs.run(("f",), fn, x), x + 1)
+    assert graphs.captures == 0 and graphs.replays == 0
+
+
+@cuda
 def test_out_of_memory_while_capturing_fails_the_call_and_the_next_call_captures():
     """An out-of-memory error during a capture reaches the caller (the server's 503) without
     leaving the name eager; a later call captures it."""
