@@ -35,11 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
+from veil.engine.host import to_device
 from veil.kernels import ckks_cpu
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy, use_triton
 
-__all__ = ["add_triton", "key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_many_layout", "mac_many_triton",
+__all__ = ["add_triton", "key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_many_layout", "mac_many_triton", "rows_kernel_layout",
            "mac_torch", "mac_triton", "sub_mul_const",
            "sub_mul_const_torch", "sub_mul_const_triton"]
 
@@ -116,7 +117,13 @@ def _addresses(tensors: list[torch.Tensor], device) -> torch.Tensor:
     """The data addresses of ``tensors`` as an int64 tensor on ``device`` (a kernel's table of
     operands that are not one tensor), made once per set of addresses: a session's keys are
     long-lived, so a key switch does not pay a host-to-device copy for its table."""
-    table = _address_table(tuple(t.data_ptr() for t in tensors), str(device))
+    return _table(tuple(t.data_ptr() for t in tensors), device)
+
+
+def _table(values: tuple[int, ...], device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, cached, and held by the graphs being
+    captured on this thread (``keep_tables``)."""
+    table = _address_table(values, str(device))
     for into in getattr(_keeping, "lists", ()):
         into.append(table)
     return table
@@ -140,15 +147,13 @@ def keep_tables(into: list):
 
 @functools.lru_cache(maxsize=4096)
 def _address_table(addresses: tuple[int, ...], device: str) -> torch.Tensor:
-    host = torch.tensor(addresses, dtype=torch.int64)
-    if torch.device(device).type != "cuda":
-        return host.to(device)
-    if torch.cuda.is_current_stream_capturing():  # a graph would copy from a host buffer reused later:
-        raise RuntimeError("an address table made during a CUDA graph capture")  # that name runs eagerly
-    # through pinned memory, queued behind the stream's work: a copy from pageable memory would
-    # wait for that work first (engine/host.py), and a batch's ct x ct or a shuffled layer's
-    # product makes a table of fresh addresses at every call
-    return host.pin_memory().to(device, non_blocking=True)
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():  # a graph would copy from a
+        raise RuntimeError("an address table made during a CUDA graph capture")  # host buffer reused later
+    # queued through pinned memory (a copy from pageable memory would wait for the stream's work
+    # first), as a batch's ct x ct or a shuffled layer's product makes a table of fresh addresses
+    # at every call
+    return to_device(list(addresses), dev, torch.int64)
 
 
 def key_inner_sets_triton(d: torch.Tensor, sets, basis) -> torch.Tensor:
@@ -277,11 +282,10 @@ def mac(a, w, basis) -> torch.Tensor:
             return ckks_cpu.mac_cpu(basis.primes, list(a), list(w))
         return mac_triton(a if torch.is_tensor(a) else torch.stack(list(a)),
                           w if torch.is_tensor(w) else torch.stack(list(w)), basis)
-    term = a.shape[1:] if torch.is_tensor(a) else a[0].shape  # (no select op for a stacked a)
-    if use_triton(a[0]) and len({(x.shape, x.stride()) for x in w}) == 1 and mac_many_layout(term, w[0]):
-        # a batch's per-row operands (ct x ct's polynomials, per-session plaintexts): one row of
-        # the rows kernel, where the twin would launch a dozen torch kernels per term
-        return mac_many_triton(a if torch.is_tensor(a) else torch.stack(list(a)), [list(w)], basis)[0]
+    layout = rows_kernel_layout(a, w)
+    if layout is not None:  # a batch's per-row operands (ct x ct's polynomials, per-session
+        # plaintexts): one row of the rows kernel, where the twin would launch a dozen torch kernels per term
+        return mac_many_triton(a if torch.is_tensor(a) else torch.stack(list(a)), [list(w)], basis, layout)[0]
     return mac_torch(a, w, basis)
 
 
@@ -369,22 +373,45 @@ def mac_many_layout(term: torch.Size, w: torch.Tensor) -> tuple[int, int] | None
     return None
 
 
-def mac_many_triton(a: torch.Tensor, rows, basis) -> torch.Tensor:
+def _shared_layout(term: torch.Size, ws) -> tuple[int, int] | None:
+    """``mac_many_layout`` where every weight of ``ws`` has the first's shape, strides, int64
+    and device (one pass over them: a product's giant steps hold ~300)."""
+    if len(ws) == 0 or ws[0].dtype != torch.int64:
+        return None
+    first = (ws[0].shape, ws[0].stride(), ws[0].dtype, ws[0].device)
+    if any((w.shape, w.stride(), w.dtype, w.device) != first for w in ws):
+        return None
+    return mac_many_layout(term, ws[0])
+
+
+def rows_kernel_layout(a, ws) -> tuple[int, int] | None:
+    """The layout ``mac_many_triton`` reads weights ``ws`` in against terms ``a`` (a list of
+    ``[*lead, L, N]`` terms, or them stacked) where it takes them: CUDA tensors, weights of one
+    layout (``mac_many_layout``); None elsewhere (the caller's other kernel or the twin). The
+    dispatch hands it to the launcher, which then checks the weights no second time."""
+    first = a if torch.is_tensor(a) else a[0]
+    if not use_triton(first):
+        return None
+    return _shared_layout(a.shape[1:] if torch.is_tensor(a) else first.shape, ws)
+
+
+def mac_many_triton(a: torch.Tensor, rows, basis, layout: tuple[int, int] | None = None) -> torch.Tensor:
     """``rns.mac_many`` in one launch: terms ``a`` ``[K, *lead, L, N]`` (stacked once for every
     row), ``rows`` of K weights each (``None``: the term is left out of that row; all present
     weights of one shape and strides, ``mac_many_layout``) -> ``[R, *lead, L, N]``. Each row
     reads its weights in place through a table of (term, address) pairs made once per set of
     weights (``_addresses``' cache: a product's encoded diagonals are long-lived), not stacked.
+    ``layout``: ``rows_kernel_layout``'s, where the dispatch has checked the weights already.
     Same contract as ``mac_torch`` per row."""
     present = [w for row in rows for w in row if w is not None]
-    check_triton_device(a, basis.q, *present)
+    check_triton_device(a, basis.q, *present[:1])  # the others share its device (the layout's check)
     terms, limbs, n = a.shape[0], a.shape[-2], a.shape[-1]
     if (a.dtype != torch.int64 or a.dim() < 3 or a.shape[-2] != len(basis) or not rows or not present
             or any(len(row) != terms for row in rows)):
         raise ValueError(f"terms {tuple(a.shape)} and {len(rows)} rows of weights do not match [K, ..., "
                          f"{len(basis)}, N] / rows of K")
-    layout = mac_many_layout(a.shape[1:], present[0])
-    if layout is None or present[0].dtype != torch.int64 or len({(w.shape, w.stride(), w.dtype) for w in present}) != 1:
+    layout = layout or _shared_layout(a.shape[1:], present)
+    if layout is None:
         raise ValueError(f"weights {sorted({tuple(w.shape) for w in present})} do not share one layout "
                          f"mac_many_triton reads against terms {tuple(a.shape)}")
     per_w, sw_b = layout
@@ -394,10 +421,8 @@ def mac_many_triton(a: torch.Tensor, rows, basis) -> torch.Tensor:
     for row in rows:
         idx.extend(k for k, w in enumerate(row) if w is not None)
         offs.append(len(idx))
-    table = _address_table(tuple(offs) + tuple(idx), str(a.device))
+    table = _table(tuple(offs) + tuple(idx), a.device)
     addrs = _addresses(present, a.device)
-    for into in getattr(_keeping, "lists", ()):
-        into.append(table)
     out = torch.empty((len(rows), rows_a, limbs, n), dtype=torch.int64, device=a.device)
     rb = min(_MAX_RB, triton.next_power_of_2(rows_a))
     block = min(triton.next_power_of_2(n), max(16, _ROWS_TILE // rb))

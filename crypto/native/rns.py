@@ -130,7 +130,7 @@ def mul_plain(c: torch.Tensor, m: torch.Tensor, basis: Basis) -> torch.Tensor:
     ``[B, 1, L, N]``) in ``[0, q)``: the multiply-accumulate with one term (C on the CPU,
     Triton on CUDA, a batch's per-row plaintexts through the rows kernel: one pass where
     ``Basis.mul`` makes a dozen eager ones); ``Basis.mul`` elsewhere."""
-    if ckks_ops.kernel_takes_mac([c], [m]) or (use_triton(c) and ckks_ops.mac_many_layout(c.shape, m) is not None):
+    if ckks_ops.kernel_takes_mac([c], [m]) or ckks_ops.rows_kernel_layout([c], [m]) is not None:
         return ckks_ops.mac(c.unsqueeze(0), m.unsqueeze(0), basis)
     return basis.mul(c, m)
 
@@ -152,10 +152,10 @@ def mac_many(a, rows, basis: Basis, compile: bool = False) -> list[torch.Tensor]
     (``ckks_ops.mac_many_triton``) for every row, the terms stacked once and each weight read in
     place, a batch's shared or per-row plaintexts alike; elsewhere a ``mac`` per row."""
     ws = [w for row in rows for w in row if w is not None]
-    if (use_triton(a[0]) and ws and len({(w.shape, w.stride()) for w in ws}) == 1
-            and ckks_ops.mac_many_layout(a[0].shape, ws[0]) is not None):
+    layout = ckks_ops.rows_kernel_layout(a, ws)
+    if layout is not None:
         stacked = a if torch.is_tensor(a) else torch.stack(list(a))
-        return list(ckks_ops.mac_many_triton(stacked, rows, basis).unbind(0))
+        return list(ckks_ops.mac_many_triton(stacked, rows, basis, layout).unbind(0))
     if a[0].device.type == "cpu" and ckks_ops.kernel_takes_mac(a, ws):
         zero = torch.zeros_like(ws[0]) if len(ws) < len(a) * len(rows) else None
         full = [[zero if w is None else w for w in row] for row in rows]

@@ -6,7 +6,8 @@ weights stacked for the ct x pt kernels) added up per layer.
 
     cd benchmarks/results/2026-12-07-mac-rows
     PYTHONSAFEPATH=1 python census.py            # this commit: a product's giant steps in one launch
-    PYTHONSAFEPATH=1 python census.py --before   # the dispatch before it: a `mac` launch per giant step
+    PYTHONSAFEPATH=1 python census.py --before   # the code before it: a `mac` launch per giant step,
+                                                 # a batch's per-row operands on the twin, zero checks per step
 
 On CPU tensors ``rns.mac_many`` took its CPU branch even with the CUDA dispatch forced (the C
 kernel's twin, uncounted), so the earlier censuses (``../2026-11-28-ntt-launches``,
@@ -24,7 +25,7 @@ import torch  # noqa: E402
 from veil.kernels import ckks_ops  # noqa: E402
 
 
-def _rows_twin(a, rows, basis):
+def _rows_twin(a, rows, basis, layout=None):
     outs = []
     for row in rows:
         keep = [k for k, w in enumerate(row) if w is not None]
@@ -40,9 +41,9 @@ def mac_now(a, w, basis):
     """``ckks_ops.mac``'s CUDA branch as of this commit (its CPU test, which CPU tensors would
     take, left out as layer_count's stand-in does): a batch's per-row operands (ct x ct's
     polynomials, per-session plaintexts) through the rows kernel, not the twin."""
-    if not all(x.dim() == 2 for x in w) and len({(x.shape, x.stride()) for x in w}) == 1 \
-            and ckks_ops.mac_many_layout(a.shape[1:] if torch.is_tensor(a) else a[0].shape, w[0]):
-        return ckks_ops.mac_many_triton(a if torch.is_tensor(a) else torch.stack(list(a)), [list(w)], basis)[0]
+    layout = None if all(x.dim() == 2 for x in w) else ckks_ops.rows_kernel_layout(a, w)
+    if layout is not None:
+        return ckks_ops.mac_many_triton(a if torch.is_tensor(a) else torch.stack(list(a)), [list(w)], basis, layout)[0]
     return _mac_before(a, w, basis)
 
 
@@ -56,6 +57,23 @@ if "--before" in sys.argv:
                         basis, compile) for row in rows]
 
     rns.mac_many = mac_many_before
+
+    def mul_plain_before(c, m, basis):  # a batch's per-session plaintexts: the twin
+        if ckks_ops.kernel_takes_mac([c], [m]):
+            return ckks_ops.mac(c.unsqueeze(0), m.unsqueeze(0), basis)
+        return basis.mul(c, m)
+
+    rns.mul_plain = mul_plain_before
+    from veil.crypto.native.batch import NativeBatch
+
+    _stack_plain = NativeBatch.stack_plain
+
+    def stack_plain_before(self, pts):  # no zero checks from the rows: each product checks again
+        out = _stack_plain(self, pts)
+        out.nonzero = out.row_nonzero = None
+        return out
+
+    NativeBatch.stack_plain = stack_plain_before
 
 stacked = {"bytes": 0, "calls": 0}
 _stack = torch.stack
