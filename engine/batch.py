@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from veil.engine.block_tables import DeviceBlockTables
-from veil.engine.host import to_device
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.sampling import SamplingParams
 from veil.engine.scheduler import Chunk
 from veil.engine.sequence import PENDING, SeqKind
+from veil.kernels.host import to_device
 
 
 @dataclass

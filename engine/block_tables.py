@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from veil.engine.host import to_device
 from veil.engine.kv_cache import BlockTable
+from veil.kernels.host import to_device
 
 
 class DeviceBlockTables:

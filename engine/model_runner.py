@@ -22,13 +22,13 @@ import torch.nn.functional as F
 
 from veil.engine.batch import PreparedBatch, StepMeta, prepare, rows_index, step_meta
 from veil.engine.block_tables import DeviceBlockTables
-from veil.engine.host import to_device
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
 from veil.engine.sampling import SamplingBatch, sample
 from veil.engine.scheduler import Chunk
 from veil.engine.sequence import SeqKind
 from veil.kernels import ops
+from veil.kernels.host import to_device
 from veil.kernels.linear import Linear
 
 

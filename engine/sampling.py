@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from veil.engine.host import to_device
+from veil.kernels.host import to_device
 
 TOP_K_MAX = (1 << 63) - 1
 

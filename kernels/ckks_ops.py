@@ -35,10 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
-from veil.engine.host import to_device
 from veil.kernels import ckks_cpu
 from veil.kernels._utils import check_triton_device
 from veil.kernels.ckks_arith import NO_FMA, fix, mul_const_lazy, mul_lazy, reduce_lazy, use_triton
+from veil.kernels.host import to_device
 
 __all__ = ["add_triton", "key_inner_sets_triton", "key_inner_triton", "use_triton", "mac", "mac_many_layout", "mac_many_triton", "rows_kernel_layout",
            "mac_torch", "mac_triton", "sub_mul_const",

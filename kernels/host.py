@@ -1,8 +1,9 @@
 """Host data to the device without waiting for it.
 
 A copy from pageable host memory synchronizes its stream first (CUDA stages such a copy only
-once the stream's earlier work is done), so a step prepared while the previous one runs would
-wait for it at its first small copy. From pinned memory the copy is queued behind that work and
+once the stream's earlier work is done), so an engine step prepared while the previous one runs
+would wait for it at its first small copy, and so would a CKKS kernel's table of addresses
+(``ckks_ops``) behind the protected step's queued kernels. From pinned memory the copy is queued behind that work and
 the host goes on; PyTorch's pinned-memory cache keeps the buffer until the copy has run.
 """
 
