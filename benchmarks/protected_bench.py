@@ -14,7 +14,9 @@ the first layer's cycle; the whole-model extrapolation (``--layers`` protected l
 FFN shuffle (the executor shuffles its first protected layer only).
 
 Prints the server time split by operation kind (matvec, ctct, rotations, refresh, flooding,
-serialization, other), the client time, bytes up and down for the layer, the output error
+serialization, other; on CUDA from one more step that waits for the device at every op kind's
+boundary, since the timed step runs as a server does, without those waits, and a kind's wall
+time there carries the queued work of earlier ones), the client time, bytes up and down for the layer, the output error
 against the plaintext blocks, one ``figure protected.<backend>.<metric> <value>`` line per
 number. ``--profile`` steps the first context once more under the torch profiler, without a
 synchronization per op kind, and reports the server's host seconds against the device seconds
@@ -100,12 +102,15 @@ def _seed_cache(ex, client, session, weights, cfg, layer, h_in, n):
     client.r[layer] = [float(np.sqrt((h_in[j] ** 2).mean() + cfg.rms_norm_eps)) for j in range(n)]
 
 
-def _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int, handle=None):
+def _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int, handle=None, synchronize: bool = False):
     """One decode step at position ``ctx - 1`` through both layers in a fresh session: the
     session, one record per round trip (upload kind, layer, server s, client s, bytes up, bytes
     down), the first layer's cycle's seconds and counts by op kind, the wall time, the output.
-    ``handle`` stands in for ``ex.handle`` (the profiled step marks each message)."""
+    ``handle`` stands in for ``ex.handle`` (the profiled step marks each message);
+    ``synchronize``: on CUDA, wait for the device at every timed boundary (protected/timing.py),
+    so that each op kind's seconds are its own, and the step is slower than a server runs it."""
     handle = handle or ex.handle
+    ex.be.synchronize = synchronize
     session = ex.new_session()
     client = ProtectedClientState(client_be, cfg, layers[0], layers[1] + 1, session.id)
     _seed_cache(ex, client, session, weights[0], cfg, layers[0], h0, ctx - 1)
@@ -149,7 +154,6 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
     layers = (args.layer, args.layer + 1)
     weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i, dims) for i in layers]
     ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
-    ex.be.synchronize = True  # on CUDA: each op kind's seconds are its own (protected/timing.py)
     fig(name, "encode_layer_s", (time.perf_counter() - t) / 2)
     fig(name, "encoded_bytes_per_layer", ex.encoded_bytes / 2)
 
@@ -164,6 +168,12 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
         before = (graphs.captures, graphs.replays) if graphs is not None else None
         session, trips, per_op, counts, by_shape, wall, nxt = _timed_step(ex, client_be, cfg, weights, layers,
                                                                           h0, h1, ctx)
+        after = (graphs.captures, graphs.replays) if graphs is not None else None
+        synced = None
+        if args.split_round:  # the split by op kind from a step that waits at every timed boundary
+            synced = _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx, synchronize=True)
+            ex.drop_session(synced[0].id)
+            per_op, counts, by_shape = synced[2:5]
         err = np.linalg.norm(nxt - ref[ctx - 1]) / np.linalg.norm(ref[ctx - 1])
         cycle = [r for r in trips if r[1] == layers[0] and r[0] != MsgKind.TOKEN]
         assert [r[0] for r in cycle] == [MsgKind.WEIGHTS, MsgKind.MLP_IN, MsgKind.REFRESHED]
@@ -172,6 +182,9 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
         up_layer, down_layer = sum(r[4] for r in cycle), sum(r[5] for r in cycle)
         tag = f"ctx{ctx}"
         fig(name, f"layer_server_s.{tag}", server)
+        if synced is not None:  # what waiting at each op kind's boundaries costs the same step
+            fig(name, f"layer_server_s.synced.{tag}",
+                sum(r[2] for r in synced[1] if r[1] == layers[0] and r[0] != MsgKind.TOKEN))
         for kind in ("matvec", "ctct", "rotations", "refresh", "flooding", "shuffle", "serialization", "other"):
             fig(name, f"layer_server_s.{kind}.{tag}", per_op.get(kind, 0.0))
         fig(name, f"layer_client_s.{tag}", t_client)
@@ -185,6 +198,7 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
         step_s = sum(r[2] + r[3] for r in trips)
         step_bytes = sum(r[4] + r[5] for r in trips)
         # the FFN shuffle is the first protected layer's alone: the middle layers do not repeat it
+        # (with a split round, its seconds are the synchronized step's: an estimate for this one)
         middle = server - per_op.get("shuffle", 0.0) + t_client
         fig(name, f"tpot_s.extrapolated.{tag}", step_s + (n - 2) * middle)
         fig(name, f"bytes_per_token.extrapolated.{tag}", step_bytes + (n - 2) * (up_layer + down_layer))
@@ -193,8 +207,8 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
             print(f"# {name} ctx {ctx}: matvec {shape}: {dt:.3f} s", flush=True)
         print(f"# {name} ctx {ctx}: counts {counts}", flush=True)
         if graphs is not None:
-            fig(name, f"graph_replays.{tag}", graphs.replays - before[1])
-            fig(name, f"graph_captures.{tag}", graphs.captures - before[0])
+            fig(name, f"graph_replays.{tag}", after[1] - before[1])
+            fig(name, f"graph_captures.{tag}", after[0] - before[0])
         if args.profile and name == "native" and ctx == int(args.contexts.split(",")[0]):
             _profiled_step(ex, client_be, cfg, weights, layers, h0, h1, ctx, args.device, tag)
 
@@ -211,14 +225,10 @@ def _profiled_step(ex, client_be, cfg, weights, layers, h0, h1, ctx: int, device
         with marked(msg.kind):
             return ex.handle(msg)
 
-    sync, ex.be.synchronize = ex.be.synchronize, False
-    try:
-        with profile(activities=activities(device)) as prof:
-            session = _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx, handle)[0]
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-    finally:
-        ex.be.synchronize = sync
+    with profile(activities=activities(device)) as prof:
+        session = _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx, handle)[0]
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
     ex.drop_session(session.id)
     s = summarize(prof.events())
     for key in ("host_s", "device_s", "device_busy_share", "kernels", "torch_ops"):
@@ -242,6 +252,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                     help="run each context's step once untimed first (default: on CUDA only, where "
                          "Triton compiles each kernel at its first shape)")
+    ap.add_argument("--split-round", action=argparse.BooleanOptionalAction, default=None,
+                    help="one more step per context, waiting for the device at every op kind's boundary, "
+                         "for the server time by op kind (default: on CUDA only, where the timed step "
+                         "runs unsynchronized, as a server runs it, and a kind's own seconds are not known)")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--profile", action="store_true",
                     help="native: one more step at the first context under the torch profiler (host vs device)")
@@ -250,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     backends = args.he_backend.split(",")
     if args.warmup is None:
         args.warmup = args.device.startswith("cuda")
+    if args.split_round is None:
+        args.split_round = args.device.startswith("cuda")
     for name in backends:
         if name not in backend_names():
             ap.error(f"unknown HE backend {name!r}")

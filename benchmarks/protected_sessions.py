@@ -16,7 +16,11 @@ clients' timed steps, no network).
 
 Per session count, the means over the timed steps (the JSON keeps each step): the step's wall
 time, the TPOT every session sees (all finish together),
-aggregate tokens/s (S / wall), server seconds by operation, the cores the server's work kept
+aggregate tokens/s (S / wall), server seconds by operation (on CUDA from one more step, with
+``--split-round``, the default there: the timed steps run as a server runs them, the host
+queueing kernels ahead of the device, so an op kind's wall time would carry the queued work of
+earlier ones; the split step waits for the device at every op kind's boundary, and its total,
+``server_s.synced``, says what those waits cost), the cores the server's work kept
 busy (its CPU seconds, every thread's, over its wall seconds) and the page faults it took, and
 each session's next token from its decrypted h_L (final norm and LM head in the clear) against
 the plaintext model's.
@@ -60,12 +64,14 @@ def fig(name: str, value: float) -> None:
 
 
 def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, logits, device: str,
-          alone: bool = False) -> dict:
+          alone: bool = False, synchronize: bool = False) -> dict:
     """One decode step of every session in lockstep at its position in ``pos``: each round trip
     hands all pending messages to ``handle_batch`` (``alone``: one message per call);
     the clients run one after another; each session's token from its h_L by ``logits`` (final
-    norm and LM head in the clear)."""
+    norm and LM head in the clear). ``synchronize``: on CUDA, the server waits for the device at
+    every timed boundary (protected/timing.py), so that each op kind's seconds are its own."""
     ex.be.reset()
+    ex.be.synchronize = synchronize
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     n = len(states)
@@ -102,7 +108,8 @@ def _step(ex: ProtectedExecutor, states: list, pos: list[int], h0: np.ndarray, l
     return {"positions": list(pos), "wall": wall, "server": server, "server_cpu": server_cpu, "client": client,
             "slowest": slowest, "faults": faults, "tokens": tokens, "times": dict(ex.be.times),
             "matvec_by_shape": {str(k): v for k, v in ex.be.matvec_by_shape.items()}, "counts": dict(ex.be.counts),
-            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if device.startswith("cuda") else 0.0}
+            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if device.startswith("cuda") else 0.0,
+            "synchronized": synchronize}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes", default="batched",
                     help="comma-separated, taken in turn step by step: batched (all of a round trip's messages "
                          "in one handle_batch), alone (one message per call)")
+    ap.add_argument("--split-round", action=argparse.BooleanOptionalAction, default=None,
+                    help="one more step per mode, the server waiting for the device at every op kind's "
+                         "boundary, for the server time by op kind (default: on CUDA only, where the timed "
+                         "steps run unsynchronized, as a server runs them, and a kind's own seconds are not known)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a .gguf file or a Hugging Face directory (default: the shipped SmolLM2)")
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_sessions.json"))
@@ -132,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     if not modes or any(m not in ("batched", "alone") for m in modes) or len(set(modes)) != len(modes):
         ap.error("--modes: batched and/or alone, each once")
     rounds = (args.warmup + args.steps) * len(modes)  # every step one position further
+    if args.split_round is None:
+        args.split_round = args.device.startswith("cuda")
 
     from veil.engine.loader import build_model, load_checkpoint
 
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--layer must be num_layers - 2 = {cfg.num_layers - 2}: the last layer's h_L gives the token")
     dims = dims_of(cfg, PROTECTED_PARAMS.slot_count)
     layers = (args.layer, args.layer + 1)
-    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.ctx + rounds - 1]
+    ids = ckpt.tokenizer(PROMPT, return_tensors="pt")["input_ids"][0][: args.ctx + rounds + len(modes) - 1]
     with torch.no_grad():
         h0 = model.run_layers(model.embed(ids), 0, layers[0])
         h1 = model.run_layers(h0, layers[0], layers[1])
@@ -158,7 +171,6 @@ def main(argv: list[str] | None = None) -> None:
     server_be = make_backend(PROTECTED_PARAMS, "native", device=args.device)  # encodes the weights only
     weights = [layer_weights_from_tensors(ckpt.tensors, cfg, i, dims) for i in layers]
     ex = ProtectedExecutor(server_be, cfg, weights, ServerConfig().protected_limits())
-    ex.be.synchronize = True  # on CUDA: each op kind's seconds are its own (protected/timing.py)
 
     for n in counts:
         pos0 = [args.ctx - 1 - (b if args.spread else 0) for b in range(n)]
@@ -172,15 +184,20 @@ def main(argv: list[str] | None = None) -> None:
             _seed_cache(ex, c, s, weights[1], cfg, layers[1], h1, p)
             sessions.append(s)
             states.append(c)
-        runs = [(i, modes[i % len(modes)]) for i in range(rounds)]
-        done = [(i, mode, _step(ex, states, [p + i for p in pos0], h0, model.logits, args.device, mode == "alone"))
-                for i, mode in runs]
+        # the timed rounds as a server runs them; then, with --split-round, one more per mode that
+        # waits for the device at each op kind's boundary, for the server time by op kind
+        runs = [(i, modes[i % len(modes)], False) for i in range(rounds)]
+        runs += [(rounds + j, mode, True) for j, mode in enumerate(modes)] if args.split_round else []
+        done = [(i, mode, _step(ex, states, [p + i for p in pos0], h0, model.logits, args.device, mode == "alone",
+                                synced)) for i, mode, synced in runs]
         for s in sessions:
             ex.drop_session(s.id)
         for mode in modes:
-            timed = [(i, r) for i, m, r in done[args.warmup * len(modes):] if m == mode]
-            _report(n, "" if mode == "batched" else ".alone", timed, pos0, want, args.device)
-            STEPS[n if mode == "batched" else f"{n}.alone"] = [r for _, r in timed]
+            sfx = "" if mode == "batched" else ".alone"
+            timed = [(i, r) for i, m, r in done[args.warmup * len(modes):rounds] if m == mode]
+            split = [(i, r) for i, m, r in done[rounds:] if m == mode]
+            _report(n, sfx, timed, split, pos0, want, args.device)
+            STEPS[n if mode == "batched" else f"{n}.alone"] = [r for _, r in timed + split]
     if len(counts) > 1 and counts[0] == 1:
         for n in counts[1:]:
             for sfx in ("" if m == "batched" else ".alone" for m in modes):
@@ -194,9 +211,12 @@ def main(argv: list[str] | None = None) -> None:
                                     "model": ckpt.source, "figures": FIGURES, "steps_by_sessions": STEPS}, indent=2))
 
 
-def _report(n: int, sfx: str, timed: list[tuple[int, dict]], pos0: list[int], want: list[int], device: str) -> None:
-    """One session count's figures over its timed steps ``(round, record)`` of one mode."""
+def _report(n: int, sfx: str, timed: list[tuple[int, dict]], split: list[tuple[int, dict]], pos0: list[int],
+            want: list[int], device: str) -> None:
+    """One session count's figures over its timed steps ``(round, record)`` of one mode; the
+    server time by op kind from its ``split`` step where there is one (else the timed steps')."""
     recs = [r for _, r in timed]
+    by_kind = [r for _, r in split] or recs
     mean = {k: sum(r[k] for r in recs) / len(recs) for k in ("wall", "server", "server_cpu", "client", "slowest",
                                                             "faults")}
     fig(f"sessions.tpot_s{sfx}.s{n}", mean["wall"])
@@ -214,18 +234,20 @@ def _report(n: int, sfx: str, timed: list[tuple[int, dict]], pos0: list[int], wa
     own = mean["wall"] - mean["client"] + mean["slowest"]
     fig(f"sessions.tpot_s.own_clients{sfx}.s{n}", own)
     fig(f"aggregate_tok_s.own_clients{sfx}.s{n}", n / own)
-    for kind in sorted({k for r in recs for k in r["times"]}):
-        fig(f"sessions.server_s{sfx}.{kind}.s{n}", sum(r["times"].get(kind, 0.0) for r in recs) / len(recs))
+    if split:  # what waiting at each op kind's boundaries costs the same step
+        fig(f"sessions.server_s.synced{sfx}.s{n}", sum(r["server"] for r in by_kind) / len(by_kind))
+    for kind in sorted({k for r in by_kind for k in r["times"]}):
+        fig(f"sessions.server_s{sfx}.{kind}.s{n}", sum(r["times"].get(kind, 0.0) for r in by_kind) / len(by_kind))
     if device.startswith("cuda"):  # weights, every session's keys and caches, the steps' peak
         fig(f"sessions.device_peak_gb{sfx}.s{n}", max(r["peak_gb"] for r in recs))
-    plain = [[want[p + i] for p in pos0] for i, _ in timed]
-    fig(f"sessions.tokens_equal_plaintext{sfx}.s{n}", float([r["tokens"] for r in recs] == plain))
-    for (i, r), w in zip(timed, plain, strict=True):
+    plain = [[want[p + i] for p in pos0] for i, _ in timed + split]
+    fig(f"sessions.tokens_equal_plaintext{sfx}.s{n}", float([r["tokens"] for _, r in timed + split] == plain))
+    for (i, r), w in zip(timed + split, plain, strict=True):
         print(f"# s{n}{sfx} round {i}: positions {r['positions']}, wall {r['wall']:.3f} s, server {r['server']:.3f} s, "
               f"faults {r['faults']}, tokens {r['tokens']}, plaintext {w}", flush=True)
-    for shape, dt in sorted(recs[-1]["matvec_by_shape"].items()):
+    for shape, dt in sorted(by_kind[-1]["matvec_by_shape"].items()):
         print(f"# s{n}{sfx}: last step's matvec {shape}: {dt:.3f} s", flush=True)
-    print(f"# s{n}{sfx}: last step's counts {recs[-1]['counts']}", flush=True)
+    print(f"# s{n}{sfx}: last step's counts {by_kind[-1]['counts']}", flush=True)
 
 
 if __name__ == "__main__":
