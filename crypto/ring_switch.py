@@ -54,6 +54,7 @@ from veil.crypto.native.ntt import NttTables
 from veil.crypto.native.sampling import SEED_BYTES, Stream, expand_uniform, new_seed
 from veil.crypto.native.serial import SerialError, pack, unpack
 from veil.crypto.params import CkksParams
+from veil.kernels.host import to_device
 
 __all__ = ["KEY_MAGIC", "MAGIC", "TOP_LEVEL", "FoldKey", "FoldSecret", "FoldError", "is_folded", "make_key",
            "load_key", "fold", "decrypt", "decrypt_residues", "key_bytes", "secret_to_bytes", "secret_from_bytes"]
@@ -251,9 +252,9 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
     # p·Q like the key switch, so that the ModDown divides its noise by p (as SEAL encrypts at
     # the key level and switches down): it re-randomizes c1 and adds almost no noise
     stream, sp = Stream(), r.small_p
-    v = sp.lift(torch.from_numpy(stream.ternary(half)).to(dev))
+    v = sp.lift(to_device(torch.from_numpy(stream.ternary(half)), dev))
     zero = sp.inverse(rns.mul_plain(key.public[level], v, sp.basis))  # [2, level + 2, N/2]
-    errors = torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))).to(dev).unsqueeze(1)
+    errors = to_device(torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))), dev).unsqueeze(1)
     t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, primes_col)
     # ModDown by p, then keep the even coefficients of c0 + ks0 and ks1
     diff = torch.remainder(t[:, 1:, 0::2] - _centre(t[:, :1, 0::2], r.p), q)
@@ -261,7 +262,7 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
     even = torch.stack((c[0, :, 0::2] + down[0], down[1]))  # [2, level + 1, N/2]
     if noise_log2 is not None:  # a download: m(X) + m(-X) = 2 m_e(X²), flooded
         even = 2 * even
-        even[0] += torch.from_numpy(stream.gaussian(half, 2.0 ** (noise_log2 + 0.5))).to(dev)
+        even[0] += to_device(torch.from_numpy(stream.gaussian(half, 2.0 ** (noise_log2 + 0.5))), dev)
     out = torch.remainder(even, q)
     bits = rounding.bits_for(r.qs, noise_log2 + 0.5 if noise_log2 is not None else round_log2)
     return MAGIC + rounding.round_to_bytes(out.cpu().numpy().astype(np.uint64), r.qs, level, scale, bits)

@@ -214,6 +214,46 @@ def test_encode_many_equals_encode_one_by_one(pair, rng, monkeypatch):
         server.encode_many([np.ones(SLOTS + 1)], 1)
 
 
+def test_encodings_checks_from_host_bounds_equal_the_devices(rng, monkeypatch):
+    """``Encoder.encode_rows``: for host values its peak and all-zero checks come from the values'
+    bounds (no read of the encoding) where those settle them, else from one read of the device
+    together; either way the flags equal the encoding's own and a peak past the bound raises.
+    The cases: ordinary vectors, all-zero ones, ones too small to settle (rounded to zero, or
+    not), tensors (always read), and values whose bound passes the limit although their
+    encoding's peak does not (read, then accepted)."""
+    from veil.crypto.native.encoding import Encoder
+
+    enc, n = Encoder(256), 256
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
+    tiny = np.zeros(n // 2)
+    tiny[3] = 0.3  # scale 1: coefficients ~0.3 * 2 / 256, all round to zero; the bound cannot tell
+    small = np.full(n // 2, 0.9)  # the constant polynomial 0.9: rounds to 1; its sum of squares settles nothing
+    cases = [(rng.standard_normal((5, n // 2)), 2.0**20, 0), (np.zeros((2, 7)), 2.0**20, 0),
+             (np.stack([tiny, small, 1e3 * rng.standard_normal(n // 2)]), 1.0, 1),
+             (torch.from_numpy(rng.standard_normal((3, 9))), 2.0**20, 1)]
+    for values, scale, want_reads in cases:
+        reads.clear()
+        coeffs, flags = enc.encode_rows(values, scale)
+        assert len(reads) == want_reads
+        assert flags == coeffs.reshape(-1, n).ne(0).any(-1).tolist()
+    assert enc.encode_rows(np.stack([tiny, small, 1e3 * small]), 1.0)[1] == [False, True, True]
+    # scale * max|v| is only a bound: a lone large value spreads over all coefficients
+    spike = np.zeros(n // 2)
+    spike[0] = 1.0
+    limit = 2.0**40
+    coeffs, flags = enc.encode_rows(spike, limit * 1.5, bound=limit)
+    assert flags == [True] and coeffs.abs().max() < limit
+    with pytest.raises(ValueError, match="too large"):
+        enc.encode_rows(np.ones(n // 2), limit * 1.5, bound=limit)
+    with pytest.raises(ValueError, match="too large"):
+        enc.encode_rows(torch.ones(n // 2, dtype=torch.float64), limit * 1.5, bound=limit)
+    for bad in (np.array([1.0, np.nan]), torch.tensor([1.0, np.inf], dtype=torch.float64)):
+        with pytest.raises(ValueError, match="finite"):
+            enc.encode_rows(bad, 2.0**20)
+
+
 def test_decode_plaintext_gives_the_values_with_their_encoding_error(pair, rng):
     """``decode_plaintext`` (as SEAL's, for the flooding-margin measurements) returns the encoded
     values up to the encoding's rounding (~2^5 / scale), and a 0/1 mask's exact zeros and ones

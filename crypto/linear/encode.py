@@ -121,7 +121,9 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     else:  # a torch tensor: gathered where it lives
         import torch
 
-        at = torch.as_tensor(index, device=flat.device)
+        from veil.kernels.host import to_device
+
+        at = to_device(torch.from_numpy(index), flat.device)  # queued, not waited for
         vals = torch.where(at >= 0, flat[:, at.clamp(min=0)].double(), 0.0)
         nonzero = vals.ne(0).any(-1).any(0).cpu().numpy()
     if not nonzero.any():

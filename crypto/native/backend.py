@@ -215,6 +215,11 @@ class NativeBackend(Evaluator, HEBackend):
     def _encode(self, values, level: int, scale: float) -> torch.Tensor:
         """Slot vectors ``[..., <= slots]`` (array, or a tensor: ``encodable``) -> NTT-form
         residues ``[..., level+1, N]``."""
+        return self._encode_rows(values, level, scale)[0]
+
+    def _encode_rows(self, values, level: int, scale: float) -> tuple[torch.Tensor, list[bool]]:
+        """``_encode``, and whether each vector's encoding is not all zero (``Encoder.encode_rows``:
+        the products' check, found with the encoder's own at most one read from the device)."""
         if torch.is_tensor(values):  # finiteness: the encoder's peak check, one sync per batch
             v = values.to(self.device, torch.float64)
         else:
@@ -225,10 +230,10 @@ class NativeBackend(Evaluator, HEBackend):
             raise HEError(f"{v.shape[-1]} values exceed {self._slots} slots")
         bound = self._ctx.level_modulus(level) / 2
         try:
-            coeffs = self._encoder.encode(v, scale, bound)
+            coeffs, nonzero = self._encoder.encode_rows(v, scale, bound)
         except ValueError as e:
             raise HEError(str(e)) from e
-        return self._ctx.data(level)[1].lift(coeffs)
+        return self._ctx.data(level)[1].lift(coeffs), nonzero
 
     def encodable(self, a: np.ndarray) -> torch.Tensor:
         """Weights the server re-encodes on its hot path are kept as float64 on the device."""
@@ -237,8 +242,10 @@ class NativeBackend(Evaluator, HEBackend):
     def encode(self, values, level=None, scale=None) -> Plaintext:
         level = self._level(level)
         scale = self._check_scale(self.params.scale if scale is None else scale, level)
-        m = self._encode(np.ravel(values), level, scale)
-        return Plaintext(m, self.params.id, level, scale, m.numel() * 8)
+        m, (nonzero,) = self._encode_rows(np.ravel(values), level, scale)
+        pt = Plaintext(m, self.params.id, level, scale, m.numel() * 8)
+        pt.nonzero = nonzero
+        return pt
 
     def encode_many(self, values, level=None, scale=None) -> list[Plaintext]:
         """One FFT and one NTT per chunk of vectors instead of one per vector (measured on the
@@ -255,12 +262,13 @@ class NativeBackend(Evaluator, HEBackend):
                 part = np.zeros((len(chunk), max(v.size for v in chunk)))
                 for i, v in enumerate(chunk):
                     part[i, : v.size] = v
-            m = self._encode(part, level, scale)
+            # the products' all-zero check comes with the encoding (at most one host sync per
+            # chunk on a GPU, none for host values) instead of one per plaintext at its first
+            # product: the shuffled W_down is encoded afresh every step
+            m, nonzero = self._encode_rows(part, level, scale)
             rows = [Plaintext(row, self.params.id, level, scale, row.numel() * 8) for row in m.unbind(0)]
-            # the products' all-zero check, once per chunk (one host sync on a GPU) instead of per
-            # plaintext at its first product: the shuffled W_down is encoded afresh every step
-            for pt, nonzero in zip(rows, m.reshape(len(rows), -1).any(1).tolist(), strict=True):
-                pt.nonzero = nonzero
+            for pt, flag in zip(rows, nonzero, strict=True):
+                pt.nonzero = flag
             out += rows
         return out
 

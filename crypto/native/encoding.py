@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from veil.kernels.host import to_device
+
 __all__ = ["Encoder"]
 
 #: Coefficients must fit int64 with room for the residue arithmetic.
@@ -50,7 +52,10 @@ class Encoder:
         The evaluation vector ``E`` is real (each slot's value sits at a root and at its
         conjugate), so its DFT is Hermitian: ``rfft`` gives ``F_0..F_{N/2}`` for half the work of
         a complex FFT, ``F_{N-k} = conj(F_k)`` the rest, and ``E`` is one gather of the values."""
-        v = torch.as_tensor(values, dtype=torch.float64).to(self.device)
+        if torch.is_tensor(values):
+            v = values.to(self.device, torch.float64)
+        else:  # host values: queued behind the device's work, not waiting for it
+            v = to_device(torch.from_numpy(np.asarray(values, dtype=np.float64)), self.device)
         width = v.shape[-1]
         if width > self.slots:
             raise ValueError(f"{width} values exceed {self.slots} slots")
@@ -66,14 +71,51 @@ class Encoder:
         """Slot values -> integer coefficients (int64, on the encoder's device). ``ValueError``
         if a coefficient reaches ``bound`` (half the modulus, at most 2^62) or a value is not
         finite."""
+        return self.encode_rows(values, scale, bound)[0]
+
+    def encode_rows(self, values, scale: float, bound: float = MAX_COEFF) -> tuple[torch.Tensor, list[bool]]:
+        """``encode``, and for each vector of ``values`` (its leading dimensions flattened)
+        whether its encoding is not all zero, with at most one read from the device: none for
+        host values whose bounds settle both checks (``_host_facts``); else one read of the peak
+        and the rows' checks together (on a GPU each read waits for every queued kernel)."""
         coeffs = self.embed(values, scale)
-        peak = float(coeffs.abs().max()) if coeffs.numel() else 0.0  # one sync per batch of vectors
-        if not np.isfinite(peak):
+        limit = min(bound, MAX_COEFF)
+        rows = coeffs.reshape(-1, coeffs.shape[-1])
+        if torch.is_tensor(values):
+            top, nonzero = np.inf, [None] * rows.shape[0]
+        else:
+            top, nonzero = self._host_facts(values, scale)
+            if not np.isfinite(top):
+                raise ValueError("values must be finite")
+        if top < limit and None not in nonzero:
+            return coeffs.round_().to(torch.int64), nonzero
+        peak = rows.abs().amax(-1).max() if rows.numel() else rows.new_zeros(())
+        out = coeffs.round_().to(torch.int64)
+        read = torch.cat((peak.reshape(1), out.reshape(rows.shape).ne(0).any(-1).to(peak.dtype))).tolist()
+        if not np.isfinite(read[0]):
             raise ValueError("values must be finite")
-        if peak >= min(bound, MAX_COEFF):
-            raise ValueError(f"encoded coefficients reach 2^{np.log2(peak):.1f}: values too large "
+        if read[0] >= limit:
+            raise ValueError(f"encoded coefficients reach 2^{np.log2(read[0]):.1f}: values too large "
                              "for this scale and level")
-        return coeffs.round_().to(torch.int64)
+        return out, [bool(r) if f is None else f for f, r in zip(nonzero, read[1:], strict=True)]
+
+    def _host_facts(self, values, scale: float) -> tuple[float, list[bool | None]]:
+        """Host values ``[..., <= N/2]``: a bound on every coefficient of their encodings, and
+        for each vector whether its encoding is nonzero (None: too small to tell). Each
+        coefficient is an average of the N evaluations times roots of unity, so it is at most
+        ``scale * max|value|``; the transform is unitary up to N, so the coefficients' squares
+        sum to ``2 * scale^2 * sum(value^2) / N`` (each slot is evaluated twice, at a root and
+        at its conjugate). A sum of at least 4N puts a coefficient at 2 or more, which neither
+        rounding nor the FFT's error (~N * 2^-53 relative) takes to zero. The bound gets a
+        margin of 1e-9 relative for that error."""
+        v = np.asarray(values, dtype=np.float64)
+        v = v.reshape(-1, v.shape[-1]) if v.ndim else v.reshape(1, 1)
+        if not v.size:
+            return 0.0, [False] * v.shape[0]
+        top = float(np.abs(v).max()) * scale * (1 + 1e-9)
+        energy = np.square(v).sum(-1) * (2 * scale * scale / self.n)
+        zero = ~v.any(-1)
+        return top, [False if z else True if e >= 4 * self.n else None for z, e in zip(zero, energy, strict=True)]
 
     def decode(self, coeffs: np.ndarray, scale: float) -> np.ndarray:
         """Coefficients ``[..., N]`` (float64) -> real slot values ``[..., N/2]``."""

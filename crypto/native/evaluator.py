@@ -18,6 +18,7 @@ from veil.crypto.native import keyswitch, rns, serial
 from veil.crypto.native.context import galois_element
 from veil.crypto.native.graphs import OpGraphs, key_storage
 from veil.crypto.native.sampling import DIGIT_BITS, Stream
+from veil.kernels.host import to_device
 
 __all__ = ["Evaluator"]
 
@@ -245,7 +246,7 @@ class Evaluator:
         y = torch.from_numpy(np.concatenate([digits, -np.ones(digits.shape[:-2] + (1, self._n), np.int64)], axis=-2))
         radices = tuple(1 << (DIGIT_BITS * k) for k in range(digits.shape[-2])) + (1 << bits,)
         basis, _ = self._ctx.data(level)
-        return rns.digits_to_residues(y.to(self.device), self._ctx.radix_residues(level, radices), basis)
+        return rns.digits_to_residues(to_device(y, self.device), self._ctx.radix_residues(level, radices), basis)
 
     def mask_for_refresh(self, ct: Ciphertext, fold: bool = False) -> tuple[Ciphertext, RefreshMask]:
         """Server: ``ct + (rho, 0)``, rho uniform on ``[-2^bits, 2^bits)`` per coefficient
@@ -292,7 +293,7 @@ class Evaluator:
         if math.isfinite(log_sigma):
             rows = math.prod(self._rows)
             noise = Stream().gaussian(self._n * rows, 2.0**log_sigma).reshape(self._rows + (self._n,))
-            out = self._add_integer(out, c.level, rns.to_residues(torch.from_numpy(noise).to(self.device), basis))
+            out = self._add_integer(out, c.level, rns.to_residues(to_device(torch.from_numpy(noise), self.device), basis))
         return self._wrap(out, c.level, c.scale)
 
     # ------------------------------------------------------------------ serialization
@@ -325,7 +326,7 @@ class Evaluator:
             raise CiphertextError(str(e)) from e
         coeffs = rounding.unround(body, polys, self._n, self._ctx.data_primes[: got_level + 1], bits)
         _, ntt = self._ctx.data(got_level)
-        data_t = ntt.forward(torch.from_numpy(coeffs.view(np.int64)).to(self.device))
+        data_t = ntt.forward(to_device(torch.from_numpy(coeffs.view(np.int64)), self.device))
         return self._wrap(data_t, got_level, got_scale)
 
     def deserialize(self, data: bytes, *, level: int | None = None, size: int = 2,

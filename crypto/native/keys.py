@@ -25,6 +25,7 @@ import torch
 
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import Stream, expand_uniform, new_seed
+from veil.kernels.host import to_device
 
 __all__ = ["SecretKey", "PublicKey", "SwitchKey", "RowKeys", "gen_secret", "gen_public", "gen_switch_key",
            "rotation_key", "galois_b", "expand_a", "key_a", "encrypt_symmetric", "encrypt_public", "public_zeros", "decrypt_ntt",
@@ -105,7 +106,7 @@ def expand_a(ctx: RnsContext, seed: bytes, level: int, tag: int) -> torch.Tensor
     """The uniform polynomial of a seed over the data limbs of ``level`` (NTT form)."""
     primes = ctx.data_primes[: level + 1]
     a = expand_uniform(seed, primes, tuple(range(1, level + 2)), ctx.n, tag)
-    return torch.from_numpy(a).to(ctx.device)
+    return to_device(torch.from_numpy(a), ctx.device)
 
 
 def key_a(ctx: RnsContext, seed: bytes, digits: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ import torch
 from veil.crypto.bitpack import pack_runs, run_bytes, unpack_runs
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import SEED_BYTES
+from veil.kernels.host import to_device
 
 __all__ = ["SerialError", "params_tag", "pack", "unpack", "check_header", "ct_to_bytes", "ct_from_bytes",
            "keys_to_bytes", "keys_from_bytes", "KIND_PUBLIC", "KIND_RELIN", "KIND_GALOIS"]
@@ -77,7 +78,7 @@ def unpack(buf: bytes, polys: int, primes: tuple[int, ...], n: int,
     values, bad = unpack_runs(buf, n, [q.bit_length() for q in primes] * polys, list(primes) * polys)
     if bad:
         raise SerialError("a residue is not below its prime")
-    return torch.from_numpy(values.view(np.int64).reshape(polys, len(primes), n)).to(device)
+    return to_device(torch.from_numpy(values.view(np.int64).reshape(polys, len(primes), n)), torch.device(device))
 
 
 def _limb_bytes(n: int, primes: tuple[int, ...]) -> int:
