@@ -8,7 +8,10 @@
 # to compare with: ../results/2026-11-28-gpu/ (H100: rotate 5.30 ms, 16 hoisted 8.82, ct x ct +
 # relin 6.74; a layer 0.552 / 0.854 s at contexts 16 / 64 on the H200; sessions TPOT 1.40 / 2.99
 # / 5.07 s on the H100). Since then, counted on the CPU: a layer 1,144 Triton launches and 2,279
-# torch ops (../results/2026-12-06-cuda-ops/), against ~6,800 launches then.
+# torch ops (../results/2026-12-06-cuda-ops/), against ~6,800 launches then; host syncs 19 -> 3 per
+# layer (../results/2026-12-07-host-syncs/). The 2026-11-28 figures waited for the device at every
+# op kind's boundary; now the timed steps do not, and one more step per context / session count
+# (--split-round, on by default on CUDA) gives the split by kind and the *.synced totals.
 # CUDA graphs of the key switches and rescales (crypto/native/graphs.py, VEIL_NATIVE_CUDA_GRAPHS=1,
 # off by default until this call measures them): their tests, he_ops' native_graphs run (checked
 # bit-identical to eager there) and protected_bench at context 16 with them, beside the eager run.
@@ -29,7 +32,7 @@ stamp protected_bench  # k=2: server seconds per token, extrapolated from layers
 # (--profile, host_device.py), how much of the server's host time the GPU computes, and its launches
 t=$(within 110) && timeout "$t" python3 -m veil.benchmarks.protected_bench --he-backend native --device cuda \
   --model /tmp/model --contexts 16,64 --profile --out "$OUT/pb.json" 2>&1 | keep > "$OUT/pb.txt"
-grep -E "layer_server_s|tpot_s|peak|rel_err|profile" "$OUT/pb.txt"
+grep -E "layer_server_s|tpot_s|peak|rel_err|profile" "$OUT/pb.txt"  # layer_server_s.synced: the split step
 stamp protected_bench_graphs  # the same step, its key switches and rescales replayed from CUDA graphs
 t=$(within 70) && VEIL_NATIVE_CUDA_GRAPHS=1 timeout "$t" python3 -m veil.benchmarks.protected_bench --he-backend native \
   --device cuda --model /tmp/model --contexts 16 --out "$OUT/pb_graphs.json" 2>&1 | keep > "$OUT/pb_graphs.txt"
