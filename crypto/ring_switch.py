@@ -41,6 +41,7 @@ Wire forms (little endian; ``L = TOP_LEVEL``)::
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,37 +236,54 @@ def fold(params: CkksParams, key: FoldKey, coeffs: np.ndarray, level: int, scale
     ``noise_log2`` (a download): the even part doubled (the slot halves' sum), flooded at
     ``2^(noise_log2 + 1/2)`` and rounded above that floor; ``None`` (a masked refresh): the even
     part itself, not flooded, rounded above ``2^round_log2``."""
+    c = coeffs if isinstance(coeffs, torch.Tensor) else torch.from_numpy(np.asarray(coeffs, dtype=np.int64))
+    return fold_rows(params, [key], c.unsqueeze(0), level, scale, noise_log2, round_log2)[0]
+
+
+def fold_rows(params: CkksParams, keys: Sequence[FoldKey], coeffs: torch.Tensor, level: int, scale: float,
+              noise_log2: float | None, round_log2: float | None = None) -> list[bytes]:
+    """``fold`` of a batch's rows ``[B, 2, level + 1, N]``, row b under ``keys[b]`` (its
+    session's), all of them in one pass of batched operations and one copy to the host, as the
+    rest of a batched step runs (a fold per row was ~100 torch ops and kernel launches each).
+    Each row draws its randomness as a fold of its own would, in row order."""
     if noise_log2 is None and round_log2 is None:
         raise ValueError("an unflooded fold needs the floor to round to")
-    dev = key.switch[0].device
+    dev = keys[0].switch[0].device
     r = _of(params, level, dev)
     primes_col, q = r.cols
-    c = (coeffs if isinstance(coeffs, torch.Tensor) else torch.from_numpy(np.asarray(coeffs, dtype=np.int64)))
-    c = c.to(dev, torch.int64).reshape(2, level + 1, r.n)
+    rows = len(keys)
+    c = coeffs.to(dev, torch.int64).reshape(rows, 2, level + 1, r.n)
     basis, half = r.big.basis, r.n // 2
     # the digits c1 mod q_i, centred, lifted to [p, q0..] in one transform, and their inner product
-    # with the key (the key switch's: one C pass on the CPU, one Triton launch on CUDA, where a
-    # product per digit took a dozen torch kernels); back to coefficients
-    digits = r.big.lift(_centre(c[1], q))  # [level + 1, level + 2, N]
-    t = r.big.inverse(rns.key_inner(digits, key.switch[level].transpose(0, 1), basis))  # [2, level + 2, N]
+    # with each row's key (the key switch's: one C pass on the CPU, one Triton launch on CUDA,
+    # where a product per digit took a dozen torch kernels); back to coefficients
+    digits = r.big.lift(_centre(c[:, 1], q))  # [B, level + 1, level + 2, N]
+    switch = [k.switch[level].transpose(0, 1) for k in keys]
+    inner = rns.key_inner(digits[0], switch[0], basis)[None] if rows == 1 else \
+        rns.key_inner_many(digits, [switch], basis)[0]
+    t = r.big.inverse(inner)  # [B, 2, level + 2, N]
     # a fresh encryption of zero under s'(X²) (the small ring's, on the even coefficients), over
     # p·Q like the key switch, so that the ModDown divides its noise by p (as SEAL encrypts at
     # the key level and switches down): it re-randomizes c1 and adds almost no noise
     stream, sp = Stream(), r.small_p
-    v = sp.lift(to_device(torch.from_numpy(stream.ternary(half)), dev))
-    zero = sp.inverse(rns.mul_plain(key.public[level], v, sp.basis))  # [2, level + 2, N/2]
-    errors = to_device(torch.from_numpy(np.stack((stream.cbd(half), stream.cbd(half)))), dev).unsqueeze(1)
-    t[:, :, 0::2] = torch.remainder(t[:, :, 0::2] + zero + errors, primes_col)
+    draws = [(stream.ternary(half), stream.cbd(half), stream.cbd(half),
+              stream.gaussian(half, 2.0 ** (noise_log2 + 0.5)) if noise_log2 is not None else None)
+             for _ in range(rows)]
+    v = sp.lift(to_device(torch.from_numpy(np.stack([d[0] for d in draws])), dev))  # [B, level + 2, N/2]
+    public = keys[0].public[level][None] if rows == 1 else torch.stack([k.public[level] for k in keys])
+    zero = sp.inverse(rns.mul_plain(public, v[0] if rows == 1 else v.unsqueeze(1), sp.basis))  # [B, 2, level + 2, N/2]
+    errors = to_device(torch.from_numpy(np.stack([np.stack(d[1:3]) for d in draws])), dev).unsqueeze(2)
+    t[..., 0::2] = torch.remainder(t[..., 0::2] + zero + errors, primes_col)
     # ModDown by p, then keep the even coefficients of c0 + ks0 and ks1
-    diff = torch.remainder(t[:, 1:, 0::2] - _centre(t[:, :1, 0::2], r.p), q)
+    diff = torch.remainder(t[:, :, 1:, 0::2] - _centre(t[:, :, :1, 0::2], r.p), q)
     down = rns.mul_plain(diff, r.p_inv, r.small.basis)
-    even = torch.stack((c[0, :, 0::2] + down[0], down[1]))  # [2, level + 1, N/2]
+    even = torch.stack((c[:, 0, :, 0::2] + down[:, 0], down[:, 1]), dim=1)  # [B, 2, level + 1, N/2]
     if noise_log2 is not None:  # a download: m(X) + m(-X) = 2 m_e(X²), flooded
         even = 2 * even
-        even[0] += to_device(torch.from_numpy(stream.gaussian(half, 2.0 ** (noise_log2 + 0.5))), dev)
-    out = torch.remainder(even, q)
+        even[:, 0] += to_device(torch.from_numpy(np.stack([d[3] for d in draws])), dev).unsqueeze(1)
+    out = torch.remainder(even, q).cpu().numpy().astype(np.uint64)
     bits = rounding.bits_for(r.qs, noise_log2 + 0.5 if noise_log2 is not None else round_log2)
-    return MAGIC + rounding.round_to_bytes(out.cpu().numpy().astype(np.uint64), r.qs, level, scale, bits)
+    return [MAGIC + rounding.round_to_bytes(row, r.qs, level, scale, bits) for row in out]
 
 
 def decrypt_residues(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.ndarray, int, float]:

@@ -159,6 +159,54 @@ def test_randomized_operations_decrypt_per_row_with_fresh_randomness(rows):
         assert torch.equal(_data(server, together[b]), _data(server, server.unmask_refresh(refreshed[b], masks[b])))
 
 
+def test_a_batchs_folds_are_each_rows_own(rows, monkeypatch):
+    """``serialize_folded`` and ``serialize_folded_refresh`` of a batch fold every row at once,
+    each under its session's fold key (``ring_switch.fold_rows``). With the fold's randomness
+    made reproducible (a fake, in this test only: one ChaCha20 stream of a fixed key in place of
+    the fresh OS-CSPRNG-keyed ``Stream`` each fold draws from), the batch's bytes equal the rows
+    folded one by one from the same stream, bit for bit, from a level the fold first switches
+    down from. With the real randomness each row's download decrypts under its own client's fold
+    secret, and no two rows' bytes are alike."""
+    from veil.crypto import ring_switch
+    from veil.crypto.native.sampling import Stream
+
+    servers = [s for _, s in rows]
+    batch = NativeBatch(servers)
+    rng = np.random.default_rng(8)
+    xs = [rng.uniform(-10, 10, SLOTS) for _ in rows]
+    cts = [s.deserialize(c.encrypt_to_bytes(x, level=2)) for (c, s), x in zip(rows, xs, strict=True)]
+    scale = 2.0**27
+    ws = [np.tile(rng.normal(0.0, 10.0, SLOTS // 2), 2) for _ in rows]
+    low = [s.deserialize(c.encrypt_to_bytes(w, 1, scale), level=1, scale=scale)
+           for (c, s), w in zip(rows, ws, strict=True)]
+    masked = batch.mask_for_refresh(batch.stack(low), fold=True)[0]
+
+    def both(fold_batch, fold_row):
+        out = []
+        for fold in (lambda: [fold_row(s, r) for s, r in zip(servers, fold_batch[1], strict=True)],
+                     lambda: fold_batch[0]()):
+            shared = Stream(key=bytes(32))  # the fake: every fold of this run reads on in one stream
+            monkeypatch.setattr(ring_switch, "Stream", lambda shared=shared: shared)
+            out.append(fold())
+        monkeypatch.undo()
+        return out
+
+    stacked = batch.stack(cts)
+    alone, together = both((lambda: batch.serialize_folded(stacked, 20.0), batch.unstack(stacked)),
+                           lambda s, r: s.serialize_folded(r, 20.0))
+    assert together == alone and len(set(together)) == len(rows)
+    alone, together = both((lambda: batch.serialize_folded_refresh(masked, 3.0), batch.unstack(masked)),
+                           lambda s, r: s.serialize_folded_refresh(r, 3.0))
+    assert together == alone
+    real = batch.serialize_folded(stacked, 20.0)
+    half = SLOTS // 2
+    for (client, _), x, folded in zip(rows, xs, real, strict=True):
+        got, _ = client.decrypt_folded(folded)
+        assert np.abs(got - (x[:half] + x[half:])).max() < 0.05
+    with pytest.raises(HEError, match="size-2"):
+        batch.serialize_folded(batch.multiply(stacked, stacked, rescale=False, relinearize=False), 20.0)
+
+
 def test_batch_keys_are_the_steps_every_row_holds(rows):
     batch = NativeBatch([s for _, s in rows])
     assert 100 not in batch.rotation_steps and -3 in batch.rotation_steps

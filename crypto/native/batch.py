@@ -7,7 +7,8 @@ ct×pt, ct×ct, rescale, the NTTs inside every key switch) are one batched compu
 plaintext shared by every session — a weight diagonal, a mask — is read once per batch instead
 of once per session. Only the key inner product reads per-row material (``keys.RowKeys``); the
 fresh encryptions of zero, flooding noise and refresh masks are drawn per row from the OS
-CSPRNG like a single session's.
+CSPRNG like a single session's; so are a folded download's, whose fold runs for all rows at once
+under each row's fold key.
 
 The batch holds no key of its own: it refers to the rows' imported public material, so it is
 cheap to build per step. ``stack`` and ``unstack`` move ciphertexts between the rows' backends
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from veil.crypto import ring_switch
 from veil.crypto.backend import Ciphertext, HEError, Plaintext
 from veil.crypto.native import keys as K
 from veil.crypto.native.backend import NativeBackend
@@ -61,6 +63,26 @@ class NativeBatch(RowBatch, NativeBackend):
             return super().serialize(ct)
         c = self._unwrap(ct)
         return self._rounded(c.data, c.level, c.scale, noise_log2)  # every row's transform at once
+
+    def serialize_folded(self, ct: Ciphertext, noise_log2: float) -> list[bytes]:
+        return self._fold_rows(ct, noise_log2)
+
+    def serialize_folded_refresh(self, ct: Ciphertext, round_log2: float) -> list[bytes]:
+        return self._fold_rows(ct, None, round_log2)
+
+    def _fold_rows(self, ct: Ciphertext, noise_log2: float | None, round_log2: float | None = None) -> list[bytes]:
+        """Every row's fold under its session's fold key in one batched pass and one copy to the
+        host (``ring_switch.fold_rows``), as ``HEBackend._fold`` does for one ciphertext."""
+        keys = [r._fold_key for r in self.row_backends]
+        if any(k is None for k in keys):
+            raise HEError("no fold key: the client's public material holds none")
+        if self.level(ct) > ring_switch.TOP_LEVEL:
+            ct = self.mod_switch_to(ct, ring_switch.TOP_LEVEL)
+        c = self._unwrap(ct)
+        if c.data.dim() != 4 or c.data.shape[1] != 2:
+            raise HEError("folding takes a batch of size-2 ciphertexts")
+        _, ntt = self._ctx.data(c.level)
+        return ring_switch.fold_rows(self.params, keys, ntt.inverse(c.data), c.level, c.scale, noise_log2, round_log2)
 
     def stack(self, cts: Sequence[Ciphertext | None]) -> Ciphertext:
         if len(cts) != self.batch_size or all(ct is None for ct in cts):
