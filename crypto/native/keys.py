@@ -18,7 +18,7 @@ Errors are centred binomial (eta 21, sigma 3.24); all randomness from ``sampling
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -54,10 +54,16 @@ class SwitchKey:
 
     data: torch.Tensor
     seed: bytes
+    _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def at(self, level: int) -> torch.Tensor:
-        """The key for digits and limbs of ``level``: a view ``[2, level+1, level+2, N]``."""
-        return self.data[:, : level + 1, : level + 2]
+        """The key for digits and limbs of ``level``: a view ``[2, level+1, level+2, N]``, made
+        once per level (every key switch asks, each row of a batch apart: two slicing ops
+        apiece, ~300 per session per step)."""
+        view = self._views.get(level)
+        if view is None:
+            view = self._views[level] = self.data[:, : level + 1, : level + 2]
+        return view
 
 
 def rotation_key(ctx: RnsContext, g: int, key: SwitchKey) -> SwitchKey:
