@@ -270,8 +270,11 @@ def fold_rows(params: CkksParams, keys: Sequence[FoldKey], coeffs: torch.Tensor,
               stream.gaussian(half, 2.0 ** (noise_log2 + 0.5)) if noise_log2 is not None else None)
              for _ in range(rows)]
     v = sp.lift(to_device(torch.from_numpy(np.stack([d[0] for d in draws])), dev))  # [B, level + 2, N/2]
-    public = keys[0].public[level][None] if rows == 1 else torch.stack([k.public[level] for k in keys])
-    zero = sp.inverse(rns.mul_plain(public, v[0] if rows == 1 else v.unsqueeze(1), sp.basis))  # [B, 2, level + 2, N/2]
+    if rows == 1:
+        zero = rns.mul_plain(keys[0].public[level], v[0], sp.basis)[None]
+    else:  # each row's public key times its own v (the rows kernel's per-session layout on CUDA)
+        zero = rns.mul_plain(torch.stack([k.public[level] for k in keys]), v.unsqueeze(1), sp.basis)
+    zero = sp.inverse(zero)  # [B, 2, level + 2, N/2]
     errors = to_device(torch.from_numpy(np.stack([np.stack(d[1:3]) for d in draws])), dev).unsqueeze(2)
     t[..., 0::2] = torch.remainder(t[..., 0::2] + zero + errors, primes_col)
     # ModDown by p, then keep the even coefficients of c0 + ks0 and ks1
