@@ -25,11 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from veil.crypto import ring_switch
 from veil.crypto.native import ntt as ntt_module
 from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.modarith import Basis
 from veil.crypto.native.ntt import NttTables
+from veil.crypto.native.sampling import Stream
 from veil.crypto.params import PROTECTED_PARAMS, TEST_PARAMS_ID, get_params
 from veil.kernels import ckks_ntt, ckks_ops
 from veil.kernels.ckks_arith import NO_FMA
@@ -335,6 +337,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 from veil.crypto.native.modarith import Basis
+from veil.crypto.native.sampling import Stream
 from veil.crypto.native.ntt import NttTables
 from veil.crypto.params import PROTECTED_PARAMS, get_params
 from veil.kernels import ckks_ntt, ckks_ops
@@ -408,7 +411,8 @@ def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeyp
     """Rotations (single, hoisted, and a two-session batch's per-row keys), ct x ct with its
     relinearization and rescale, an addition, a ct x pt product and a product's giant steps
     (``dot_plain_many``: one session's, a batch's with shared and per-row plaintexts), a batch's
-    ct x ct and ct x pt with per-row operands take the Triton kernels (interpreted) through the backend, as on
+    ct x ct and ct x pt with per-row operands, and folded downloads (one session's, a batch's)
+    take the Triton kernels (interpreted) through the backend, as on
     a GPU: every NTT over all runs of limbs in one launch per group of stages, a hoisted set's
     keys (and a batch's per-row keys) read in place by one key-switch launch, the tables of
     each level's view. Bit for bit what the CPU path gives. Test-only N=8192 set."""
@@ -438,8 +442,12 @@ def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeyp
                     *batch.dot_plain_many(terms, [[pts[2], pts[0], None]]),
                     batch.multiply(sb, terms[1]), batch.multiply_plain(sb, rows[0])):  # per-row operands
             ops += batch.unstack(out)
-        return [server._unwrap(ct).data for ct in ops]
+        # folded downloads, one session's and a batch's (each row under its own fold key), their
+        # randomness reproducible in this test only (a fixed-key stream for every fold)
+        folds = [server.serialize_folded(a, 20.0), *batch.serialize_folded(sb, 20.0)]
+        return [server._unwrap(ct).data for ct in ops], folds
 
+    monkeypatch.setattr(ring_switch, "Stream", lambda: Stream(key=bytes(32)))
     want = run()
     launches = []
     real_run = triton.runtime.interpreter.InterpretedFunction.run
@@ -450,7 +458,11 @@ def test_cuda_code_path_of_whole_operations_equals_the_cpu_path(he_pair, monkeyp
     monkeypatch.setattr(ckks_ntt, "check_triton_device", lambda *t: None)
     monkeypatch.setattr(ckks_ops, "check_triton_device", lambda *t: None)
     got = run()
-    assert launches.count("_key_inner_kernel") == 7  # rotate, the hoisted sets (3), relinearize (2), the batch's set
-    assert launches.count("_mac_rows_kernel") == 3 + 3 + 1  # the products; the batch's ct x ct and ct x pt
-    for w, g in zip(want, got, strict=True):
+    # rotate, the hoisted sets (3), relinearize (2), the batch's set; the two folds' key switches
+    assert launches.count("_key_inner_kernel") == 7 + 2
+    # the products; the batch's ct x ct and ct x pt; the batch's fold (each row's public key)
+    assert launches.count("_mac_rows_kernel") == 3 + 3 + 1 + 1
+    # and the batch's first row (session 0's ciphertext, key and stream) is the single fold's
+    assert got[1] == want[1] and got[1][0] == got[1][1] != got[1][2]
+    for w, g in zip(want[0], got[0], strict=True):
         assert torch.equal(w, g)
