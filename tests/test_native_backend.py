@@ -212,6 +212,11 @@ def test_encode_many_equals_encode_one_by_one(pair, rng, monkeypatch):
         assert torch.equal(pt._obj, one._obj)
     with pytest.raises(HEError, match="exceed"):
         server.encode_many([np.ones(SLOTS + 1)], 1)
+    for bad in ([1.0, np.nan], [np.inf]):  # the encoder's check, before its transform
+        with pytest.raises(HEError, match="finite"):
+            server.encode(np.array(bad), 1)
+        with pytest.raises(HEError, match="finite"):
+            server.encode_many([np.ones(4), np.array(bad)], 1)
 
 
 def test_encodings_checks_from_host_bounds_equal_the_devices(rng, monkeypatch):

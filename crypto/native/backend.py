@@ -220,12 +220,8 @@ class NativeBackend(Evaluator, HEBackend):
     def _encode_rows(self, values, level: int, scale: float) -> tuple[torch.Tensor, list[bool]]:
         """``_encode``, and whether each vector's encoding is not all zero (``Encoder.encode_rows``:
         the products' check, found with the encoder's own at most one read from the device)."""
-        if torch.is_tensor(values):  # finiteness: the encoder's peak check, one sync per batch
-            v = values.to(self.device, torch.float64)
-        else:
-            v = np.asarray(values, dtype=np.float64)
-            if not np.all(np.isfinite(v)):
-                raise HEError("values must be finite")
+        # finiteness and the peak: the encoder's checks (host values' before their FFT)
+        v = values.to(self.device, torch.float64) if torch.is_tensor(values) else np.asarray(values, dtype=np.float64)
         if v.shape[-1] > self._slots:
             raise HEError(f"{v.shape[-1]} values exceed {self._slots} slots")
         bound = self._ctx.level_modulus(level) / 2

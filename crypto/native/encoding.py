@@ -78,15 +78,16 @@ class Encoder:
         whether its encoding is not all zero, with at most one read from the device: none for
         host values whose bounds settle both checks (``_host_facts``); else one read of the peak
         and the rows' checks together (on a GPU each read waits for every queued kernel)."""
-        coeffs = self.embed(values, scale)
-        limit = min(bound, MAX_COEFF)
-        rows = coeffs.reshape(-1, coeffs.shape[-1])
-        if torch.is_tensor(values):
-            top, nonzero = np.inf, [None] * rows.shape[0]
-        else:
+        on_host = not torch.is_tensor(values)
+        if on_host:  # checked before the transform: non-finite values fail without it
             top, nonzero = self._host_facts(values, scale)
             if not np.isfinite(top):
                 raise ValueError("values must be finite")
+        coeffs = self.embed(values, scale)
+        limit = min(bound, MAX_COEFF)
+        rows = coeffs.reshape(-1, coeffs.shape[-1])
+        if not on_host:
+            top, nonzero = np.inf, [None] * rows.shape[0]
         if top < limit and None not in nonzero:
             return coeffs.round_().to(torch.int64), nonzero
         peak = rows.abs().amax(-1).max() if rows.numel() else rows.new_zeros(())
