@@ -169,11 +169,11 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
         session, trips, per_op, counts, by_shape, wall, nxt = _timed_step(ex, client_be, cfg, weights, layers,
                                                                           h0, h1, ctx)
         after = (graphs.captures, graphs.replays) if graphs is not None else None
-        synced = None
+        synced_trips = None
         if args.split_round:  # the split by op kind from a step that waits at every timed boundary
-            synced = _timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx, synchronize=True)
-            ex.drop_session(synced[0].id)
-            per_op, counts, by_shape = synced[2:5]
+            synced_session, synced_trips, per_op, counts, by_shape, _, _ = _timed_step(
+                ex, client_be, cfg, weights, layers, h0, h1, ctx, synchronize=True)
+            ex.drop_session(synced_session.id)
         err = np.linalg.norm(nxt - ref[ctx - 1]) / np.linalg.norm(ref[ctx - 1])
         cycle = [r for r in trips if r[1] == layers[0] and r[0] != MsgKind.TOKEN]
         assert [r[0] for r in cycle] == [MsgKind.WEIGHTS, MsgKind.MLP_IN, MsgKind.REFRESHED]
@@ -182,9 +182,9 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
         up_layer, down_layer = sum(r[4] for r in cycle), sum(r[5] for r in cycle)
         tag = f"ctx{ctx}"
         fig(name, f"layer_server_s.{tag}", server)
-        if synced is not None:  # what waiting at each op kind's boundaries costs the same step
+        if synced_trips is not None:  # what waiting at each op kind's boundaries costs the same step
             fig(name, f"layer_server_s.synced.{tag}",
-                sum(r[2] for r in synced[1] if r[1] == layers[0] and r[0] != MsgKind.TOKEN))
+                sum(r[2] for r in synced_trips if r[1] == layers[0] and r[0] != MsgKind.TOKEN))
         for kind in ("matvec", "ctct", "rotations", "refresh", "flooding", "shuffle", "serialization", "other"):
             fig(name, f"layer_server_s.{kind}.{tag}", per_op.get(kind, 0.0))
         fig(name, f"layer_client_s.{tag}", t_client)

@@ -244,8 +244,8 @@ def fold_rows(params: CkksParams, keys: Sequence[FoldKey], coeffs: torch.Tensor,
               noise_log2: float | None, round_log2: float | None = None) -> list[bytes]:
     """``fold`` of a batch's rows ``[B, 2, level + 1, N]``, row b under ``keys[b]`` (its
     session's), all of them in one pass of batched operations and one copy to the host, as the
-    rest of a batched step runs (a fold per row was ~100 torch ops and kernel launches each).
-    Each row draws its randomness as a fold of its own would, in row order."""
+    rest of a batched step runs. Each row draws its randomness as a fold of its own would, in
+    row order."""
     if noise_log2 is None and round_log2 is None:
         raise ValueError("an unflooded fold needs the floor to round to")
     dev = keys[0].switch[0].device

@@ -78,7 +78,7 @@ def unpack(buf: bytes, polys: int, primes: tuple[int, ...], n: int,
     values, bad = unpack_runs(buf, n, [q.bit_length() for q in primes] * polys, list(primes) * polys)
     if bad:
         raise SerialError("a residue is not below its prime")
-    return to_device(torch.from_numpy(values.view(np.int64).reshape(polys, len(primes), n)), torch.device(device))
+    return to_device(torch.from_numpy(values.view(np.int64).reshape(polys, len(primes), n)), device)
 
 
 def _limb_bytes(n: int, primes: tuple[int, ...]) -> int:
