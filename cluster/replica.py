@@ -70,7 +70,10 @@ class VeilReplica:
               file=sys.stderr, flush=True)
 
     def check_health(self) -> None:
-        """Ray calls this periodically; raising gets the replica replaced."""
+        """Ray calls this periodically; raising gets the replica replaced. An engine that lives
+        but fails its steps (/health 503 engine_failing) is left in place: the ingress's /health
+        counts it out of the healthy ones, and replacing it would drop its sessions for what may
+        be one tenant's inputs."""
         if not self.app.state.engine.alive:
             raise RuntimeError("the engine loop died")
 

@@ -30,6 +30,10 @@ class EngineConfig:
     # that stops runs one step more, discarded. None: on CUDA only (the CPU computes as it
     # launches, so there is nothing to overlap).
     overlap: bool | None = None
+    # /health says the engine is failing (503 engine_failing) while this many steps in a row have
+    # failed, none completing between, the latest less than failing_for_s ago (engine/failures.py)
+    failing_after_steps: int = 8
+    failing_for_s: float = 60.0
 
 
 @dataclass
@@ -61,7 +65,7 @@ class DeviceOutOfMemory(WorkDropped):
 
 class StepFailed(WorkDropped):
     """This work's own step raised something other than out-of-memory (a bug some input met,
-    most likely); ``Engine._step_failed`` says how it was told from the rest of its batch."""
+    most likely); ``StepFailures.step_failed`` (engine/failures.py) says how it was told from the rest of its batch."""
 
 
 def check_request(full_model: bool, vocab_size: int, prompt_ids: list[int], max_new_tokens: int) -> None:

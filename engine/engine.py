@@ -21,15 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from veil.engine.api import (
-    DeviceOutOfMemory,
-    EngineConfig,
-    EngineDead,
-    SessionClosed,
-    StepFailed,
-    StepStats,
-    check_request,
-)
+from veil.engine.api import EngineConfig, EngineDead, SessionClosed, StepStats, check_request
+from veil.engine.failures import StepFailures
 from veil.engine.kv_cache import PagedKVCache
 from veil.engine.model import LlamaModel
 from veil.engine.model_runner import ModelRunner, PreparedBatch, StepHandle
@@ -70,7 +63,7 @@ class Engine:
         self._calls: deque[tuple[Callable, Future]] = deque()
         self.error: BaseException | None = None
         self.steps = 0
-        self.failed_steps = 0  # steps whose sequences failed (``_step_failed``); the loop went on
+        self.failures = StepFailures(cfg, self.scheduler, self._finish)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -89,7 +82,19 @@ class Engine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
-    # what /metrics reads of the engine (EngineProcess has the same three, and failed_steps)
+    # what /metrics and /health read of the engine (EngineProcess has the same)
+    @property
+    def failed_steps(self) -> int:
+        return self.failures.steps
+
+    @property
+    def failing(self) -> bool:
+        return self.failures.failing
+
+    @property
+    def failed_in_a_row(self) -> int:
+        return self.failures.in_a_row
+
     @property
     def num_running(self) -> int:
         return self.scheduler.num_running
@@ -213,7 +218,7 @@ class Engine:
                         try:
                             step = self._prepare(chunks, flight) if chunks else None
                         except Exception as e:  # noqa: BLE001 (e.g. out of memory copying the block tables)
-                            self._step_failed(chunks, e, advanced=False)
+                            self.failures.step_failed(chunks, e, advanced=False)
                         if step is not None:
                             step.host_seconds = time.perf_counter() - t_host
                 last_was_call = call is not None
@@ -224,7 +229,7 @@ class Engine:
                         step.seconds = time.perf_counter() - t0
                     except Exception as e:  # noqa: BLE001 (that step's sequences fail, not the loop)
                         with self._cv:
-                            self._step_failed(step.chunks, e)
+                            self.failures.step_failed(step.chunks, e)
                         step = None
                 if flight is not None:  # its results come back while the step just launched runs
                     self._complete(flight)
@@ -261,69 +266,6 @@ class Engine:
         alone = len(chunks) == 1 and chunks[0].seq.id in self.scheduler.suspects
         return _Step(chunks, self.scheduler.advance(chunks), batch, suspect=alone)
 
-    def _step_failed(self, chunks: list[Chunk], error: Exception, advanced: bool = True, ran: bool = False) -> None:
-        """With the lock held: a step that raised preparing, launching (``advanced``: what
-        ``Scheduler.advance`` did is taken back) or finishing (``ran``) fails sequences, not the
-        loop: a bug one input meets must not give every tenant 503 (docs/ARCHITECTURE.md).
-        * Out of device memory before it ran: one sequence fails with DeviceOutOfMemory, the one
-          with the step's largest chunk (the newest among equals: the likeliest cause, and the one
-          that waited least); the rest run again from the next step, so a device that stays full
-          empties the batch rather than spinning.
-        * Anything else before it ran (a bug some input met), with more than one sequence: none
-          fails yet. Each runs again alone (``Scheduler.suspects``), so that only those whose own
-          step raises fail, with StepFailed.
-        * Any failure finishing (the results are lost, and on CUDA the next step already reads
-          them), or of a sequence alone: its sequences fail with StepFailed.
-        A request ends; a split session's client step is taken back whole (its rows, its outputs
-        so far) and the session stays open. A CUDA device left unusable still stops the loop."""
-        cuda = torch.device(self.cfg.device).type == "cuda"
-        oom = isinstance(error, torch.OutOfMemoryError) and not ran
-        if cuda and not oom:
-            torch.cuda.synchronize()  # a sticky CUDA error raises here, out of the loop
-        if advanced and not ran:
-            self.scheduler.undo(chunks)
-        live = [c for c in chunks if not c.seq.finished]
-        if oom:
-            live = [max(live, key=lambda c: (c.length, c.seq.arrival))] if live else []
-            failure = DeviceOutOfMemory(f"the device ran out of memory running a step of {len(chunks)} "
-                                        f"sequences; this one's work was dropped, retry it")
-            log.warning("out of device memory: dropping %d of a %d-sequence step", len(live), len(chunks))
-            if cuda:
-                torch.cuda.empty_cache()  # what the failed launch left cached, back to the pool
-        else:
-            self.failed_steps += 1
-            if not ran and len(live) > 1:
-                log.error("a step of %d sequences failed; each runs again alone", len(live), exc_info=error)
-                self.scheduler.suspects.update(c.seq.id for c in live)
-                return
-            failure = StepFailed(f"the engine failed running a step of this work ({type(error).__name__}; "
-                                 f"the server log says more)")
-            log.error("a step of %d sequences failed; they fail, the engine goes on", len(live), exc_info=error)
-        for c in live:
-            self.scheduler.suspects.discard(c.seq.id)
-            try:
-                if c.seq.kind is SeqKind.HIDDEN and c.seq.on_step_done is not None:
-                    c.seq.take_back_step()(failure)
-                else:  # a request, or a session recomputing after a preemption with no step to take back
-                    self._finish(c.seq, failure)
-            except Exception as e:  # noqa: BLE001
-                self._receiver_failed(c.seq, e)
-
-    def _receiver_failed(self, seq: Sequence, error: Exception) -> None:
-        """With the lock held: a callback of ``seq`` (its tokens', its finish's or its split
-        step's receiver: the server's hop onto its event loop, the engine process's pipe, a
-        library user's function) raised on the loop thread. That sequence ends, with StepFailed
-        where it still had a finish to hear; the loop and every other sequence go on (a bug in
-        one receiver must not give every tenant 503)."""
-        log.error("a callback of sequence %d raised; it ends, the engine goes on", seq.id, exc_info=error)
-        if seq.finished:
-            return
-        try:
-            self._finish(seq, StepFailed(f"the engine could not hand this work's results back "
-                                         f"({type(error).__name__}; the server log says more)"))
-        except Exception:  # noqa: BLE001 (its finish's receiver raised too: nothing more to tell it)
-            log.exception("the finish callback of sequence %d raised as well", seq.id)
-
     def _complete(self, step: _Step) -> None:
         """Wait for a launched step and hand its results back."""
         t0 = time.perf_counter()
@@ -331,15 +273,16 @@ class Engine:
             tokens, hidden = self.runner.finish(step.handle)
         except Exception as e:  # noqa: BLE001 (nothing of it was handed back: its sequences fail)
             with self._cv:
-                self._step_failed(step.chunks, e, ran=True)
+                self.failures.step_failed(step.chunks, e, ran=True)
             return
         t1 = time.perf_counter()
         seconds = step.seconds + t1 - t0
         with self._cv:
             for seq, e in self.scheduler.postprocess(step.chunks, step.epochs, tokens, hidden, self._finish):
-                self._receiver_failed(seq, e)
+                self.failures.receiver_failed(seq, e)
             if step.suspect:  # it ran alone without raising: it batches again
                 self.scheduler.suspects.discard(step.chunks[0].seq.id)
+            self.failures.completed()
         host_seconds = step.host_seconds + time.perf_counter() - t1
         self.steps += 1
         if self.on_step:
@@ -363,4 +306,4 @@ class _Step:
     handle: StepHandle | None = None
     seconds: float = 0.0
     host_seconds: float = 0.0
-    suspect: bool = False  # a sequence of a step that raised, running alone (Engine._step_failed)
+    suspect: bool = False  # a sequence of a step that raised, running alone (StepFailures.step_failed)

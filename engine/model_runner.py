@@ -220,7 +220,7 @@ class ModelRunner:
             tokens = dict(zip(batch.logit_seqs, handle.host.tolist(), strict=True))
         if batch.hidden_out:
             # to the host, then to fp32: converting on the device would allocate there, and only
-            # an out-of-memory error in `launch` is undone (engine.Engine._step_failed)
+            # an out-of-memory error in `launch` is undone (engine.failures.StepFailures.step_failed)
             out = handle.hidden_rows.cpu().float()
             hidden = {sid: out[r:r + n] for sid, r, n in batch.hidden_out}
         return tokens, hidden

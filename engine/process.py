@@ -74,7 +74,8 @@ class EngineProcess:
         self._ids = itertools.count(1)
         self._proc = self._conn = self._reader = None
         self.error: BaseException | None = None
-        self.steps = self.num_running = self.num_waiting = self.failed_steps = 0
+        self.steps = self.num_running = self.num_waiting = self.failed_steps = self.failed_in_a_row = 0
+        self.failing = False  # the child's Engine.failing, as of its last counts
         self.kv_utilization = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -201,7 +202,8 @@ class EngineProcess:
                 if msg[0] == "dead":
                     raise EngineDead(msg[1])
                 if msg[0] == "counts":
-                    self.num_running, self.num_waiting, self.kv_utilization, self.failed_steps = msg[1:]
+                    (self.num_running, self.num_waiting, self.kv_utilization, self.failed_steps,
+                     self.failing, self.failed_in_a_row) = msg[1:]
                 else:
                     self._deliver(msg[1], msg[2])
         except (EOFError, OSError):

@@ -72,7 +72,7 @@ def serve(conn, model: LlamaModel, k: int, cfg: EngineConfig) -> None:
                 next_count = time.monotonic() + _COUNT_EVERY_S
                 try:
                     counts = engine.call(lambda: (engine.num_running, engine.num_waiting, engine.kv_utilization,
-                                                  engine.failed_steps))
+                                                  engine.failed_steps, engine.failing, engine.failed_in_a_row))
                 except EngineDead:
                     continue  # the loop's condition sends "dead"
                 with send_lock:

@@ -47,7 +47,7 @@ class Scheduler:
         self.cfg, self.cache = cfg, cache
         self.seqs: dict[int, Sequence] = {}  # every live sequence, in arrival order
         self.num_preemptions = 0
-        # sequences of a step that raised (Engine._step_failed): while any has work, the oldest
+        # sequences of a step that raised (StepFailures.step_failed): while any has work, the oldest
         # runs alone, FCFS set aside, so that a bug one of them meets fails it and only it
         self.suspects: set[int] = set()
 
@@ -176,7 +176,7 @@ class Scheduler:
         for c, epoch in zip(chunks, epochs, strict=True):
             try:
                 self._hand_back(c, epoch, tokens, hidden, finish)
-            except Exception as e:  # noqa: BLE001 (a receiver's bug ends its own sequence, Engine._receiver_failed)
+            except Exception as e:  # noqa: BLE001 (a receiver's bug ends its own sequence, StepFailures.receiver_failed)
                 broken.append((c.seq, e))
         return broken
 

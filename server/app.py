@@ -178,6 +178,9 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
     async def health():
         if not engine.alive:
             return error_response(503, "engine_unavailable", "the inference engine is not running")
+        if engine.failing:  # its loop runs, but every recent step failed (engine/failures.py)
+            return error_response(503, "engine_failing", f"the engine's last {engine.failed_in_a_row} steps failed, "
+                                  f"none completed since (the server log says why)")
         return {"status": "ok", "model": half.config.name, "k": half.k, "model_fingerprint": half.fingerprint,
                 "sessions": len(sessions), "fast_path": half.full, "protected": protected.describe()}
 
@@ -188,6 +191,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.waiting.set(engine.num_waiting)
         metrics.kv_util.set(engine.kv_utilization)
         metrics.failed_steps.set(engine.failed_steps)
+        metrics.failed_in_a_row.set(engine.failed_in_a_row)
         metrics.protected_kv_bytes.set(protected.kv_bytes())
         metrics.protected_key_bytes.set(protected.key_bytes())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")

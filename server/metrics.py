@@ -28,6 +28,8 @@ class Metrics:
         self.kv_util = Gauge("veil_kv_pool_utilization", "fraction of KV blocks in use", registry=r)
         self.failed_steps = Gauge("veil_engine_failed_steps", "engine steps that raised since start (their "
                                   "sequences failed, or ran again alone)", registry=r)
+        self.failed_in_a_row = Gauge("veil_engine_failed_steps_in_a_row", "engine steps that raised since the "
+                                     "last one that completed (/health: engine_failing from 8)", registry=r)
         self.sessions = Gauge("veil_sessions", "open sessions", registry=r)
         self.sessions_evicted = Counter("veil_sessions_evicted", "idle sessions dropped for new work at a limit: "
                                         "a session count, or the protected KV cache's total (capacity)",

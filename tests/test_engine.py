@@ -387,6 +387,7 @@ def test_a_bug_one_sequence_meets_in_a_batch_fails_only_that_sequence(full_model
         assert torch.equal(box["out"], want_rows)
         assert len(failed) == 2 and e.failed_steps == 2  # the batch, then the culprit alone
         assert e.alive and not e.scheduler.suspects
+        assert e.failed_in_a_row == 0 and not e.failing  # the others' steps completed after the culprit's
         e.close(session)
         assert e.cache.num_free == e.cache.num_blocks
     finally:
@@ -454,6 +455,27 @@ def test_a_prompt_outside_the_vocabulary_is_refused_and_the_loop_goes_on(engine,
             engine.add_request("t", bad, 2, SamplingParams())
     assert engine.alive
     assert _run_requests(engine, chat_prompts[:1], 4) == [local_greedy[0][:4]]
+
+
+def test_failing_counts_failed_steps_in_a_row_recent_ones_only(full_model, chat_prompts, local_greedy, bug_once):
+    """``Engine.failing`` (what /health reads): every launch raising (injected), a request per
+    step fails alone; from the 3rd in a row (``failing_after_steps=3``) the engine is failing,
+    no longer once the latest is ``failing_for_s`` old, and a completed step ends the run."""
+    e = Engine(full_model, 2, EngineConfig(kv_cache_bytes=16 << 20, failing_after_steps=3, failing_for_s=1.0)).start()
+    try:
+        failed = bug_once(e.runner, lambda batch: True, times=3)
+        seen, reasons, done = [], [], threading.Semaphore(0)
+        for _ in range(3):  # one after another: each request's step alone
+            e.add_request("t", chat_prompts[0], 4, SamplingParams(), on_finish=lambda r: (reasons.append(r), done.release()))
+            assert done.acquire(timeout=120) and isinstance(reasons[-1], StepFailed)
+            seen.append((e.failed_in_a_row, e.failing))
+        assert seen == [(1, False), (2, False), (3, True)] and len(failed) == 3 and e.alive
+        time.sleep(1.1)
+        assert e.failed_in_a_row == 3 and not e.failing  # no failure for failing_for_s: no longer counted
+        assert _run_requests(e, chat_prompts[:1], 4) == [local_greedy[0][:4]]
+        assert e.failed_in_a_row == 0 and not e.failing and e.failed_steps == 3
+    finally:
+        e.stop()
 
 
 def test_dead_engine_makes_health_503_and_requests_fail_fast(make_server):

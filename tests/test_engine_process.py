@@ -176,7 +176,8 @@ def test_a_failed_step_in_the_child_is_answered_and_taken_back(ckpt, tmp_path, c
             assert c.generate(chat_prompts[0], 8, stop_at_eos=False).tokens == local_greedy[0][:8]
         assert httpx.get(f"{srv.url}/health").status_code == 200
         failed = f"veil_engine_failed_steps {1.0 if status == 500 else 0.0}"  # the child's count, sent every 0.5 s
-        _wait_for(lambda: failed in httpx.get(f"{srv.url}/metrics").text)
+        _wait_for(lambda: failed in (m := httpx.get(f"{srv.url}/metrics").text)
+                  and "veil_engine_failed_steps_in_a_row 0.0" in m)  # the steps after it completed
     finally:
         srv.stop()
 

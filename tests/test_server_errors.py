@@ -300,6 +300,30 @@ def test_a_step_that_raises_is_500_and_the_work_goes_on(make_server, ckpt, clien
     assert "veil_engine_failed_steps 2.0" in httpx.get(f"{srv.url}/metrics").text
 
 
+def test_an_engine_whose_every_step_fails_makes_health_503_until_one_completes(make_server, ckpt, chat_prompts,
+                                                                               local_greedy, bug_once):
+    """Every step raising (a kernel broken for every input, injected into the runner for 8
+    steps): each request is answered 500 engine_error, the loop lives, and from the 8th failed
+    step in a row /health answers 503 engine_failing (7 left it 200). Requests are still taken;
+    the first step that completes puts /health back at 200."""
+    srv = make_server()
+    key, engine = srv.keys["alice"], srv.app.state.engine
+    h = {"Authorization": f"Bearer {key}"}
+    body = {"prompt": chat_prompts[0], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    bug_once(engine.runner, lambda batch: True, times=8)
+    for i in range(8):
+        r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+        assert r.status_code == 500 and _err(r) == "engine_error"
+        health = httpx.get(f"{srv.url}/health")
+        assert health.status_code == (503 if i == 7 else 200), (i, health.text)
+    assert _err(health) == "engine_failing" and "last 8 steps failed" in health.json()["error"]["message"]
+    assert engine.alive and "veil_engine_failed_steps_in_a_row 8.0" in httpx.get(f"{srv.url}/metrics").text
+    r = httpx.post(f"{srv.url}/v1/completions", json=body, headers=h, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == ckpt.tokenizer.decode(local_greedy[0][:4])
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    assert "veil_engine_failed_steps_in_a_row 0.0" in httpx.get(f"{srv.url}/metrics").text
+
+
 def test_an_unexpected_error_is_a_json_500_and_the_session_goes_on(live_server, alice, chat_prompts, local_greedy,
                                                                     monkeypatch):
     """An exception no handler names (a bug; here the split step's parser made to raise) is a
