@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -365,6 +365,11 @@ class HEBackend(abc.ABC):
         """``[rotate(ct, s) for s in steps]``; a backend that can share one key-switching
         decomposition between the rotations of one ciphertext (hoisting) overrides this."""
         return [self.rotate(ct, s) for s in steps]
+
+    def run_product(self, matrix, fn: Callable[[Ciphertext], Ciphertext], x: Ciphertext) -> Ciphertext:
+        """``fn(x)``: a whole product over ``matrix``'s plaintexts (``linear.matvec``), which a
+        backend may run as one unit (the native backend on CUDA: one graph)."""
+        return fn(x)
 
     # ---- server: refresh and circuit privacy -------------------------------------------------
     @abc.abstractmethod

@@ -55,6 +55,9 @@ def test_graphs_are_kept_on_cuda_only_and_only_when_asked(monkeypatch):
     assert make_backend(P, "native")._graphs is None
     if torch.cuda.is_available():
         assert isinstance(make_backend(P, "native", device="cuda")._graphs, G.OpGraphs)
+        assert not make_backend(P, "native", device="cuda")._graphs.products
+        monkeypatch.setenv("VEIL_NATIVE_CUDA_GRAPHS", "products")
+        assert make_backend(P, "native", device="cuda")._graphs.products
         monkeypatch.delenv("VEIL_NATIVE_CUDA_GRAPHS")
         assert make_backend(P, "native", device="cuda")._graphs is None
         assert isinstance(make_backend(P, "native", device="cuda", cuda_graphs=True)._graphs, G.OpGraphs)
@@ -73,6 +76,7 @@ def test_static_buffers_are_shared_by_role_and_shape_within_a_byte_budget():
 def test_the_device_budget_counts_what_graphs_may_hold(cpu_pair):
     _, eager, routed = cpu_pair[0]
     assert routed._graphs.reserved_bytes == 2 * G.MAX_BUFFER_BYTES
+    assert _StandIn(products=True).reserved_bytes == 2 * G.MAX_BUFFER_BYTES + G.PRODUCT_POOL_BYTES
     assert routed.resident_bytes() == eager.resident_bytes() + routed._graphs.reserved_bytes
 
 
@@ -81,21 +85,23 @@ class _StandIn(G.OpGraphs):
     function and "replaying" calls it on the static copies of the inputs, or the capture fails
     for names listed in ``failing``."""
 
-    def __init__(self, failing=(), max_graphs=G.MAX_GRAPHS):
-        super().__init__(torch.device("cpu"), max_graphs)
+    def __init__(self, failing=(), max_graphs=G.MAX_GRAPHS, products=False):
+        super().__init__(torch.device("cpu"), max_graphs, products=products)
         self.failing, self.calls = set(failing), []
 
     def _capture(self, full, fn, inputs):
         if full[0] in self.failing:
             return G._EAGER
         self.captures += 1
-        return G._Graph(fn, tuple(x.clone() for x in inputs), torch.empty(0), [])
+        static = tuple(x.clone() for x in inputs)
+        return G._Graph(fn, static, torch.empty(0), [], G._split(fn(*static))[1])  # the facts, as a capture finds them
 
     def _replay(self, g, inputs):
         self.replays += 1
         for buf, x in zip(g.inputs, inputs, strict=True):
             buf.copy_(x)
-        return g.graph(*g.inputs)
+        out = G._split(g.graph(*g.inputs))[0]
+        return out if g.facts is None else (out, g.facts)
 
 
 def test_a_name_runs_eagerly_once_then_is_captured_and_replayed():
@@ -164,6 +170,107 @@ def test_the_evaluator_sends_its_key_switches_through_the_graphs(cpu_pair, op):
     assert routed._graphs.replays > replays
 
 
+def test_a_graphed_calls_own_calls_run_inside_its_capture():
+    """A graphed call's calls of further graphed operations run directly inside its capture
+    (and its stand-in replays): never a replay inside a capture, nor the lock taken twice.
+    Where it runs eagerly (its first call, a failed capture) they are graphed as any others."""
+    graphs = _StandIn(failing={"eager"})
+    x = torch.arange(4)
+
+    def outer(y):
+        return graphs.run(("inner",), torch.neg, y) + 1
+
+    for _ in range(4):  # eager (inner seen), captured, replayed, replayed: inner never captured
+        assert torch.equal(graphs.run(("outer",), outer, x), 1 - x)
+    assert [n[0] for n in graphs._graphs] == ["outer"] and [n[0] for n in graphs._seen] == ["outer", "inner"]
+    for _ in range(2):  # an outer whose capture fails: eager, and inner captured then replayed
+        assert torch.equal(graphs.run(("eager",), outer, x), 1 - x)
+    assert [n[0] for n in graphs._graphs] == ["outer", "eager", "inner"] and graphs.captures == 2  # LRU order
+
+
+def test_a_graph_returns_the_facts_its_capture_found():
+    graphs = _StandIn()
+    x = torch.arange(4)
+    got = [graphs.run(("f",), lambda y: (2 * y, ("level", int(y.sum()))), x + i) for i in range(3)]
+    assert [(t.tolist(), facts) for t, facts in got] == [([0, 2, 4, 6], ("level", 6)), ([2, 4, 6, 8], ("level", 10)),
+                                                        ([4, 6, 8, 10], ("level", 10))]  # the capture's facts
+
+
+def _whole_products_give_the_eager_bytes(sessions, batch_rows=None):
+    """Products of two matrices, each three times on new inputs (eager, captured, replayed):
+    the eager backend's bytes, level and scale every time; then the products of a batch of the
+    two sessions, whose graphs are named by both rows' keys."""
+    (c0, e0, g0), (c1, e1, g1) = sessions
+    rng = np.random.default_rng(15)
+    mats = [(encode_matrix(e0, w, P.top_level, n1=8), encode_matrix(g0, w, P.top_level, n1=8))
+            for w in (rng.standard_normal((64, 64)) / 8, rng.standard_normal((64, 64)) / 8)]
+    before = g0._graphs.replays
+    for me, mg in mats:
+        for _ in range(3):
+            up = c0.encrypt_to_bytes(replicate_input(rng.standard_normal(64), SLOTS))
+            want, got = matvec(e0, me, e0.deserialize(up)), matvec(g0, mg, g0.deserialize(up))
+            assert g0.serialize(got) == e0.serialize(want)
+            assert (g0.level(got), g0.scale(got)) == (e0.level(want), e0.scale(want))
+    assert g0._graphs.replays >= before + 2
+    names = [n for n in g0._graphs._graphs if n[0] == "product"]
+    assert len(names) == 2  # one per matrix
+    for _ in range(3):
+        for order in ((0, 1), (0, 0)):  # on g0's graphs, the same shapes and plaintexts, other keys
+            sessions_in = [sessions[i] for i in order]
+            ups = [c.encrypt_to_bytes(replicate_input(rng.standard_normal(64), SLOTS)) for c, _, _ in sessions_in]
+            batch = sessions_in[0][2].batched([g for _, _, g in sessions_in])
+            rows = batch.unstack(matvec(batch, mats[0][1], batch.stack([g.deserialize(up) for (_, _, g), up
+                                                                         in zip(sessions_in, ups, strict=True)])))
+            for (_, e, g), up, row in zip(sessions_in, ups, rows, strict=True):
+                assert g.serialize(row) == e.serialize(matvec(e, mats[0][0], e.deserialize(up)))
+    # each batch's product named by both rows' keys (a span of g0's positions reads g0's own)
+    assert len([n for n in g0._graphs._graphs if n[0] == "product"]) == 4
+
+
+def test_whole_products_go_through_one_graph_each(cpu_pair):
+    """With the stand-in and products on: each matrix's product is one graphed call (its own
+    rotations inside it), named by its plaintexts and the keys, giving the eager bytes, level
+    and scale; a batch's products are named by every row's keys."""
+    for _, _, g in cpu_pair:
+        g._graphs = _StandIn(products=True)
+    try:
+        _whole_products_give_the_eager_bytes(cpu_pair)
+        client, _, g = cpu_pair[0]
+        m = encode_matrix(g, np.eye(64) / 2, P.top_level, n1=8)
+        up = client.encrypt_to_bytes(replicate_input(np.ones(64), SLOTS))
+        counts = []
+        for _ in range(3):  # eager (its rotations and rescales graphed one by one), captured, replayed
+            before = g._graphs.replays
+            matvec(g, m, g.deserialize(up))
+            counts.append(g._graphs.replays - before)
+        assert counts[0] > 1 and counts[1:] == [1, 1]  # then one replay for the whole product
+    finally:
+        for _, _, g in cpu_pair:
+            g._graphs = _StandIn()
+
+
+def _products(be) -> list:
+    return [n for n in (*be._graphs._seen, *be._graphs._graphs) if n[0] == "product"]
+
+
+def test_a_product_whose_plaintexts_are_unchecked_is_not_graphed(cpu_pair):
+    """A matrix whose all-zero flags are not known yet (the first product computes them) is
+    not named: its product runs directly, and is graphed from the next one."""
+    client, _, routed = cpu_pair[0]
+    routed._graphs = _StandIn(products=True)
+    try:
+        m = encode_matrix(routed, np.eye(64) / 2, P.top_level, n1=8)
+        for pt in m.plaintexts.values():
+            pt.nonzero = None
+        up = client.encrypt_to_bytes(replicate_input(np.ones(64), SLOTS))
+        matvec(routed, m, routed.deserialize(up))  # its rotations and rescales graphed one by one
+        assert not _products(routed) and all(pt.nonzero for pt in m.plaintexts.values())
+        matvec(routed, m, routed.deserialize(up))
+        assert len(_products(routed)) == 1
+    finally:
+        routed._graphs = _StandIn()
+
+
 # ---- on a CUDA device ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pair():
@@ -229,6 +336,13 @@ def test_batches_with_other_rows_keys_replay_their_own_graphs(pair):
     """Batches whose first row is the same session share that session's graphs; the rows' keys
     name them, so a batch with another second session gets its own graph and its own bytes."""
     _batches_replay_their_own_graphs(pair)
+
+
+@cuda
+def test_whole_product_replays_give_the_eager_bytes():
+    """On the device: products of two matrices, each eager, captured and replayed as one graph,
+    and a batch's, give the eager backend's bytes, level and scale."""
+    _whole_products_give_the_eager_bytes(_sessions("cuda", lambda device: G.OpGraphs(device, products=True)))
 
 
 @cuda

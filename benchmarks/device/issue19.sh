@@ -14,7 +14,9 @@
 # (--split-round, on by default on CUDA) gives the split by kind and the *.synced totals.
 # CUDA graphs of the key switches and rescales (crypto/native/graphs.py, VEIL_NATIVE_CUDA_GRAPHS=1,
 # off by default until this call measures them): their tests, he_ops' native_graphs run (checked
-# bit-identical to eager there) and protected_bench at context 16 with them, beside the eager run.
+# bit-identical to eager there) and protected_bench at context 16 with them, beside the eager run;
+# last, where the budget leaves time, the same with whole products graphed too
+# (VEIL_NATIVE_CUDA_GRAPHS=products; tests/test_native_graphs.py's product test runs above).
 BUDGET=${BUDGET:-400}
 source benchmarks/device/setup.sh > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
 tail -2 "$OUT/setup.txt"
@@ -41,4 +43,9 @@ stamp protected_sessions
 t=$(within 200) && timeout "$t" python3 -m veil.benchmarks.protected_sessions --device cuda --model /tmp/model \
   --sessions 1,4,16 --warmup --out "$OUT/ps.json" 2>&1 | keep > "$OUT/ps.txt"
 grep -E "tpot|aggregate|server_s|equal|peak" "$OUT/ps.txt"
+stamp protected_bench_products  # if time is left: whole products replayed from CUDA graphs too
+t=$(within 70) && VEIL_NATIVE_CUDA_GRAPHS=products timeout "$t" python3 -m veil.benchmarks.protected_bench \
+  --he-backend native --device cuda --model /tmp/model --contexts 16 --out "$OUT/pb_products.json" 2>&1 \
+  | keep > "$OUT/pb_products.txt"
+grep -E "layer_server_s|tpot_s|peak|rel_err|graph" "$OUT/pb_products.txt"
 stamp end

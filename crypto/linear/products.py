@@ -16,6 +16,10 @@ def matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
         raise HEError("matrix encoded for another parameter set")
     if be.level(x) != matrix.level:
         raise HEError(f"input at level {be.level(x)}, matrix encoded for {matrix.level}")
+    return be.run_product(matrix, lambda y: _matvec(be, matrix, y), x)
+
+
+def _matvec(be: HEBackend, matrix: EncodedMatrix, x: Ciphertext) -> Ciphertext:
     plan = matrix.plan
     baby = baby_steps(be, x, plan.n1)
     # every giant step's inner sum over the baby steps in one call (a backend may read each

@@ -67,15 +67,15 @@ class NativeBackend(Evaluator, HEBackend):
         return NativeBatch(rows)
 
     def __init__(self, params: CkksParams, device: torch.device | str = "cpu",
-                 compile: bool | None = None, cuda_graphs: bool | None = None) -> None:
+                 compile: bool | None = None, cuda_graphs: bool | str | None = None) -> None:
         self.params = params
         if compile is None:
             compile = os.environ.get("VEIL_NATIVE_COMPILE", "") == "1"
         if cuda_graphs is None:  # off until measured on a GPU (benchmarks/device/issue19.sh)
-            cuda_graphs = os.environ.get("VEIL_NATIVE_CUDA_GRAPHS", "") == "1"
+            cuda_graphs = {"1": True, "products": "products"}.get(os.environ.get("VEIL_NATIVE_CUDA_GRAPHS", ""), False)
         self._ctx = RnsContext(params, device, compile)
-        if cuda_graphs and self._ctx.device.type == "cuda":
-            self._graphs = OpGraphs(self._ctx.device)
+        if cuda_graphs and self._ctx.device.type == "cuda":  # "products": whole products too
+            self._graphs = OpGraphs(self._ctx.device, products=cuda_graphs == "products")
         if self._ctx.device.type == "cpu":
             heap.keep_freed_memory()  # a key switch allocates tens of MB: reuse the pages
         self._n, self._slots = params.poly_modulus_degree, params.slot_count

@@ -44,6 +44,32 @@ class Evaluator:
             return fn(*inputs)
         return self._graphs.run(name + key_storage(*keys), fn, *inputs)
 
+    def run_product(self, matrix, fn, x: Ciphertext) -> Ciphertext:
+        """``fn(x)``, a whole product over ``matrix``'s plaintexts (``linear.matvec``): one CUDA
+        graph where this backend graphs whole products (``VEIL_NATIVE_CUDA_GRAPHS=products``),
+        named by the plaintexts' storage and flags, x's level and scale, and every key of the
+        backend (a batch: every row's); the output's level and scale come back with a replay."""
+        graphs = self._graphs
+        name = _product_name(matrix) if graphs is not None and graphs.products else None
+        if name is None:
+            return fn(x)
+        c = self._unwrap(x)
+
+        def product(data: torch.Tensor):
+            out = self._unwrap(fn(self._wrap(data, c.level, c.scale)))
+            return out.data, (out.level, out.scale)
+
+        data, (level, scale) = graphs.run(("product", c.level, c.scale, name) + self._key_names(), product, c.data)
+        return self._wrap(data, level, scale)
+
+    def _key_names(self) -> tuple:
+        """``key_storage`` of every switching key this backend holds, kept until they change."""
+        held = (self._rlk, *self._gks.values())
+        cached = getattr(self, "_key_names_of", None)
+        if cached is None or len(cached[0]) != len(held) or any(a is not b for a, b in zip(cached[0], held, strict=True)):
+            cached = self._key_names_of = (held, key_storage(*(k for k in held if k is not None)))
+        return cached[1]
+
     # ------------------------------------------------------------------ arithmetic
     def add(self, a: Ciphertext, b: Ciphertext) -> Ciphertext:
         x, y = self._unwrap(a), self._unwrap(b)
@@ -341,3 +367,20 @@ class Evaluator:
         except serial.SerialError as e:
             raise CiphertextError(str(e)) from e
         return self._wrap(self._expand(polys, seed, got_level), got_level, got_scale)
+
+
+def _product_name(matrix) -> tuple | None:
+    """What a whole product over ``matrix`` reads besides its input and the keys: its plan, and
+    each diagonal's storage (address, shape, strides), level, scale and all-zero flags (a
+    replay skips the checks ``_plain_operand`` makes; a name differs where their outcome could).
+    None while a flag is unknown (the first product computes it). Kept on the matrix: an
+    encoded matrix's plaintexts do not change."""
+    name = matrix.__dict__.get("_graph_name")
+    if name is None:
+        pts = sorted(matrix.plaintexts.items())
+        if any(pt.nonzero is None or not isinstance(pt._obj, torch.Tensor) for _, pt in pts):
+            return None
+        name = matrix.__dict__["_graph_name"] = (matrix.plan, matrix.pack, tuple(
+            (u, pt._obj.data_ptr(), tuple(pt._obj.shape), pt._obj.stride(), pt.level, pt.scale, pt.nonzero,
+             pt.row_nonzero) for u, pt in pts))
+    return name

@@ -17,6 +17,16 @@ shared by every graph of the same shapes, and the graphs' intermediates by one m
 graph costs no memory of its own beyond its nodes. Calls are serialized by a lock: a replay owns
 the buffers from its copy in to its clone out.
 
+Whole products (``VEIL_NATIVE_CUDA_GRAPHS=products``, ``Evaluator.run_product``): a matrix-vector
+product's baby steps, giant-step sums, rotations, rescales and additions as one graph, named by
+its plaintexts' storage and the backend's keys: one replay for ~40 launches and ~100 torch ops
+of a product, its key switches' graphs included (``benchmarks/results/2026-12-07-product-graphs``).
+A graphed call's own calls run inside its capture (captured with it): a graph is never replayed
+inside another's capture, and the lock is not taken twice. Where it runs eagerly (its first
+call, a failed capture), its own calls are graphed as any others. ``fn`` may return a tensor and
+host-side facts about it that a replay cannot recompute (a ciphertext's level and scale): a
+replay returns them as the capture found them.
+
 Why keys by address: a graph reads the key it was captured with in place, so it is replayed only
 for a key stored there now (a later key at a freed key's address, same shape and strides, is
 that key: the graph reads it). The address tables the key-inner kernel reads are held by the
@@ -51,7 +61,12 @@ MAX_GRAPHS = 1024
 #: would not fit stays eager (a batch's hoisted sets, 0.5 GB of output by shape at 16 rows, are
 #: one launch sequence each anyway).
 MAX_BUFFER_BYTES = 256 << 20
+#: What a whole product's working set adds to the pool (``reserved_bytes``), by shape: a batch of
+#: 16 rows' baby steps at the top level are 15 x 16 x 2 x 8 x N int64, 503 MB, and its hoisted
+#: chunk's digits 151 MB more; one session's product needs a sixteenth of that.
+PRODUCT_POOL_BYTES = 1 << 30
 _EAGER = object()  # a name whose capture failed
+_local = threading.local()  # .within: a graphed call of this thread is running (its calls are part of it)
 
 
 def key_storage(*keys) -> tuple:
@@ -70,14 +85,16 @@ class _Graph:
     inputs: tuple[torch.Tensor, ...]  # the static buffers it reads (shared by shape)
     output: torch.Tensor  # the static buffer it writes (shared by shape)
     kept: list  # what it reads that no one else holds for it (address tables)
+    facts: object = None  # what fn returned beside its tensor, if anything (module doc)
 
 
 class OpGraphs:
     """One backend's graphs (a session's; a batch of sessions uses its first row's)."""
 
     def __init__(self, device: torch.device, max_graphs: int = MAX_GRAPHS,
-                 max_buffer_bytes: int = MAX_BUFFER_BYTES) -> None:
+                 max_buffer_bytes: int = MAX_BUFFER_BYTES, products: bool = False) -> None:
         self.device, self.max_graphs, self.max_buffer_bytes = torch.device(device), max_graphs, max_buffer_bytes
+        self.products = products  # whole products too (``Evaluator.run_product``), not only key switches
         self._graphs: OrderedDict[tuple, _Graph | object] = OrderedDict()
         self._seen: OrderedDict[tuple, None] = OrderedDict()  # names run once, eagerly
         self._buffers: dict[tuple, torch.Tensor] = {}
@@ -87,31 +104,37 @@ class OpGraphs:
         self._lock = threading.Lock()
         self.replays = self.captures = 0
 
-    def run(self, name: tuple, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
-        """``fn(*inputs)``, from a graph where one was captured for ``name`` and these shapes."""
+    def run(self, name: tuple, fn: Callable[..., torch.Tensor | tuple], *inputs: torch.Tensor):
+        """``fn(*inputs)``, from a graph where one was captured for ``name`` and these shapes
+        (``fn`` returns a tensor, or a tensor and facts about it: module doc)."""
+        if getattr(_local, "within", False):  # part of an enclosing graphed call
+            return fn(*inputs)
         full = name + tuple((tuple(x.shape), x.dtype) for x in inputs)
         with self._lock:
             entry = self._graphs.get(full)
             if entry is None:
                 if full not in self._seen:
                     _remember(self._seen, full, self.max_graphs)
-                    return fn(*inputs)
-                entry = self._capture(full, fn, inputs)
-                _remember(self._graphs, full, self.max_graphs, entry)
+                    entry = _EAGER
+                else:
+                    entry = self._capture(full, _enclosing(fn), inputs)
+                    _remember(self._graphs, full, self.max_graphs, entry)
             else:
                 self._graphs.move_to_end(full)
-            if entry is _EAGER:
-                return fn(*inputs)
-            return self._replay(entry, inputs)
+            if entry is not _EAGER:
+                return self._replay(entry, inputs)
+        # eagerly (a name's first call, or one whose capture failed), outside the lock: its own
+        # graphed calls replay their graphs as any others
+        return fn(*inputs)
 
     @property
     def reserved_bytes(self) -> int:
         """What the device budget (``--protected-device-gb``) counts for these graphs from the
         start: the static buffers' limit, and as much again for the pool, which holds the largest
         captured operation's working set (by shape, the digits of a 16-row rotation at the top level
-        alone are 16 x 8 x 9 x N int64, 151 MB). Not measured on a GPU, and the pool is not bounded
-        by this class: an estimate, not a limit."""
-        return 2 * self.max_buffer_bytes
+        alone are 16 x 8 x 9 x N int64, 151 MB); with whole products, ``PRODUCT_POOL_BYTES`` more.
+        Not measured on a GPU, and the pool is not bounded by this class: an estimate, not a limit."""
+        return 2 * self.max_buffer_bytes + (PRODUCT_POOL_BYTES if self.products else 0)
 
     @property
     def buffer_bytes(self) -> int:
@@ -137,7 +160,8 @@ class OpGraphs:
         # once on the static buffers first, on this stream (its working memory goes back to the
         # eager cache): a kernel specialized for their strides and alignment compiles here, not
         # inside the capture
-        output = self._buffer("out", fn(*static))
+        first, facts = _split(fn(*static))
+        output = self._buffer("out", first)
         if output is None:
             return _EAGER
         current = torch.cuda.current_stream(self.device)
@@ -150,7 +174,7 @@ class OpGraphs:
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
                     with ckks_ops.keep_tables(kept):
-                        output.copy_(fn(*static))
+                        output.copy_(_split(fn(*static))[0])
                 except BaseException:
                     with contextlib.suppress(Exception):
                         graph.capture_end()
@@ -166,7 +190,7 @@ class OpGraphs:
         if self._pool is None:
             self._pool = graph.pool()
         self.captures += 1
-        return _Graph(graph, static, output, kept)
+        return _Graph(graph, static, output, kept, facts)
 
     def _replay(self, g: _Graph, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         current = torch.cuda.current_stream(self.device)
@@ -177,7 +201,22 @@ class OpGraphs:
             buf.copy_(x)
         g.graph.replay()
         self.replays += 1
-        return g.output.clone()
+        return g.output.clone() if g.facts is None else (g.output.clone(), g.facts)
+
+
+def _split(result) -> tuple[torch.Tensor, object]:
+    return result if isinstance(result, tuple) else (result, None)
+
+
+def _enclosing(fn: Callable) -> Callable:
+    """``fn`` with this thread's further graphed calls running as part of it."""
+    def call(*inputs):
+        _local.within = True
+        try:
+            return fn(*inputs)
+        finally:
+            _local.within = False
+    return call
 
 
 def _remember(table: OrderedDict, key: tuple, limit: int, value=None) -> None:
