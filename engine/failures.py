@@ -30,7 +30,8 @@ log = logging.getLogger("veil.engine")
 
 
 class StepFailures:
-    """The engine's failure handling; every method runs with the engine's lock held."""
+    """The engine's failure handling; its methods run with the engine's lock held (``failing``, a
+    read, from any thread)."""
 
     def __init__(self, cfg: EngineConfig, scheduler: Scheduler, finish: Callable[[Sequence, object], None]):
         self.cfg, self.scheduler, self.finish = cfg, scheduler, finish

@@ -19,8 +19,8 @@ the buffers from its copy in to its clone out.
 
 Whole products (``VEIL_NATIVE_CUDA_GRAPHS=products``, ``Evaluator.run_product``): a matrix-vector
 product's baby steps, giant-step sums, rotations, rescales and additions as one graph, named by
-its plaintexts' storage and the backend's keys: one replay for ~40 launches and ~100 torch ops
-of a product, its key switches' graphs included (``benchmarks/results/2026-12-07-product-graphs``).
+its plaintexts' storage and the backend's keys: one replay in place of its additions', sums' and
+key switches' launches (a layer's, counted on the CPU: ``benchmarks/results/2026-12-07-product-graphs``).
 A graphed call's own calls run inside its capture (captured with it): a graph is never replayed
 inside another's capture, and the lock is not taken twice. Where it runs eagerly (its first
 call, a failed capture), its own calls are graphed as any others. ``fn`` may return a tensor and
