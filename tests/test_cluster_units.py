@@ -158,3 +158,34 @@ def test_serve_refuses_zero_replicas(tmp_path, capsys):
     TenantStore(tmp_path / "t.json").add("alice", ["plaintext"])
     assert main(["serve", "--tenants", str(tmp_path / "t.json"), "--replicas", "0"]) == 2
     assert "--replicas" in capsys.readouterr().err
+
+
+def test_the_gathered_health_counts_a_failing_replica_out():
+    """The ingress's /health over stubbed replica answers (no Ray cluster): a replica whose engine
+    fails its steps (503 engine_failing) is listed with that code and not counted healthy, so
+    the cluster reads "degraded"; with none healthy, 503."""
+    pytest.importorskip("ray")
+    from veil.cluster.ingress import Ingress
+    from veil.server.config import ServerConfig
+
+    class _Handle:  # stands in for the engine deployment's handle: only options() is called here
+        def options(self, **kw):
+            return self
+
+    ok = Head(200, (), json.dumps({"status": "ok", "model": "m", "sessions": 2}).encode(), False)
+    failing = Head(503, (), json.dumps({"error": {"code": "engine_failing", "message": "..."}}).encode(), False)
+    ingress = Ingress(_Handle(), ServerConfig(), 2, "{}")
+
+    async def gathered(answers):
+        async def ask_all(path):
+            assert path == "/health"
+            return answers
+        ingress.ask_all = ask_all
+        return await ingress.health()
+
+    r = asyncio.run(gathered({"r1": ok, "r2": failing}))
+    body = json.loads(r.body)
+    assert r.status_code == 200 and body["status"] == "degraded" and body["replicas"]["healthy"] == 1
+    assert [(x["id"], x["status"]) for x in body["replica_status"]] == [("r1", "ok"), ("r2", "engine_failing")]
+    r = asyncio.run(gathered({"r2": failing}))
+    assert r.status_code == 503 and json.loads(r.body)["error"]["code"] == "engine_unavailable"
