@@ -7,6 +7,8 @@ reads. Everywhere: what names a graph, the address tables kept for a capture, an
 first-eager / then-capture / then-replay bookkeeping (with a stand-in for the capture, below).
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -188,12 +190,46 @@ def test_a_graphed_calls_own_calls_run_inside_its_capture():
     assert [n[0] for n in graphs._graphs] == ["outer", "eager", "inner"] and graphs.captures == 2  # LRU order
 
 
-def test_a_graph_returns_the_facts_its_capture_found():
-    graphs = _StandIn()
+class _FakeCudaGraph:
+    """For the next test only: torch.cuda's graph, on the CPU, capturing and replaying nothing
+    (so a "replay" leaves the output buffer as the capture wrote it)."""
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        pass
+
+    def capture_end(self):
+        pass
+
+    def pool(self):
+        return None
+
+    def replay(self):
+        pass
+
+
+class _FakeStream:
+    def __init__(self, device=None):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+def test_a_graph_returns_the_facts_its_capture_found(monkeypatch):
+    """``OpGraphs._capture`` and ``_replay`` as written (torch.cuda's graph and streams replaced
+    by fakes that capture nothing): a function's facts come back from the capture at every
+    replay, not from the replay's inputs, which are copied into the static buffer."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeCudaGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    graphs = G.OpGraphs(torch.device("cpu"))
     x = torch.arange(4)
-    got = [graphs.run(("f",), lambda y: (2 * y, ("level", int(y.sum()))), x + i) for i in range(3)]
-    assert [(t.tolist(), facts) for t, facts in got] == [([0, 2, 4, 6], ("level", 6)), ([2, 4, 6, 8], ("level", 10)),
-                                                        ([4, 6, 8, 10], ("level", 10))]  # the capture's facts
+    got = [graphs.run(("f",), lambda y: (2 * y, ("sum", int(y.sum()))), x + i) for i in range(3)]
+    assert [(t.tolist(), facts) for t, facts in got[:2]] == [([0, 2, 4, 6], ("sum", 6)), ([2, 4, 6, 8], ("sum", 10))]
+    assert got[2][1] == ("sum", 10) and graphs.replays == 2  # the capture's facts, not 14
+    (static,) = next(iter(graphs._graphs.values())).inputs
+    assert static.tolist() == (x + 2).tolist()
 
 
 def _whole_products_give_the_eager_bytes(sessions, batch_rows=None):

@@ -25,6 +25,9 @@ class EncodedMatrix:
     plan: MatvecPlan
     plaintexts: dict[int, Plaintext] = field(repr=False)
     pack: int = 1  # positions per ciphertext: the plan is for slot_count / pack slots (``pack_inputs``)
+    # what a backend that graphs whole products names this matrix's plaintexts by, made at its
+    # first product there (``native.evaluator.run_product``): the plaintexts do not change
+    graph_name: object = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def rows(self) -> int:

@@ -16,7 +16,7 @@ from veil.crypto.backend import Ciphertext, CiphertextError, HEError, Plaintext,
 from veil.crypto.native import keys as K
 from veil.crypto.native import keyswitch, rns, serial
 from veil.crypto.native.context import galois_element
-from veil.crypto.native.graphs import OpGraphs, key_storage
+from veil.crypto.native.graphs import Name, OpGraphs, key_storage
 from veil.crypto.native.sampling import DIGIT_BITS, Stream
 from veil.kernels.host import to_device
 
@@ -59,16 +59,17 @@ class Evaluator:
             out = self._unwrap(fn(self._wrap(data, c.level, c.scale)))
             return out.data, (out.level, out.scale)
 
-        data, (level, scale) = graphs.run(("product", c.level, c.scale, name) + self._key_names(), product, c.data)
+        data, (level, scale) = graphs.run(("product", c.level, c.scale, name, self._key_names()), product, c.data)
         return self._wrap(data, level, scale)
 
     def _key_names(self) -> tuple:
-        """``key_storage`` of every switching key this backend holds, kept until they change."""
-        held = (self._rlk, *self._gks.values())
+        """``key_storage`` of every switching key this backend holds, made again only when they
+        are replaced (importing or making keys, and a batch's rows, assign new objects)."""
         cached = getattr(self, "_key_names_of", None)
-        if cached is None or len(cached[0]) != len(held) or any(a is not b for a, b in zip(cached[0], held, strict=True)):
-            cached = self._key_names_of = (held, key_storage(*(k for k in held if k is not None)))
-        return cached[1]
+        if cached is None or cached[0] is not self._gks or cached[1] is not self._rlk:
+            held = (k for k in (self._rlk, *self._gks.values()) if k is not None)
+            cached = self._key_names_of = (self._gks, self._rlk, Name(key_storage(*held)))
+        return cached[2]
 
     # ------------------------------------------------------------------ arithmetic
     def add(self, a: Ciphertext, b: Ciphertext) -> Ciphertext:
@@ -373,14 +374,13 @@ def _product_name(matrix) -> tuple | None:
     """What a whole product over ``matrix`` reads besides its input and the keys: its plan, and
     each diagonal's storage (address, shape, strides), level, scale and all-zero flags (a
     replay skips the checks ``_plain_operand`` makes; a name differs where their outcome could).
-    None while a flag is unknown (the first product computes it). Kept on the matrix: an
-    encoded matrix's plaintexts do not change."""
-    name = matrix.__dict__.get("_graph_name")
-    if name is None:
+    None while a flag is unknown (the first product computes it). Kept on the matrix
+    (``EncodedMatrix.graph_name``)."""
+    if matrix.graph_name is None:
         pts = sorted(matrix.plaintexts.items())
         if any(pt.nonzero is None or not isinstance(pt._obj, torch.Tensor) for _, pt in pts):
             return None
-        name = matrix.__dict__["_graph_name"] = (matrix.plan, matrix.pack, tuple(
+        matrix.graph_name = Name((matrix.plan, matrix.pack, *(
             (u, pt._obj.data_ptr(), tuple(pt._obj.shape), pt._obj.stride(), pt.level, pt.scale, pt.nonzero,
-             pt.row_nonzero) for u, pt in pts))
-    return name
+             pt.row_nonzero) for u, pt in pts)))
+    return matrix.graph_name

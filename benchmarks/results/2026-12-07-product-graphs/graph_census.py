@@ -10,9 +10,9 @@ is captured second), so the counted step replays every name it can.
 
     cd benchmarks/results/2026-12-07-product-graphs && PYTHONSAFEPATH=1 python graph_census.py [--products | --eager]
 
-A copy of ``../2026-12-06-op-graphs/graph_census.py`` with ``--products`` added and the rows kernel
-counted as ``../2026-12-07-mac-rows/census.py`` counts it (the op-graphs census predates it: a
-product's giant steps were then left out).
+A copy of ``../2026-12-06-op-graphs/graph_census.py`` with ``--products`` added, on top of
+``../2026-12-07-mac-rows/census.py``'s patches (the rows kernel counted: the op-graphs census
+predates it, and left a product's giant steps out).
 """
 
 import os
@@ -22,35 +22,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 PRODUCTS = "--products" in sys.argv
 import layer_count  # noqa: E402  (first: it turns the C kernels off and patches the launchers)
 
-import torch  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-07-mac-rows"))
+import census  # noqa: E402, F401  (its patches only: the rows kernel counted, ckks_ops.mac's CUDA branch as it is)
 
 from veil.crypto.native import graphs as G  # noqa: E402
 from veil.crypto.native.backend import NativeBackend  # noqa: E402
-from veil.kernels import ckks_ops  # noqa: E402
-
-
-# as ../2026-12-07-mac-rows/census.py: a product's giant steps (the rows kernel) counted, and
-# ckks_ops.mac's CUDA branch with a batch's per-row operands on the rows kernel
-def _rows_twin(a, rows, basis, layout=None):
-    outs = []
-    for row in rows:
-        keep = [k for k, w in enumerate(row) if w is not None]
-        outs.append(ckks_ops.mac_torch(a[keep], [row[k] for k in keep], basis))
-    return torch.stack(outs)
-
-
-ckks_ops.mac_many_triton = layer_count.counted("mac_rows", lambda *a: 1, _rows_twin)
-_mac_stand_in = ckks_ops.mac
-
-
-def _mac(a, w, basis):
-    layout = None if all(x.dim() == 2 for x in w) else ckks_ops.rows_kernel_layout(a, w)
-    if layout is not None:
-        return ckks_ops.mac_many_triton(a if torch.is_tensor(a) else torch.stack(list(a)), [list(w)], basis, layout)[0]
-    return _mac_stand_in(a, w, basis)
-
-
-ckks_ops.mac = _mac
 
 
 class CountedReplays(G.OpGraphs):
