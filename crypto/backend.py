@@ -39,6 +39,7 @@ __all__ = [
     "BackendError",
     "Ciphertext",
     "Plaintext",
+    "ValueBounds",
     "RefreshMask",
     "PublicMaterial",
     "HEBackend",
@@ -94,6 +95,20 @@ class Plaintext:
 
     def __repr__(self) -> str:
         return f"Plaintext(params={self.params_id!r}, level={self.level}, scale=2^{np.log2(self.scale):.1f})"
+
+
+@dataclass(frozen=True)
+class ValueBounds:
+    """What the caller of ``encode_many`` vouches for about values the backend would otherwise
+    read back to check (values on a GPU: each read waits for every queued kernel): every
+    ``|value|`` is at most ``peak``, and vector ``i``'s sum of squares is at least ``sumsq[i]``.
+    Where they settle an encoding's range check and its all-zero check, the native backend takes
+    them instead of reading (``Encoder.encode_rows``); where they do not, it reads as before. The
+    shuffled FFN's matrices carry them: a permutation keeps a matrix's entries
+    (``linear.EntryBounds``)."""
+
+    peak: float
+    sumsq: np.ndarray = field(repr=False)  # [vectors], float64
 
 
 @dataclass
@@ -280,10 +295,12 @@ class HEBackend(abc.ABC):
         """Encode a real vector at ``level`` (default top) and ``scale`` (default Δ)."""
 
     def encode_many(self, values: Sequence[np.ndarray], level: int | None = None,
-                    scale: float | None = None) -> list[Plaintext]:
+                    scale: float | None = None, bounds: ValueBounds | None = None) -> list[Plaintext]:
         """Encode several vectors at one level and scale (a matrix's diagonals): a sequence of
         vectors, or a 2-D array of them (or of ``encodable``'s kind); a backend may batch them
-        (the native one runs one FFT and one NTT per chunk of vectors)."""
+        (the native one runs one FFT and one NTT per chunk of vectors). ``bounds``: what the
+        caller knows of the values (``ValueBounds``); a backend that reads nothing back ignores
+        them."""
         return [self.encode(v, level, scale) for v in values]
 
     def encodable(self, a: np.ndarray):

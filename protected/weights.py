@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from veil.crypto.backend import HEBackend
-from veil.crypto.linear import EncodedMatrix, MatvecPlan, encode_matrices, plan_packed
+from veil.crypto.linear import EncodedMatrix, EntryBounds, MatvecPlan, encode_matrices, plan_packed
 from veil.protected.layouts import HIDDEN_FRAMES, LayoutDims
 from veil.protected.protocol import LEVELS, Levels
 
@@ -87,10 +87,12 @@ def product_plan(dims: LayoutDims, name: str) -> MatvecPlan:
     return plan_packed(rows, cols, dims.slots, MATRIX_LAYOUTS[name], N1, span, 1, frames)
 
 
-def _encode(be: HEBackend, name: str, ws, dims: LayoutDims, levels: Levels) -> list[EncodedMatrix]:
+def _encode(be: HEBackend, name: str, ws, dims: LayoutDims, levels: Levels,
+            entries: EntryBounds | None = None) -> list[EncodedMatrix]:
     """Product ``name``'s matrices ``[B, rows, cols]`` (an array, or ``be.encodable``'s tensor)."""
     span, frames = input_spans(dims)[name]
-    return encode_matrices(be, ws, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=span, frames=frames)
+    return encode_matrices(be, ws, levels.matrices[name], N1, MATRIX_LAYOUTS[name], max_input_span=span, frames=frames,
+                           entries=entries)
 
 
 class EncodedLayer:
@@ -108,6 +110,9 @@ class EncodedLayer:
                 for name, w in weights.matrices().items()}
         self.wqkv, self.wo, self.wgu, self.wdown = mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"]
         self.ffn = (be.encodable(weights.w_gu), be.encodable(weights.w_down)) if shuffled else None
+        # what every permutation of them keeps, so that their encodings need no read from the
+        # device (on a GPU: 7 host syncs per step, ``benchmarks/results/2026-12-07-shuffle-bounds``)
+        self.ffn_entries = (EntryBounds.of(weights.w_gu), EntryBounds.of(weights.w_down)) if shuffled else None
 
     @property
     def nbytes(self) -> int:
@@ -132,7 +137,9 @@ class EncodedLayer:
         if not isinstance(w_gu, np.ndarray):  # a tensor: index it with one of its own
             rows, cols = (w_gu.new_tensor(rows, dtype=torch.int64), w_gu.new_tensor(cols, dtype=torch.int64))
         gu, down = w_gu[rows], w_down[:, cols].swapaxes(0, 1)  # [B, 2F, D], [B, D, F]
-        return _encode(be, "wgu", gu, self.dims, self.levels), _encode(be, "wdown", down, self.dims, self.levels)
+        gu_entries, down_entries = self.ffn_entries
+        return (_encode(be, "wgu", gu, self.dims, self.levels, gu_entries),
+                _encode(be, "wdown", down, self.dims, self.levels, down_entries))
 
 
 def ffn_permutation(n: int) -> np.ndarray:

@@ -259,6 +259,44 @@ def test_encodings_checks_from_host_bounds_equal_the_devices(rng, monkeypatch):
             enc.encode_rows(bad, 2.0**20)
 
 
+def test_encodings_checks_from_the_callers_bounds_need_no_read(rng, monkeypatch):
+    """Values on the device with the caller's ``ValueBounds`` (the shuffled FFN's: a permutation
+    keeps its matrix's entries): where the peak bound and each vector's least sum of squares
+    settle the checks, the encoding is not read back, and the flags are the encoding's own;
+    where one vector's bound cannot tell, or the peak bound passes the limit, one read, and the
+    result is the same; bounds for another number of vectors, or not finite, are refused."""
+    from veil.crypto.backend import ValueBounds
+    from veil.crypto.native.encoding import Encoder
+
+    enc = Encoder(256)
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
+    values = torch.from_numpy(rng.standard_normal((4, 100)))
+    values[2] = 0.0  # an all-zero vector: its least sum of squares is 0, which settles nothing
+    sumsq, peak = values.square().sum(-1).numpy(), float(values.abs().max())
+    want, _ = enc.encode_rows(values.numpy(), 2.0**20)
+    for bounds, want_reads in ((ValueBounds(peak, np.delete(sumsq, 2)), None),
+                               (ValueBounds(peak, np.where(sumsq > 0, sumsq, 0.0)), 1),
+                               (ValueBounds(peak, np.ones(4) * 1e-30), 1),  # too small to tell
+                               (ValueBounds(peak * 2.0**50, sumsq), 1)):  # past the limit below
+        reads.clear()
+        if want_reads is None:
+            with pytest.raises(ValueError, match="bounds for 3 vectors"):
+                enc.encode_rows(values, 2.0**20, bounds=bounds)
+            continue
+        coeffs, flags = enc.encode_rows(values, 2.0**20, bound=2.0**62 if bounds.peak == peak else 2.0**40,
+                                        bounds=bounds)
+        assert len(reads) == want_reads and torch.equal(coeffs, want)
+        assert flags == [True, True, False, True]
+    nonzero = values[[0, 1, 3]]
+    reads.clear()
+    coeffs, flags = enc.encode_rows(nonzero, 2.0**20, bounds=ValueBounds(peak, np.delete(sumsq, 2) * 0.5))
+    assert not reads and flags == [True] * 3 and torch.equal(coeffs, want[[0, 1, 3]])
+    with pytest.raises(ValueError, match="bounds for"):
+        enc.encode_rows(nonzero, 2.0**20, bounds=ValueBounds(float("nan"), np.delete(sumsq, 2)))
+
+
 def test_decode_plaintext_gives_the_values_with_their_encoding_error(pair, rng):
     """``decode_plaintext`` (as SEAL's, for the flooding-margin measurements) returns the encoded
     values up to the encoding's rounding (~2^5 / scale), and a 0/1 mask's exact zeros and ones

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from veil.crypto.backend import HEError
-from veil.crypto.linear import encode_matrices, encode_matrix, matvec, plan_matvec, replicate_input
+from veil.crypto.linear import (
+    EntryBounds,
+    encode_matrices,
+    encode_matrix,
+    matvec,
+    plan_matvec,
+    replicate_input,
+)
 from veil.crypto.native.batch import NativeBatch
 from veil.crypto.params import TEST_PARAMS_ID, get_params
 
@@ -241,6 +248,46 @@ def test_matrices_encoded_together_equal_each_alone(rows, layout, shape):
                 assert torch.equal(pt._obj, want)
         if layout == "bsgs":
             assert len(together[1].plaintexts) == len(encode_matrix(be, ws[1], 2).plaintexts) + 1
+
+
+def test_permuted_matrices_encode_from_their_entry_bounds_without_a_read(rows, monkeypatch):
+    """The shuffled FFN (``EncodedLayer.shuffled_ffn``): copies of one matrix with its rows in
+    other orders, a few entries exactly zero (as in the shipped weights), encoded together from
+    the device tensor with the matrix's ``EntryBounds``: no read from the device (on a GPU each
+    waits for every queued kernel), and the same plaintexts and all-zero flags as without them,
+    bit for bit. A matrix whose zeros could fill a diagonal is read, and still right; the bounds
+    are a lower bound on any set of its entries' squares."""
+    be = rows[0][1]
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((64, 64))
+    w.flat[rng.choice(w.size, 40, replace=False)] = 0.0
+    sparse = np.zeros((64, 64))
+    sparse[0, 0] = sparse[5, 9] = sparse[63, 1] = 1.0
+    reads = []
+    for name in ("cpu", "tolist"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, **k: reads.append(t.shape) or _real(t, *a, **k))
+    for m, want_reads in ((w, False), (sparse, True)):
+        perms = torch.from_numpy(np.stack([rng.permutation(64) for _ in range(3)]))
+        stack = be.encodable(m)[perms]  # [3, 64, 64]: 3 x 64 diagonals, three of the encoder's chunks
+        without = encode_matrices(be, stack, 2)
+        reads.clear()
+        bounded = encode_matrices(be, stack, 2, entries=EntryBounds.of(m))
+        assert bool(reads) is want_reads
+        for a, b in zip(without, bounded, strict=True):
+            assert set(a.plaintexts) == set(b.plaintexts)
+            for u, pt in a.plaintexts.items():
+                assert torch.equal(pt._obj, b.plaintexts[u]._obj) and pt.nonzero is b.plaintexts[u].nonzero
+    sq = np.sort(np.square(w).ravel())
+    for bounds in (EntryBounds.of(w), EntryBounds.of(w, points=100)):  # every sum kept; every 40th
+        for c in (1, 41, 500, 4095, sq.size):
+            least = bounds.least_sumsq(np.array([c]))[0]
+            assert least <= sq[:c].sum() <= sq[rng.choice(sq.size, c, replace=False)].sum() * (1 + 1e-12)
+            assert least >= sq[: c // bounds.step * bounds.step].sum() * (1 - 1e-5)
+        with pytest.raises(HEError, match="smaller matrix"):
+            bounds.least_sumsq(np.array([sq.size + 1]))
+    none, some = EntryBounds.of(w).least_sumsq(np.array([40, 41]))  # 40 entries are zero
+    assert none == 0 < some
 
 
 def test_rows_encoded_together_stack_without_a_copy(rows):

@@ -18,6 +18,7 @@ import torch
 from veil.crypto.backend import Plaintext, make_backend
 from veil.crypto.linear import (
     EncodedMatrix,
+    EntryBounds,
     encode_matrices,
     encode_matrix,
     matvec,
@@ -163,10 +164,11 @@ def test_cuda_encoding_matches_cpu(servers):
 
 
 
-def test_cuda_matrices_encoded_together_from_a_device_tensor(servers):
+def test_cuda_matrices_encoded_together_from_a_device_tensor(servers, monkeypatch):
     """The shuffled FFN's path on a GPU: ``encode_matrices`` gathers the diagonals from the
     weights' device tensor and encodes them in GPU-sized chunks; each equals the same device's
-    ``encode_matrix`` of the host array, bit for bit."""
+    ``encode_matrix`` of the host array, bit for bit; with the matrix's ``EntryBounds``, the same
+    with no read from the device."""
     _, _, gpu = servers
     ws = np.random.default_rng(9).standard_normal((3, 96, 64))
     for m, w in zip(encode_matrices(gpu, gpu.encodable(ws), 4, n1=8), ws, strict=True):
@@ -174,6 +176,20 @@ def test_cuda_matrices_encoded_together_from_a_device_tensor(servers):
         assert m.plaintexts.keys() == alone.plaintexts.keys()
         assert all(torch.equal(m.plaintexts[u]._obj, pt._obj) for u, pt in alone.plaintexts.items())
         assert all(pt.nonzero for pt in m.plaintexts.values())  # checked per chunk, not per product
+    # permuted copies of one matrix with its EntryBounds (the shuffled FFN's): the same, unread
+    reads = []
+    for name in ("cpu", "tolist", "item"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, _n=name, **k: reads.append(_n) or _real(t, *a, **k))
+    rng = np.random.default_rng(10)
+    stack = gpu.encodable(ws[0])[torch.from_numpy(np.stack([rng.permutation(96) for _ in range(2)])).cuda()]
+    without = encode_matrices(gpu, stack, 4, n1=8)
+    reads.clear()
+    bounded = encode_matrices(gpu, stack, 4, n1=8, entries=EntryBounds.of(ws[0]))
+    assert not reads
+    for a, b in zip(without, bounded, strict=True):
+        assert a.plaintexts.keys() == b.plaintexts.keys()
+        assert all(torch.equal(pt._obj, b.plaintexts[u]._obj) and b.plaintexts[u].nonzero for u, pt in a.plaintexts.items())
 
 # ---- the Triton kernels of the native backend (veil.kernels.ckks_*) vs their CPU twins ------------
 # On CUDA the backend's NTTs, key inner products and rescale / ModDown tails run as Triton kernels,

@@ -27,6 +27,7 @@ diagonal plaintexts, inputs in the slots) and ``products`` (the products over th
 
 from veil.crypto.linear.encode import (
     EncodedMatrix,
+    EntryBounds,
     encode_matrices,
     encode_matrix,
     pack_inputs,
@@ -52,6 +53,7 @@ __all__ = [
     "plan_matvec",
     "plan_packed",
     "EncodedMatrix",
+    "EntryBounds",
     "encode_matrix",
     "encode_matrices",
     "replicate_input",

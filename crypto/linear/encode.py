@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from veil.crypto.backend import HEBackend, HEError, Plaintext
+from veil.crypto.backend import HEBackend, HEError, Plaintext, ValueBounds
 from veil.crypto.linear.plan import MatvecPlan
 from veil.crypto.linear.planner import plan_packed
 
@@ -40,6 +40,37 @@ class EncodedMatrix:
     @property
     def nbytes(self) -> int:
         return sum(pt.nbytes for pt in self.plaintexts.values())
+
+
+@dataclass(frozen=True)
+class EntryBounds:
+    """What holds of a matrix's entries in any order: the largest magnitude, and a lower bound
+    on the sum of squares of any ``c`` distinct entries (the ``c`` smallest squares summed). A
+    copy of the matrix with its rows or columns permuted (the shuffled FFN, in a new secret order
+    every step) has the same, so ``encode_matrices`` takes its diagonals' all-zero pattern and
+    their encodings' checks from these instead of reading them from the device."""
+
+    peak: float
+    entries: int
+    step: int  # ``smallest[i]``: the ``i * step`` smallest squares summed (kept at ~4k points)
+    smallest: np.ndarray = field(repr=False)
+
+    @classmethod
+    def of(cls, w, points: int = 4096) -> EntryBounds:
+        a = np.abs(np.asarray(w, dtype=np.float64)).ravel()
+        # a margin for the float64 sums' rounding (at most entries * 2^-53 relative); where the
+        # bound matters it clears its threshold by orders of magnitude
+        sums = np.concatenate(([0.0], np.cumsum(np.sort(a * a)))) * (1 - 1e-6)
+        step = max(1, a.size // points)
+        return cls(float(a.max()) if a.size else 0.0, a.size, step, sums[::step].copy())
+
+    def least_sumsq(self, distinct: np.ndarray) -> np.ndarray:
+        """A lower bound on the sum of squares of vectors reading ``distinct[i]`` distinct
+        entries (an entry read more than once only adds): the sums grow with ``c``, so the
+        kept point at or below it."""
+        if distinct.size and distinct.max() > self.entries:
+            raise HEError("entry bounds of a smaller matrix")
+        return self.smallest[distinct // self.step]
 
 
 def _diagonals(w: np.ndarray, plan: MatvecPlan) -> np.ndarray:
@@ -78,6 +109,12 @@ def _diagonal_index(plan: MatvecPlan, slots: int) -> tuple[tuple[int, ...], np.n
     return tuple(keys), np.stack(bufs).astype(np.int64) - 1 if bufs else np.zeros((0, slots), np.int64)
 
 
+@functools.lru_cache(maxsize=32)
+def _distinct_entries(plan: MatvecPlan, slots: int) -> np.ndarray:
+    """How many distinct entries of ``W`` each diagonal plaintext of ``_diagonal_index`` reads."""
+    return np.array([np.unique(row[row >= 0]).size for row in _diagonal_index(plan, slots)[1]], dtype=np.int64)
+
+
 def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
                   max_input_span: int | None = None, pack: int = 1, frames: int = 1) -> EncodedMatrix:
     """Encode the diagonals of ``weight`` for inputs at ``level``, giant-step rotations
@@ -90,7 +127,8 @@ def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None 
 
 
 def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, layout: str = "bsgs",
-                    max_input_span: int | None = None, pack: int = 1, frames: int = 1) -> list[EncodedMatrix]:
+                    max_input_span: int | None = None, pack: int = 1, frames: int = 1,
+                    entries: EntryBounds | None = None) -> list[EncodedMatrix]:
     """``encode_matrix`` for B matrices of one shape ``[B, rows, cols]`` (numpy, or a torch
     tensor where the backend encodes tensors: ``HEBackend.encodable``) in one ``encode_many``:
     the slots are gathered from each matrix by one index, and every result holds the same
@@ -105,7 +143,11 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     coefficients).
 
     ``frames = F`` (pack 1): a framed input, the same vector in each of F frames of S/F slots,
-    periodic on the first ``max_input_span`` of each (``MatvecPlan``)."""
+    periodic on the first ``max_input_span`` of each (``MatvecPlan``).
+
+    ``entries``: bounds that hold for every matrix's entries in any order (``EntryBounds``: the
+    shuffled FFN's). Where they show every diagonal nonzero, its pattern is not read from the
+    device, and the encodings' checks come from them (``ValueBounds``)."""
     if weights.ndim != 3:
         raise HEError("weights must be a stack of 2-D matrices")
     batch, rows, cols = weights.shape
@@ -116,11 +158,11 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
     if level == 0:
         raise HEError("a matrix product needs a level to rescale into")
     keys, index = _diagonal_index(plan, be.params.slot_count // pack)
+    least = None if entries is None else entries.least_sumsq(_distinct_entries(plan, be.params.slot_count // pack))
     index = np.tile(index, (1, pack))
     flat = weights.reshape(batch, rows * cols)
     if isinstance(flat, np.ndarray):
         vals = np.where(index >= 0, flat[:, np.maximum(index, 0)].astype(np.float64, copy=False), 0.0)
-        nonzero = vals.any(axis=(0, 2))
     else:  # a torch tensor: gathered where it lives
         import torch
 
@@ -128,14 +170,20 @@ def encode_matrices(be: HEBackend, weights, level: int, n1: int | None = None, l
 
         at = to_device(torch.from_numpy(index), flat.device)  # queued, not waited for
         vals = torch.where(at >= 0, flat[:, at.clamp(min=0)].double(), 0.0)
-        nonzero = vals.ne(0).any(-1).any(0).cpu().numpy()
+    if least is not None and least.all():  # each diagonal's squares sum above zero, in any order
+        nonzero = np.ones(len(keys), dtype=bool)
+    elif isinstance(vals, np.ndarray):
+        nonzero = vals.any(axis=(0, 2))
+    else:
+        nonzero = vals.ne(0).any(-1).any(0).cpu().numpy()  # waits for the device
     if not nonzero.any():
         raise HEError("all-zero matrix")
     keep = np.flatnonzero(nonzero)
     # diagonal-major: a diagonal's B encodings come out side by side, so that a batch of
     # sessions stacks them (``RowBatch.stack_plain``) as a view where the backend allows it
     vals = vals[:, keep].swapaxes(0, 1).reshape(keep.size * batch, -1)
-    pts = be.encode_many(vals, level, float(be.prime(level)))
+    bounds = None if least is None else ValueBounds(entries.peak, np.repeat(least[keep], batch))
+    pts = be.encode_many(vals, level, float(be.prime(level)), bounds=bounds)
     return [EncodedMatrix(be.params.id, level, plan, {keys[k]: pts[j * batch + b] for j, k in enumerate(keep)},
                           pack) for b in range(batch)]
 

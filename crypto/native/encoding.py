@@ -19,10 +19,15 @@ every GPU step. Decoding stays numpy: it ends a client's decryption, whose resul
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from veil.kernels.host import to_device
+
+if TYPE_CHECKING:  # crypto.backend imports this module (through ring_switch)
+    from veil.crypto.backend import ValueBounds
 
 __all__ = ["Encoder"]
 
@@ -73,21 +78,26 @@ class Encoder:
         finite."""
         return self.encode_rows(values, scale, bound)[0]
 
-    def encode_rows(self, values, scale: float, bound: float = MAX_COEFF) -> tuple[torch.Tensor, list[bool]]:
+    def encode_rows(self, values, scale: float, bound: float = MAX_COEFF,
+                    bounds: ValueBounds | None = None) -> tuple[torch.Tensor, list[bool]]:
         """``encode``, and for each vector of ``values`` (its leading dimensions flattened)
-        whether its encoding is not all zero, with at most one read from the device: none for
-        host values whose bounds settle both checks (``_host_facts``); else one read of the peak
-        and the rows' checks together (on a GPU each read waits for every queued kernel)."""
+        whether its encoding is not all zero, with at most one read from the device: none where
+        bounds settle both checks, the host values' own (``_host_facts``) or, for values on the
+        device, the caller's ``bounds``; else one read of the peak and the rows' checks together
+        (on a GPU each read waits for every queued kernel)."""
         on_host = not torch.is_tensor(values)
+        rows_in = int(np.prod(np.shape(values)[:-1]))
         if on_host:  # checked before the transform: non-finite values fail without it
             top, nonzero = self._host_facts(values, scale)
             if not np.isfinite(top):
                 raise ValueError("values must be finite")
+        elif bounds is not None:
+            top, nonzero = self._bounded_facts(bounds, scale, rows_in)
+        else:
+            top, nonzero = np.inf, [None] * rows_in
         coeffs = self.embed(values, scale)
         limit = min(bound, MAX_COEFF)
         rows = coeffs.reshape(-1, coeffs.shape[-1])
-        if not on_host:
-            top, nonzero = np.inf, [None] * rows.shape[0]
         if top < limit and None not in nonzero:
             return coeffs.round_().to(torch.int64), nonzero
         peak = rows.abs().amax(-1).max() if rows.numel() else rows.new_zeros(())
@@ -102,21 +112,35 @@ class Encoder:
 
     def _host_facts(self, values, scale: float) -> tuple[float, list[bool | None]]:
         """Host values ``[..., <= N/2]``: a bound on every coefficient of their encodings, and
-        for each vector whether its encoding is nonzero (None: too small to tell). Each
-        coefficient is an average of the N evaluations times roots of unity, so it is at most
-        ``scale * max|value|``; the transform is unitary up to N, so the coefficients' squares
-        sum to ``2 * scale^2 * sum(value^2) / N`` (each slot is evaluated twice, at a root and
-        at its conjugate). A sum of at least 4N puts a coefficient at 2 or more, which neither
-        rounding nor the FFT's error (~N * 2^-53 relative) takes to zero. The bound gets a
-        margin of 1e-9 relative for that error."""
+        for each vector whether its encoding is nonzero (None: too small to tell), from their
+        peak and sums of squares (``_facts``); a vector of zeros encodes to zeros."""
         v = np.asarray(values, dtype=np.float64)
         v = v.reshape(-1, v.shape[-1]) if v.ndim else v.reshape(1, 1)
         if not v.size:
             return 0.0, [False] * v.shape[0]
-        top = float(np.abs(v).max()) * scale * (1 + 1e-9)
-        energy = np.square(v).sum(-1) * (2 * scale * scale / self.n)
-        zero = ~v.any(-1)
-        return top, [False if z else True if e >= 4 * self.n else None for z, e in zip(zero, energy, strict=True)]
+        top, nonzero = self._facts(float(np.abs(v).max()), np.square(v).sum(-1), scale)
+        return top, [False if not row.any() else f for row, f in zip(v, nonzero, strict=True)]
+
+    def _bounded_facts(self, bounds: ValueBounds, scale: float, rows: int) -> tuple[float, list[bool | None]]:
+        """``_facts`` from the caller's ``ValueBounds`` (a lower bound on a sum of squares settles
+        only that a vector is nonzero)."""
+        sumsq = np.asarray(bounds.sumsq, dtype=np.float64).ravel()
+        if sumsq.size != rows or not np.isfinite(bounds.peak) or bounds.peak < 0:
+            raise ValueError(f"bounds for {sumsq.size} vectors (peak {bounds.peak}), {rows} to encode")
+        return self._facts(float(bounds.peak), sumsq, scale)
+
+    def _facts(self, peak: float, sumsq: np.ndarray, scale: float) -> tuple[float, list[bool | None]]:
+        """Values of at most ``peak`` in magnitude, vector i's squares summing to ``sumsq[i]`` (or
+        more): a bound on every coefficient of their encodings, and for each vector whether its
+        encoding is surely nonzero (True) or too small to tell (None). Each coefficient is an
+        average of the N evaluations times roots of unity, so it is at most ``scale * peak``; the
+        transform is unitary up to N, so the coefficients' squares sum to
+        ``2 * scale^2 * sumsq / N`` (each slot is evaluated twice, at a root and at its
+        conjugate). A sum of at least 4N puts a coefficient at 2 or more, which neither rounding
+        nor the FFT's error (~N * 2^-53 relative) takes to zero. The bound gets a margin of 1e-9
+        relative for that error."""
+        energy = np.asarray(sumsq, dtype=np.float64) * (2 * scale * scale / self.n)
+        return peak * scale * (1 + 1e-9), [True if e >= 4 * self.n else None for e in energy]
 
     def decode(self, coeffs: np.ndarray, scale: float) -> np.ndarray:
         """Coefficients ``[..., N]`` (float64) -> real slot values ``[..., N/2]``."""
