@@ -415,7 +415,8 @@ class PlainBatch(RowBatch, PlainBackend):
         return Plaintext((values, any(p._obj[1] for p in pts)), self.params.id, pts[0].level, pts[0].scale,
                          pts[0].nbytes * len(pts))
 
-    def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
+    @staticmethod
+    def unstack_plain(pt: Plaintext) -> list[Plaintext]:
         values, _ = pt._obj
-        return [Plaintext((v, bool(np.any(v))), self.params.id, pt.level, pt.scale, pt.nbytes // len(values))
+        return [Plaintext((v, bool(np.any(v))), pt.params_id, pt.level, pt.scale, pt.nbytes // len(values))
                 for v in values]

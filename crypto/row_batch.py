@@ -64,7 +64,10 @@ class RowBatch:
         """One plaintext per row (e.g. each session's own permuted weights) as one operand."""
         raise NotImplementedError
 
-    def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
+    @staticmethod
+    def unstack_plain(pt: Plaintext) -> list[Plaintext]:
+        """The rows of a stacked plaintext (a static method: a row outlives the batch, which
+        refers to every row's keys; ``protected.batch.RowOf``)."""
         raise NotImplementedError
 
     def stack_masks(self, masks: Sequence[RefreshMask]) -> RefreshMask:

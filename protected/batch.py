@@ -35,8 +35,8 @@ from veil.protected.kv import LayerKV
 from veil.protected.layouts import weights_period
 from veil.protected.protocol import MsgKind, ProtectedMessage
 
-__all__ = ["BatchMessage", "Rows", "shift", "rows_of", "step_key", "stack_sessions", "split_advance",
-           "stack_matrices", "append_rows"]
+__all__ = ["BatchMessage", "Rows", "RowOf", "shift", "rows_of", "step_key", "stack_sessions", "split_advance",
+           "stack_matrices", "own_matrix", "append_rows"]
 
 #: A batch's per-row value where its rows differ (a span start, a length): one entry per row.
 #: Where every row agrees the batch holds a plain int, so a single session never sees a tuple.
@@ -94,10 +94,48 @@ def stack_matrices(be: RowBatch, mats: Sequence[EncodedMatrix]) -> EncodedMatrix
     return EncodedMatrix(first.params_id, first.level, first.plan, pts)
 
 
-def _unstack_matrix(be: RowBatch, m: EncodedMatrix) -> list[EncodedMatrix]:
-    rows = {u: be.unstack_plain(pt) for u, pt in m.plaintexts.items()}
-    return [EncodedMatrix(m.params_id, m.level, m.plan, {u: r[b] for u, r in rows.items()})
-            for b in range(be.batch_size)]
+class _Stacked:
+    """A matrix a batch stacked from its rows' own, shared by the rows' states after the step
+    (``RowOf``). Its rows are unstacked once, the first time one is needed alone. It holds no
+    backend (a batch's refers to every row's keys, which must go with their session)."""
+
+    def __init__(self, kind: type[RowBatch], matrix: EncodedMatrix, rows: int):
+        self.kind, self.matrix, self.rows, self._own = kind, matrix, rows, None
+
+    def row(self, b: int) -> EncodedMatrix:
+        if self._own is None:
+            m = self.matrix
+            parts = {u: self.kind.unstack_plain(pt) for u, pt in m.plaintexts.items()}
+            self._own = [EncodedMatrix(m.params_id, m.level, m.plan, {u: r[i] for u, r in parts.items()})
+                         for i in range(self.rows)]
+        return self._own[b]
+
+
+@dataclass(frozen=True)
+class RowOf:
+    """Row ``row`` of a matrix a batch stacked: a session's shuffled W_down, kept in its state
+    from its WEIGHTS step to its MLP_IN step. A batch of the same rows in the same order takes the
+    stacked matrix back as it is (``_restack``); a row used otherwise is unstacked then
+    (``own_matrix``). Unstacking every row after each WEIGHTS step was 2 torch ops per diagonal
+    and session, 384 per session for SmolLM2: host time on a GPU that grew with the batch."""
+
+    stacked: _Stacked
+    row: int
+
+
+def own_matrix(m: EncodedMatrix | RowOf) -> EncodedMatrix:
+    """A session's own matrix: ``m`` itself, or its row of a batch's stacked matrix."""
+    return m.stacked.row(m.row) if isinstance(m, RowOf) else m
+
+
+def _restack(be: RowBatch, ms: Sequence[EncodedMatrix | RowOf]) -> EncodedMatrix:
+    """The rows' matrices as one: the stacked matrix they came from where they are all its rows,
+    in order (the same sessions batched again), else stacked anew."""
+    first = ms[0]
+    if isinstance(first, RowOf) and first.stacked.rows == len(ms) and all(
+            isinstance(m, RowOf) and m.stacked is first.stacked and m.row == b for b, m in enumerate(ms)):
+        return first.stacked.matrix
+    return stack_matrices(be, [own_matrix(m) for m in ms])
 
 
 class _StackedKV(dict):
@@ -142,7 +180,7 @@ def stack_sessions(session_cls, timed, sessions) -> object:
             raise ValueError("rows of a batch stand at different steps")
     h = {i: be.stack([s.state.h[i] for s in sessions]) for i in st.h}
     masks = {i: be.stack_masks([s.state.refresh_mask[i] for s in sessions]) for i in st.refresh_mask}
-    downs = {i: stack_matrices(be, [s.state.shuffled_down[i] for s in sessions]) for i in st.shuffled_down}
+    downs = {i: _restack(be, [s.state.shuffled_down[i] for s in sessions]) for i in st.shuffled_down}
     state = replace(st, h=h, refresh_mask=masks, shuffled_down=downs,
                     position=rows_of(s.state.position for s in sessions),
                     length=rows_of(s.state.length for s in sessions))
@@ -161,11 +199,11 @@ def split_advance(batch, adv, msgs: Sequence[ProtectedMessage], advance_cls, per
         raise ValueError("rows of a batch changed their caches by different amounts")
     h = {i: be.unstack(ct) for i, ct in st.h.items()}
     masks = {i: be.unstack_mask(m) for i, m in st.refresh_mask.items()}
-    downs = {i: _unstack_matrix(be, m) for i, m in st.shuffled_down.items()}
+    downs = {i: _Stacked(type(be), m, rows) for i, m in st.shuffled_down.items()}
     out = []
     for b, msg in enumerate(msgs):
         state = replace(st, h={i: v[b] for i, v in h.items()}, refresh_mask={i: v[b] for i, v in masks.items()},
-                        shuffled_down={i: v[b] for i, v in downs.items()},
+                        shuffled_down={i: RowOf(v, b) for i, v in downs.items()},
                         position=_row(st.position, b), length=_row(st.length, b))
         chunks = (state.position + state.count - 1) // per_chunk + 1  # what the span's cache holds
         kv = {layer: LayerKV([batch.kv.row(ct, b) for ct in c.keys[:chunks]],

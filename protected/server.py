@@ -27,8 +27,10 @@ from veil.crypto.backend import Ciphertext, HEBackend, RefreshMask
 from veil.crypto.linear import EncodedMatrix
 from veil.protected.batch import (
     BatchMessage,
+    RowOf,
     Rows,
     append_rows,
+    own_matrix,
     rows_of,
     shift,
     split_advance,
@@ -93,7 +95,7 @@ class SpanState:
     h: Mapping[int, Ciphertext] = field(default_factory=dict)  # residual of the active positions
     refresh_mask: Mapping[int, RefreshMask] = field(default_factory=dict)  # ρ of h'' awaiting REFRESHED
     # the first layer's W_down under each position's secret FFN permutation, awaiting MLP_IN
-    shuffled_down: Mapping[int, EncodedMatrix] = field(default_factory=dict)
+    shuffled_down: Mapping[int, EncodedMatrix | RowOf] = field(default_factory=dict)  # a batch's row: RowOf
     # a verify step (speculation): every position runs to the end and may be taken back off
     # the KV cache by the next TOKEN, with what each layer's SpanUndo keeps
     verify: bool = False
@@ -332,7 +334,7 @@ class ProtectedExecutor:
         st = s.state
         ms = self._load(c, msg, dict.fromkeys(sorted(st.h), Tag.M), self.levels.m)
         layer = self._layer(st.layer)
-        wdown = [st.shuffled_down[i] for i in ms] if st.shuffled_down else layer.wdown
+        wdown = [own_matrix(st.shuffled_down[i]) for i in ms] if st.shuffled_down else layer.wdown
         downs = dict(zip(ms, c.matvecs(wdown, list(ms.values())), strict=True))
         if st.layer + 1 < self.last:
             payloads, masks = [], {}

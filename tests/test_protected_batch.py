@@ -218,3 +218,40 @@ def test_device_out_of_memory_fails_the_step_with_503_and_changes_nothing(ckpt, 
     assert [r.kind for r in ex.handle_batch(nxt)] == [MsgKind.MLP, MsgKind.MLP]
     for sess, _ in opened:
         ex.drop_session(sess.id)
+
+
+@pytest.mark.parametrize("mlp_in", ["same order", "other order", "alone"])
+def test_a_batchs_shuffled_w_down_goes_back_whole_to_the_same_rows(ckpt, setup, monkeypatch, mlp_in):
+    """The first protected layer's W_down, encoded under each row's own permutation and stacked
+    at a batched WEIGHTS step, stays stacked in the rows' states (``RowOf``): the same sessions'
+    MLP_IN batch in the same order takes it back as it is, with nothing stacked; in another
+    order it is stacked anew from the rows, and a session alone uses its own row. Every output
+    matches the plaintext either way."""
+    from veil.protected import batch as B
+
+    pairs, ex, h_in, ref = setup
+    opened = [_open(ckpt, ex, p) for p in pairs]
+    restacked = []
+    real = B.stack_matrices
+    monkeypatch.setattr(B, "stack_matrices", lambda be, ms: restacked.append(len(ms)) or real(be, ms))
+    clients = [c for _, c in opened]
+    msgs, outs = [c.token_message(h_in[0]) for c in clients], [None] * len(clients)
+    while any(m is not None for m in msgs):
+        live = [i for i, m in enumerate(msgs) if m is not None]
+        if msgs[live[0]].kind == MsgKind.MLP_IN and msgs[live[0]].layer == FIRST:
+            rows = [s.state.shuffled_down for s, _ in opened]
+            assert all(isinstance(d[0], B.RowOf) and d[0].stacked is rows[0][0].stacked for d in rows)
+            assert [d[0].row for d in rows] == [0, 1, 2]
+            if mlp_in == "other order":
+                live = live[::-1]
+        groups = [[i] for i in live] if mlp_in == "alone" and msgs[live[0]].kind == MsgKind.MLP_IN else [live]
+        for group in groups:
+            for i, reply in zip(group, ex.handle_batch([msgs[i] for i in group]), strict=True):
+                assert not isinstance(reply, Exception), reply
+                nxt = clients[i].handle(reply)
+                outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
+    assert restacked == ([3] if mlp_in == "other order" else [])
+    for out in outs:
+        assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
+    for sess, _ in opened:
+        ex.drop_session(sess.id)

@@ -125,10 +125,11 @@ class NativeBatch(RowBatch, NativeBackend):
             out.nonzero, out.row_nonzero = any(flags), flags  # host sync per stacked diagonal per step
         return out
 
-    def unstack_plain(self, pt: Plaintext) -> list[Plaintext]:
+    @staticmethod
+    def unstack_plain(pt: Plaintext) -> list[Plaintext]:
         """Views of the rows (a row's plaintexts are read until its next step, then dropped)."""
         m = pt._obj
-        rows = [Plaintext(m[b, 0], self.params.id, pt.level, pt.scale, pt.nbytes // m.shape[0]) for b in range(m.shape[0])]
+        rows = [Plaintext(m[b, 0], pt.params_id, pt.level, pt.scale, pt.nbytes // m.shape[0]) for b in range(m.shape[0])]
         for row, flag in zip(rows, pt.row_nonzero or (), strict=False):  # restacked at the next step
             row.nonzero = flag
         return rows
