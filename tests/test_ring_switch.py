@@ -208,3 +208,30 @@ def test_a_damaged_secret_is_refused_and_the_backend_keeps_none(pair, damage):
     with pytest.raises(KeyMaterialError):
         fresh.import_secret(secret, fold)
     assert not fresh.has_secret_key
+
+
+def test_the_clients_crt_in_floats_equals_the_exact_integers():
+    """``centred_floats`` (Garner's mixed radix, the folded download's decryption) gives the
+    centred CRT integers ``rounding.crt`` composes exactly, to within 1e-15 relative (a float
+    sum, top digit first), at the fold's levels and beyond; residues at the edges (0, q - 1, the
+    integers next to ±Q/2 and small ones of either sign) included."""
+    import math
+
+    import torch
+
+    from veil.crypto.native.modarith import Basis
+
+    rng = np.random.default_rng(11)
+    for limbs in (1, 2, 3, 5):
+        qs = tuple(int(q) for q in PROTECTED_PARAMS.primes[:limbs])
+        big = math.prod(qs)
+        edges = [0, 1, -1, 12345, -12345, big // 2, -(big // 2), big // 2 - 1, 2**50, -(2**50)]
+        res = np.stack([rng.integers(0, q, 4096, dtype=np.int64) for q in qs])
+        res[:, : len(edges)] = [[x % q for x in edges] for q in qs]
+        res[:, len(edges)] = [q - 1 for q in qs]
+        want = rounding.crt(res, qs, centered=True)
+        got = ring_switch.centred_floats(torch.from_numpy(res), Basis.of(qs))
+        assert got.dtype == np.float64 and got.shape == want.shape
+        assert all(abs(g - int(w)) <= 1e-15 * abs(int(w)) for g, w in zip(got, want, strict=True))
+        fits = [i for i, x in enumerate(edges) if abs(x) < 2**53]  # exact where a double holds the value
+        assert [got[i] for i in fits] == [float(edges[i]) for i in fits]
