@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from veil.crypto.native import rns
 from veil.crypto.native.context import RnsContext
 from veil.crypto.native.sampling import Stream, expand_uniform, new_seed
 from veil.kernels.host import to_device
@@ -154,7 +155,7 @@ def encrypt_symmetric(ctx: RnsContext, sk: SecretKey, m: torch.Tensor, level: in
     seed = new_seed()
     a = expand_a(ctx, seed, level, TAG_CT)
     e = _error(ctx, Stream(), (), ntt)
-    c0 = basis.add(basis.sub(e, basis.mul(a, sk.s[1 : level + 2])), m)
+    c0 = basis.add(basis.sub(e, rns.mul_plain(a, sk.s[1 : level + 2], basis)), m)  # C / Triton: one pass
     return c0, seed
 
 
@@ -183,7 +184,7 @@ def decrypt_ntt(ctx: RnsContext, sk: SecretKey, data: torch.Tensor, level: int) 
     s = sk.s[1 : level + 2]
     acc, power = data[0], s
     for i in range(1, data.shape[0]):
-        acc = basis.add(acc, basis.mul(data[i], power))
+        acc = basis.add(acc, rns.mul_plain(data[i], power, basis))
         if i + 1 < data.shape[0]:
             power = basis.mul(power, s)
     return acc
