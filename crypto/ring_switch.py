@@ -41,7 +41,6 @@ Wire forms (little endian; ``L = TOP_LEVEL``)::
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -317,25 +316,7 @@ def decrypt(params: CkksParams, secret: FoldSecret, data: bytes) -> tuple[np.nda
     are not a well-formed folded download of this parameter set."""
     m, level, scale = decrypt_residues(params, secret, data)
     r = _of(params, level)
-    return r.encoder.decode(centred_floats(torch.from_numpy(m), r.small.basis), scale), scale
-
-
-def centred_floats(m: torch.Tensor, basis: Basis) -> np.ndarray:
-    """The centred integers of residues ``m`` ``[L, count]`` as float64, by Garner's mixed radix
-    ``x = y_0 + q_0 (y_1 + q_1 (y_2 + ...))`` with balanced digits (``|y_k| <= (q_k - 1)/2``),
-    each exact in int64; the float sum, top digit first, is within a few ulps of ``x``. What
-    ``rounding.crt(centered=True)`` gives through Python ints, without them (a client decrypts
-    five folded downloads per layer: 1.3 ms each there, measured 2026-12-07)."""
-    ys = [basis.limbs(slice(0, 1)).center(m[:1])]
-    primes = basis.primes
-    for k in range(1, len(primes)):
-        bk, q = basis.limbs(slice(k, k + 1)), primes[k]
-        acc = bk.reduce(ys[0])
-        for j in range(1, k):  # sum_j y_j P_j mod q_k, P_j = q_0 ... q_{j-1}
-            acc = bk.add(acc, bk.mul(bk.reduce(ys[j]), torch.full_like(acc, math.prod(primes[:j]) % q)))
-        inv = torch.full_like(acc, pow(math.prod(primes[:k]), -1, q))
-        ys.append(bk.center(bk.mul(bk.sub(m[k : k + 1], acc), inv)))
-    out = torch.zeros(m.shape[-1], dtype=torch.float64)
-    for k in range(len(primes) - 1, -1, -1):
-        out = out * float(primes[k]) + ys[k][0].double() if k < len(primes) - 1 else ys[k][0].double()
-    return out.numpy()
+    # the centred integers as floats: exact balanced digits summed in floats, not rounding.crt's
+    # Python integers (a client decrypts five per layer: benchmarks/results/2026-12-07-client-crt)
+    coeffs = rns.digits_to_float(rns.balanced_digits(torch.from_numpy(m), r.small.basis), r.qs)
+    return r.encoder.decode(coeffs.numpy(), scale), scale

@@ -116,8 +116,8 @@ class RowOf:
     """Row ``row`` of a matrix a batch stacked: a session's shuffled W_down, kept in its state
     from its WEIGHTS step to its MLP_IN step. A batch of the same rows in the same order takes the
     stacked matrix back as it is (``_restack``); a row used otherwise is unstacked then
-    (``own_matrix``). Unstacking every row after each WEIGHTS step was 2 torch ops per diagonal
-    and session, 384 per session for SmolLM2: host time on a GPU that grew with the batch."""
+    (``own_matrix``). Unstacking every row at every step cost host time that grew with the batch
+    (``benchmarks/results/2026-12-07-w-down-rows``)."""
 
     stacked: _Stacked
     row: int

@@ -193,7 +193,7 @@ def test_balanced_digits_compose_the_centred_integer(ctx):
     rng = np.random.default_rng(6)
     level = ctx.top
     res, primes = _random_level(ctx, level, rng)
-    y = rns.balanced_digits(res, ctx, level)
+    y = rns.balanced_digits(res, ctx.data(level)[0])
     assert all(int(y[k].abs().max()) <= (q - 1) // 2 for k, q in enumerate(primes))
     want = _crt(res.numpy(), primes)
     assert np.array_equal(rns.digits_to_ints(y, primes), want)

@@ -44,7 +44,7 @@ def _ks_bound(level: int) -> float:
 
 def _ints(ntt_residues: torch.Tensor, ctx, level: int) -> np.ndarray:
     _, ntt = ctx.data(level)
-    y = rns.balanced_digits(ntt.inverse(ntt_residues), ctx, level)
+    y = rns.balanced_digits(ntt.inverse(ntt_residues), ctx.data(level)[0])
     return rns.digits_to_ints(y, ctx.data_primes[: level + 1])
 
 

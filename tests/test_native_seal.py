@@ -79,7 +79,7 @@ def test_ntt_and_encoding_match_seal(params):
     ours = ntt.forward(rns.to_residues(enc.encode(x, params.scale), basis))
     diff = basis.center(basis.sub(ntt.inverse(ours), ntt.inverse(theirs)))
     assert int(diff.abs().max()) <= 1 and int((diff != 0).sum()) < ctx.n // 100
-    digits = rns.balanced_digits(ntt.inverse(theirs), ctx, level)
+    digits = rns.balanced_digits(ntt.inverse(theirs), ctx.data(level)[0])
     decoded = enc.decode(rns.digits_to_float(digits, ctx.data_primes[: level + 1]).numpy(), params.scale)
     np.testing.assert_allclose(decoded, x, atol=1e-8)
     pt = sealapi_plaintext(sc, ours.numpy(), lvl, params.scale)

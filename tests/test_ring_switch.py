@@ -211,14 +211,16 @@ def test_a_damaged_secret_is_refused_and_the_backend_keeps_none(pair, damage):
 
 
 def test_the_clients_crt_in_floats_equals_the_exact_integers():
-    """``centred_floats`` (Garner's mixed radix, the folded download's decryption) gives the
-    centred CRT integers ``rounding.crt`` composes exactly, to within 1e-15 relative (a float
-    sum, top digit first), at the fold's levels and beyond; residues at the edges (0, q - 1, the
-    integers next to ±Q/2 and small ones of either sign) included."""
+    """The folded download's decryption takes its centred integers as balanced mixed-radix
+    digits summed in floats (``rns.balanced_digits``, ``rns.digits_to_float`` over the small
+    ring's basis): the CRT integers ``rounding.crt`` composes exactly, to within 1e-15 relative,
+    at the fold's levels and beyond; residues at the edges (0, q - 1, the integers next to ±Q/2
+    and small ones of either sign) included."""
     import math
 
     import torch
 
+    from veil.crypto.native import rns
     from veil.crypto.native.modarith import Basis
 
     rng = np.random.default_rng(11)
@@ -230,7 +232,7 @@ def test_the_clients_crt_in_floats_equals_the_exact_integers():
         res[:, : len(edges)] = [[x % q for x in edges] for q in qs]
         res[:, len(edges)] = [q - 1 for q in qs]
         want = rounding.crt(res, qs, centered=True)
-        got = ring_switch.centred_floats(torch.from_numpy(res), Basis.of(qs))
+        got = rns.digits_to_float(rns.balanced_digits(torch.from_numpy(res), Basis.of(qs)), qs).numpy()
         assert got.dtype == np.float64 and got.shape == want.shape
         assert all(abs(g - int(w)) <= 1e-15 * abs(int(w)) for g, w in zip(got, want, strict=True))
         fits = [i for i, x in enumerate(edges) if abs(x) < 2**53]  # exact where a double holds the value

@@ -312,7 +312,7 @@ class NativeBackend(Evaluator, HEBackend):
     def _digits(self, m: torch.Tensor, level: int) -> torch.Tensor:
         """Balanced mixed-radix digits of a plaintext polynomial held in NTT form at ``level``."""
         _, ntt = self._ctx.data(level)
-        return rns.balanced_digits(ntt.inverse(m), self._ctx, level)
+        return rns.balanced_digits(ntt.inverse(m), self._ctx.data(level)[0])
 
     def _decode(self, y: torch.Tensor, level: int, scale: float) -> np.ndarray:
         return self._encoder.decode(rns.digits_to_float(y, self._ctx.data_primes[: level + 1]).cpu().numpy(), scale)
@@ -354,7 +354,7 @@ class NativeBackend(Evaluator, HEBackend):
 
     def _encrypt_residues_to_bytes(self, residues: np.ndarray, from_level: int, level: int | None,
                                    scale: float) -> bytes:
-        y = rns.balanced_digits(torch.from_numpy(residues).to(self.device), self._ctx, from_level)
+        y = rns.balanced_digits(torch.from_numpy(residues).to(self.device), self._ctx.data(from_level)[0])
         m, level = self._reencode(y, self._ctx.data_primes[: from_level + 1], self._level(level))
         c, seed = self._encrypt(m, level)
         return serial.ct_to_bytes(self._ctx, c, level, scale, seed)

@@ -125,18 +125,6 @@ class RnsContext:
         return self._const(basis, [self.special_prime % q for q in basis.primes])
 
     @_per_context
-    def garner(self, level: int) -> tuple[list[MulConst], list[MulConst]]:
-        """Mixed-radix constants of ``q_0..q_level``: for each ``k >= 1``, ``P_j mod q_k``
-        (``P_j = q_0...q_{j-1}``, ``j < k``) and ``P_k^-1 mod q_k``."""
-        primes = self.data_primes[: level + 1]
-        basis, _ = self.data(level)
-        radix, inv = [], []
-        for k in range(1, level + 1):
-            bk = basis.limbs(slice(k, k + 1))
-            radix.append(self._const(bk, [math.prod(primes[:j]) % primes[k] for j in range(k)]))
-            inv.append(self._const(bk, [pow(math.prod(primes[:k]), -1, primes[k])]))
-        return radix, inv
-
     @_per_context
     def radix_residues(self, level: int, radices: tuple[int, ...]) -> MulConst:
         """``radix_k mod q_i`` as ``[level+1, K, 1]``: turns digits ``y_k`` of an integer

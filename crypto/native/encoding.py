@@ -119,7 +119,7 @@ class Encoder:
         if not v.size:
             return 0.0, [False] * v.shape[0]
         top, nonzero = self._facts(float(np.abs(v).max()), np.square(v).sum(-1), scale)
-        return top, [False if not row.any() else f for row, f in zip(v, nonzero, strict=True)]
+        return top, [False if z else f for z, f in zip(~v.any(-1), nonzero, strict=True)]
 
     def _bounded_facts(self, bounds: ValueBounds, scale: float, rows: int) -> tuple[float, list[bool | None]]:
         """``_facts`` from the caller's ``ValueBounds`` (a lower bound on a sum of squares settles

@@ -175,15 +175,30 @@ def mod_down(x: torch.Tensor, ctx: RnsContext, level: int, plus: torch.Tensor | 
     return _drop_limb(x[..., 1:, :], r, basis, ntt, ctx.special_prime, lambda: ctx.p_inv(level), plus)
 
 
-def balanced_digits(coeffs: torch.Tensor, ctx: RnsContext, level: int) -> torch.Tensor:
-    """Coefficient residues ``[..., level+1, N]`` -> balanced mixed-radix digits (same shape)."""
-    basis, _ = ctx.data(level)
-    radix, inv = ctx.garner(level)
-    ys = [basis.limbs(slice(0, 1)).center(coeffs[..., :1, :])]
-    for k in range(1, level + 1):
+@functools.lru_cache(maxsize=32)  # a few elements each, per chain prefix and device
+def _garner(primes: tuple[int, ...], device: str) -> tuple[list[MulConst], list[MulConst]]:
+    """Mixed-radix constants of ``primes``: for each ``k >= 1``, ``P_j mod q_k`` (``1 <= j < k``;
+    ``P_0 = 1`` needs no product; None at ``k = 1``) and ``P_k^-1 mod q_k``."""
+    basis = Basis.of(primes, device)
+    col = lambda v: torch.tensor(v, dtype=torch.int64, device=device).view(-1, 1)  # noqa: E731
+    radix, inv = [], []
+    for k in range(1, len(primes)):
         bk = basis.limbs(slice(k, k + 1))
-        prev = bk.reduce(torch.cat(ys, dim=-2))
-        acc = bk.reduce(radix[k - 1].mul_lazy(prev).sum(-2, keepdim=True))
+        radix.append(bk.const(col([math.prod(primes[:j]) % primes[k] for j in range(1, k)])) if k > 1 else None)
+        inv.append(bk.const(col([pow(math.prod(primes[:k]), -1, primes[k])])))
+    return radix, inv
+
+
+def balanced_digits(coeffs: torch.Tensor, basis: Basis) -> torch.Tensor:
+    """Coefficient residues ``[..., L, n]`` over ``basis`` -> balanced mixed-radix digits (same
+    shape). Any ring degree: the client's folded downloads (N/2) take it too."""
+    radix, inv = _garner(basis.primes, str(basis.device))
+    ys = [basis.limbs(slice(0, 1)).center(coeffs[..., :1, :])]
+    for k in range(1, len(basis.primes)):
+        bk = basis.limbs(slice(k, k + 1))
+        acc = bk.reduce(ys[0])  # y_0 P_0, P_0 = 1
+        if k > 1:  # + sum_{1 <= j < k} y_j P_j mod q_k
+            acc = bk.reduce(radix[k - 1].mul_lazy(bk.reduce(torch.cat(ys[1:], dim=-2))).sum(-2, keepdim=True) + acc)
         ys.append(bk.center(inv[k - 1].mul(bk.sub(coeffs[..., k : k + 1, :], acc))))
     return torch.cat(ys, dim=-2)
 

@@ -1,6 +1,7 @@
 """The client's CRT of a folded download's residues (8192 coefficients; 1 and 2 limbs, the fold's
 levels 0 and 1): ``rounding.crt`` through Python ints, then to float64, against
-``ring_switch.centred_floats`` (Garner in int64, float sum); median of 20 after one warm-up.
+``rns.balanced_digits`` + ``rns.digits_to_float`` over the small ring's basis (what
+``ring_switch.decrypt`` does now: Garner in int64, a float sum); median of 20 after one warm-up.
 Run from the repo root: ``PYTHONSAFEPATH=1 python benchmarks/results/2026-12-07-client-crt/crt_ms.py``."""
 import time
 
@@ -8,9 +9,9 @@ import numpy as np
 import torch
 
 from veil.crypto import rounding
+from veil.crypto.native import rns
 from veil.crypto.native.modarith import Basis
 from veil.crypto.params import PROTECTED_PARAMS
-from veil.crypto.ring_switch import centred_floats
 
 rng = np.random.default_rng(0)
 for limbs in (1, 2):
@@ -18,7 +19,7 @@ for limbs in (1, 2):
     basis = Basis.of(qs)
     m = np.stack([rng.integers(0, q, 8192, dtype=np.int64) for q in qs])
     for name, f in (("python_ints", lambda: rounding.crt(m, qs, centered=True).astype(np.float64)),
-                    ("garner", lambda: centred_floats(torch.from_numpy(m), basis))):
+                    ("garner", lambda: rns.digits_to_float(rns.balanced_digits(torch.from_numpy(m), basis), qs).numpy())):
         f()
         ts = []
         for _ in range(20):
