@@ -111,7 +111,7 @@ class EncodedLayer:
         self.wqkv, self.wo, self.wgu, self.wdown = mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"]
         self.ffn = (be.encodable(weights.w_gu), be.encodable(weights.w_down)) if shuffled else None
         # what every permutation of them keeps, so that their encodings need no read from the
-        # device (on a GPU: 7 host syncs per step, ``benchmarks/results/2026-12-07-shuffle-bounds``)
+        # device (on a GPU each read waits for the queue: ``benchmarks/results/2026-12-07-shuffle-bounds``)
         self.ffn_entries = (EntryBounds.of(weights.w_gu), EntryBounds.of(weights.w_down)) if shuffled else None
 
     @property
