@@ -34,8 +34,11 @@ from veil.engine.split import DEFAULT_K, ClientHalf, load_client_half
 from veil.engine.text import stream_text
 from veil.protected.protocol import MAX_SPAN
 
-#: times a step or request the server dropped for lack of device memory is sent again
+#: times a step or request the server dropped or refused for lack of device memory is sent again
 OOM_RETRIES = 3
+#: the codes of those answers: a device out of memory (503), a step whose working memory the
+#: device budget could not hold until other sessions' steps give theirs back (429)
+DEVICE_CODES = ("device_out_of_memory", "device_memory")
 #: times a body the server refused while it held too many others (429 server_busy) is sent again
 BUSY_RETRIES = 30
 #: refusals for want of room on the server (a session limit, the protected KV cache's total);
@@ -225,8 +228,9 @@ class VeilClient:
         connection); a server that stays unreachable is a clear 503 error, not a stack trace.
         Retrying a step is safe: if the first attempt was processed, the server answers the
         retry, the same bytes, with the reply it gave (``Session.resent``), else it runs it.
-        A 503 ``device_out_of_memory`` (the server dropped the work whole, its session as before)
-        is sent again after the server's ``Retry-After``, up to ``OOM_RETRIES`` times, and one it
+        A 503 ``device_out_of_memory`` or 429 ``device_memory`` (the server dropped or refused the
+        work whole, its session as before) is sent again after the server's ``Retry-After``, up to
+        ``OOM_RETRIES`` times, and one it
         refused unread while it held too many other bodies (429 ``server_busy``) up to
         ``BUSY_RETRIES`` times; a 429 for want of room (``ROOM_CODES``: nothing changed on the
         server either) for as long as ``wait_for_room_s`` allows. A body sent again must be
@@ -244,7 +248,7 @@ class VeilClient:
                 return self._check(r)
             except VeilError as e:
                 left = deadline - time.monotonic()
-                if e.code == "device_out_of_memory" and attempt < OOM_RETRIES:
+                if e.code in DEVICE_CODES and attempt < OOM_RETRIES:
                     attempt += 1
                     delay = _retry_after(r)
                 elif e.code == "server_busy" and busy < BUSY_RETRIES:

@@ -25,7 +25,7 @@ state) run alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from veil.crypto.backend import Ciphertext
@@ -36,7 +36,7 @@ from veil.protected.layouts import weights_period
 from veil.protected.protocol import MsgKind, ProtectedMessage
 
 __all__ = ["BatchMessage", "Rows", "RowOf", "shift", "rows_of", "step_key", "stack_sessions", "split_advance",
-           "stack_matrices", "own_matrix", "append_rows"]
+           "stack_matrices", "own_matrix", "held_bytes", "append_rows"]
 
 #: A batch's per-row value where its rows differ (a span start, a length): one entry per row.
 #: Where every row agrees the batch holds a plain int, so a single session never sees a tuple.
@@ -126,6 +126,16 @@ class RowOf:
 def own_matrix(m: EncodedMatrix | RowOf) -> EncodedMatrix:
     """A session's own matrix: ``m`` itself, or its row of a batch's stacked matrix."""
     return m.stacked.row(m.row) if isinstance(m, RowOf) else m
+
+
+def held_bytes(ms: Iterable[EncodedMatrix | RowOf]) -> int:
+    """The memory ``ms`` keep alive: each distinct matrix once, a stacked one whole for any of
+    its rows (the rows' own are views of it)."""
+    distinct = {}
+    for m in ms:
+        own = m.stacked.matrix if isinstance(m, RowOf) else m
+        distinct[id(own)] = own.nbytes
+    return sum(distinct.values())
 
 
 def _restack(be: RowBatch, ms: Sequence[EncodedMatrix | RowOf]) -> EncodedMatrix:

@@ -29,7 +29,7 @@ from veil.crypto.wire import PROTOCOL_VERSION, WireError, int_field, pack, unpac
 __all__ = [
     "PROTOCOL_VERSION", "MAX_SPAN", "MsgKind", "Tag", "STEPS", "EXPECT", "UPLOAD_KINDS", "DECRYPTED",
     "ALLOWED_KINDS", "Levels", "LEVELS", "active_positions", "ProtocolError", "MessageError",
-    "UnknownSession", "LimitExceeded", "CapacityExceeded", "DeviceOutOfMemory", "CtPayload", "ProtectedMessage",
+    "UnknownSession", "LimitExceeded", "CapacityExceeded", "DeviceBudgetExceeded", "DeviceOutOfMemory", "CtPayload", "ProtectedMessage",
     "public_material_to_bytes", "public_material_from_bytes",
 ]
 
@@ -166,6 +166,15 @@ class CapacityExceeded(ProtocolError):
     def __init__(self, message: str, needed: int = 0) -> None:
         super().__init__(message)
         self.needed = needed
+
+
+class DeviceBudgetExceeded(ProtocolError):
+    """The step's working memory would take the protected path past ``--protected-device-gb``
+    (the first protected layer's shuffled FFN): retry once other sessions' steps give theirs
+    back. The step is refused before it runs."""
+
+    status = 429
+    code = "device_memory"  # as a key upload refused for the same budget
 
 
 class DeviceOutOfMemory(ProtocolError):

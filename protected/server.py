@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -30,6 +30,7 @@ from veil.protected.batch import (
     RowOf,
     Rows,
     append_rows,
+    held_bytes,
     own_matrix,
     rows_of,
     shift,
@@ -49,6 +50,7 @@ from veil.protected.protocol import (
     PROTOCOL_VERSION,
     CapacityExceeded,
     CtPayload,
+    DeviceBudgetExceeded,
     DeviceOutOfMemory,
     Levels,
     LimitExceeded,
@@ -80,6 +82,8 @@ class Limits:
     max_positions: int  # context of one session (the layouts cap it too: 512 at N=16384)
     max_kv_bytes: int  # encrypted KV cache of one session (413 above)
     max_kv_bytes_total: int  # encrypted KV cache of all sessions (429 above)
+    # weights, key sets and the shuffled FFN's working memory together (429 above); None: no bound
+    max_device_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,9 @@ class _Advance:
 
 class ProtectedExecutor:
     def __init__(self, backend: HEBackend, cfg, weights: Iterable[LayerWeights], limits: Limits, *,
-                 levels: Levels = LEVELS) -> None:
+                 levels: Levels = LEVELS, key_bytes: Callable[[], int] = lambda: 0) -> None:
+        """``key_bytes()``: what the tenants' key sets hold, which ``limits.max_device_bytes``
+        counts beside the executor's own (``veil.server.key_sets``)."""
         if backend.has_secret_key:
             raise ValueError("the server's backend must not hold a secret key")
         self.be = TimedBackend(backend)
@@ -146,6 +152,7 @@ class ProtectedExecutor:
         self.limits = replace(limits, max_positions=min(limits.max_positions, self.dims.max_positions))
         self.consts = Constants(cfg, self.dims)
         self.sessions: dict[str, ProtectedSession] = {}
+        self._key_bytes = key_bytes
 
     @classmethod
     def from_checkpoint(cls, backend: HEBackend, ckpt, first: int, last: int, limits: Limits,
@@ -157,6 +164,12 @@ class ProtectedExecutor:
     @property
     def encoded_bytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def working_bytes(self) -> int:
+        """The first layer's shuffled W_down the sessions hold from WEIGHTS to MLP_IN (a
+        batch's stacked matrix whole while any of its rows holds it)."""
+        return held_bytes(m for s in tuple(self.sessions.values()) for m in s.state.shuffled_down.values())
 
     @property
     def kv_bytes_total(self) -> int:
@@ -317,6 +330,7 @@ class ProtectedExecutor:
         h_primes = {i: c.attention_residual(st.h[i], o) for i, o in zip(ws, c.matvecs(layer.wo, a), strict=True)}
         wgu, shuffled_down = layer.wgu, {}
         if layer.ffn is not None:
+            self._room_for_shuffle(layer, len(ws) * s.rows)
             wgu = []
             for i in ws:
                 with c.be.section("shuffle"):
@@ -407,6 +421,20 @@ class ProtectedExecutor:
     # ---- helpers -------------------------------------------------------------------------------
     def _layer(self, index: int) -> EncodedLayer:
         return self.layers[index - self.first]
+
+    def _room_for_shuffle(self, layer: EncodedLayer, n: int) -> None:
+        """429 before a step whose ``n`` shuffled pairs (positions x rows) would take weights,
+        key sets and every session's shuffled W_down past ``limits.max_device_bytes``: their
+        ~240 MB per position are the protected path's largest working memory, and a device out
+        of memory would drop the step after its work (503). A refused batch runs its rows alone."""
+        budget = self.limits.max_device_bytes
+        if budget is None:
+            return
+        held = self.encoded_bytes + self.working_bytes + self._key_bytes()
+        if (over := held + n * layer.shuffle_bytes - budget) > 0:
+            raise DeviceBudgetExceeded(f"this step's shuffled FFN ({n} x {layer.shuffle_bytes} bytes) would exceed "
+                                       f"protected_device_gb={budget / (1 << 30):g} with the {held} bytes held; "
+                                       f"{over} bytes short")
 
     def _shuffled(self, be: HEBackend, layer: EncodedLayer, rows: int) -> tuple[EncodedMatrix, EncodedMatrix]:
         """The first layer's W_gate|up and W_down under a fresh secret permutation (per row of a batch)."""

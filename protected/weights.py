@@ -8,6 +8,7 @@ every KV head serves the head slots ``g ≡ its index (mod kv_heads)``.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,6 +121,14 @@ class EncodedLayer:
         native backend's device: 21 MB for SmolLM2)."""
         clear = sum(w.nbytes for w in self.ffn) if self.ffn is not None else 0
         return clear + sum(m.nbytes for m in (self.wqkv, self.wo, self.wgu, self.wdown))
+
+    @functools.cached_property
+    def shuffle_bytes(self) -> int:
+        """An upper bound on one position's shuffled W_gate|up and W_down together: every
+        plaintext of their plans present, each as large as the largest of this layer's (a
+        permutation may fill a diagonal that the weights' own order leaves all zero)."""
+        return sum(m.plan.diagonals_per_block * max((pt.nbytes for pt in m.plaintexts.values()), default=0)
+                   for m in (self.wgu, self.wdown))
 
     def shuffled_ffn(self, be: HEBackend, perms: Sequence[np.ndarray]) -> tuple[list[EncodedMatrix], list[EncodedMatrix]]:
         """For each permutation ``perm`` of ``perms`` (one per row of a batch): W_gate|up with its

@@ -57,8 +57,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-protected-sessions", type=int, default=C.max_protected_sessions,
                    help="concurrent protected (CKKS) sessions")
     p.add_argument("--protected-device-gb", type=float, default=None,
-                   help="memory the protected path may hold on its device (encoded weights and imported "
-                        "evaluation keys); a key upload beyond it is refused with 429 (default: no bound)")
+                   help="memory the protected path may hold on its device (encoded weights, imported "
+                        "evaluation keys and the first layer's shuffled FFN of the steps in flight); a key "
+                        "upload or step beyond it is refused with 429 (default: no bound)")
     p.add_argument("--protected-warmup", action="store_true",
                    help="encode the protected path's weights at start (in the background; /health says when "
                         "they are ready) instead of when the first protected session opens")

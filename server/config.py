@@ -51,7 +51,9 @@ class ServerConfig:
     max_protected_context: int = 512  # positions of one protected session (the layouts' limit)
     protected_max_batch: int = 16  # steps of different sessions evaluated as one (native backend)
     protected_batch_wait_ms: float = 50.0  # how long the oldest step waits for sessions at the same step
-    protected_device_bytes: int | None = None  # weights + imported keys the protected path may hold (429 above)
+    # what the protected path may hold on its device: encoded weights, imported keys and the
+    # shuffled FFN of the steps in flight (a key upload or a step beyond it: 429)
+    protected_device_bytes: int | None = None
     protected_warmup: bool = False  # encode the protected weights at start, not when the first session opens
     # engine: its own dataclass holds the defaults
     kv_cache_bytes: int = EngineConfig.kv_cache_bytes  # the paged KV pool's memory budget
@@ -91,4 +93,5 @@ class ServerConfig:
                             self.device, threads=self.threads)
 
     def protected_limits(self) -> Limits:
-        return Limits(self.max_protected_context, self.max_protected_kv_bytes, self.max_protected_kv_bytes_total)
+        return Limits(self.max_protected_context, self.max_protected_kv_bytes, self.max_protected_kv_bytes_total,
+                      self.protected_device_bytes)

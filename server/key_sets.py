@@ -72,10 +72,11 @@ class KeySet:
 
 class KeySets(Mapping):
     """(tenant, keys id) -> KeySet, read-only to callers; every change goes through a method
-    here, under one lock. ``weights_bytes()``: what else the device budget holds."""
+    here, under one lock. ``executor_bytes()``: what else the device budget holds (the encoded
+    weights, the sessions' shuffled W_down)."""
 
-    def __init__(self, cfg: ServerConfig, weights_bytes: Callable[[], int]):
-        self.cfg, self._weights_bytes = cfg, weights_bytes
+    def __init__(self, cfg: ServerConfig, executor_bytes: Callable[[], int]):
+        self.cfg, self._executor_bytes = cfg, executor_bytes
         self._held: dict[tuple[str, str], KeySet] = {}
         self._by_session: dict[str, KeySet] = {}
         self._lock = threading.Lock()
@@ -130,7 +131,7 @@ class KeySets(Mapping):
         cfg, budget = self.cfg, self.cfg.protected_device_bytes
         idle = sorted((k for k in self._held.values() if k.tenant == tenant and not k.sessions),
                       key=lambda k: k.last_used)
-        mine, total, held = self.nbytes(tenant), self.nbytes(), self._weights_bytes() + self.resident()
+        mine, total, held = self.nbytes(tenant), self.nbytes(), self._executor_bytes() + self.resident()
 
         def over(dropped: list[KeySet]) -> KeysError | None:
             freed, unheld = sum(v.nbytes for v in dropped), sum(v.resident for v in dropped)
@@ -139,7 +140,7 @@ class KeySets(Mapping):
             if refusal is None and resident is not None and budget is not None and held - unheld + resident > budget:
                 refusal = KeysError(429, "device_memory", f"evaluation keys ({resident} bytes in memory) would exceed "
                                                           f"protected_device_gb={budget / (1 << 30):g} with the "
-                                                          f"{held - unheld} bytes of weights and keys held")
+                                                          f"{held - unheld} bytes of weights, keys and steps held")
             return refusal
 
         return room_for(idle, over)

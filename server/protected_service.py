@@ -72,7 +72,7 @@ class ProtectedService:
         #: (the circuits compose what it lacks: ``linear.baby_steps``, ``linear.rotate``)
         self.required_levels = {} if self.unavailable else rotation_key_levels(dims, key_set="minimal")
         self.required_relin_level = relin_key_level()
-        self.keys = KeySets(cfg, self._weights_bytes)
+        self.keys = KeySets(cfg, self._executor_bytes)
         self._build_lock = threading.Lock()
         self._executor: ProtectedExecutor | None = None
         self._scheduler: StepScheduler | None = None  # the one HE worker (see the module doc)
@@ -112,7 +112,8 @@ class ProtectedService:
                     be = self._backend()  # key-less: only encodes the weights
                     weights = (layer_weights_from_tensors(tensors, cfg, i, dims)
                                for i in range(self.half.k, cfg.num_layers))
-                    return ProtectedExecutor(be, cfg, weights, self.cfg.protected_limits())
+                    return ProtectedExecutor(be, cfg, weights, self.cfg.protected_limits(),
+                                             key_bytes=self.keys.resident)
 
                 self._executor = self._compute(build)
                 self._scheduler = StepScheduler(self._executor, self.cfg.protected_max_batch,
@@ -170,12 +171,14 @@ class ProtectedService:
         name = self.cfg.he_backend
         return make_backend(self.params, name, **({"device": self.cfg.device} if name == "native" else {}))
 
-    def _weights_bytes(self) -> int:
-        return self._executor.encoded_bytes if self._executor is not None else 0
+    def _executor_bytes(self) -> int:
+        ex = self._executor
+        return ex.encoded_bytes + ex.working_bytes if ex is not None else 0
 
     def resident_bytes(self) -> int:
-        """Memory the protected path holds: encoded weights and every tenant's imported keys."""
-        return self._weights_bytes() + self.keys.resident()
+        """Memory the protected path holds: encoded weights, the shuffled W_down that sessions
+        hold between steps, and every tenant's imported keys."""
+        return self._executor_bytes() + self.keys.resident()
 
     def key_set(self, tenant: str, key_id: str) -> KeySet | None:
         return self.keys.get((tenant, key_id))

@@ -242,6 +242,7 @@ def test_a_batchs_shuffled_w_down_goes_back_whole_to_the_same_rows(ckpt, setup, 
             rows = [s.state.shuffled_down for s, _ in opened]
             assert all(isinstance(d[0], B.RowOf) and d[0].stacked is rows[0][0].stacked for d in rows)
             assert [d[0].row for d in rows] == [0, 1, 2]
+            assert ex.working_bytes == rows[0][0].stacked.matrix.nbytes > 0  # held once, by every row
             if mlp_in == "other order":
                 live = live[::-1]
         groups = [[i] for i in live] if mlp_in == "alone" and msgs[live[0]].kind == MsgKind.MLP_IN else [live]
@@ -251,6 +252,47 @@ def test_a_batchs_shuffled_w_down_goes_back_whole_to_the_same_rows(ckpt, setup, 
                 nxt = clients[i].handle(reply)
                 outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
     assert restacked == ([3] if mlp_in == "other order" else [])
+    for out in outs:
+        assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
+    for sess, _ in opened:
+        ex.drop_session(sess.id)
+
+
+def test_a_step_whose_shuffled_ffn_would_pass_the_device_budget_is_refused_with_429(ckpt, setup, monkeypatch):
+    """``max_device_bytes`` counts the weights, the key sets and the first layer's shuffled W_down
+    that sessions hold from WEIGHTS to MLP_IN. With room for the weights, keys and one position's
+    shuffled pair: the first session's WEIGHTS runs; a batch of both is refused and its rows run
+    alone, the second refused with 429 (unchanged) while the first holds its W_down; once the
+    first's MLP_IN gives it back, the second runs, and both match the plaintext."""
+    from dataclasses import replace
+
+    from veil.protected.protocol import DeviceBudgetExceeded
+
+    pairs, ex, h_in, ref = setup
+    layer, keys = ex.layers[0], 12_345
+    monkeypatch.setattr(ex, "_key_bytes", lambda: keys)
+    monkeypatch.setattr(ex, "limits", replace(ex.limits, max_device_bytes=ex.encoded_bytes + keys + layer.shuffle_bytes))
+    (a, ca), (b, cb) = opened = [_open(ckpt, ex, p) for p in pairs[:2]]
+    weights = [c.handle(r) for c, r in zip((ca, cb), ex.handle_batch([c.token_message(h_in[0]) for c in (ca, cb)]),
+                                             strict=True)]
+    assert {m.kind for m in weights} == {MsgKind.WEIGHTS} and ex.working_bytes == 0
+    before = (b.step, b.state, b.kv_bytes)
+    ra, rb = ex.handle_batch(weights)  # 2 positions' pairs do not fit: alone, a fits and b not
+    assert ra.kind == MsgKind.MLP and isinstance(rb, DeviceBudgetExceeded)
+    assert (rb.status, rb.code) == (429, "device_memory") and (b.step, b.state, b.kv_bytes) == before
+    held = ex.working_bytes
+    assert 0 < held == a.state.shuffled_down[0].nbytes <= layer.shuffle_bytes
+    mlp_in = ca.handle(ra)
+    with pytest.raises(DeviceBudgetExceeded):  # a session alone, too
+        ex.handle(weights[1])
+    refresh = ex.handle(mlp_in)  # a's W_down goes back
+    assert ex.working_bytes == 0 and refresh.kind == MsgKind.REFRESH
+    msgs, outs = [ca.handle(refresh), cb.handle(ex.handle(weights[1]))], [None, None]
+    while any(m is not None for m in msgs):
+        for i, m in enumerate(msgs):
+            if m is not None:
+                nxt = opened[i][1].handle(ex.handle(m))
+                outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
     for out in outs:
         assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
     for sess, _ in opened:

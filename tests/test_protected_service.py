@@ -6,7 +6,9 @@ model config; the executor is never built here), with the native backend and rea
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
 from veil.crypto.backend import make_backend
 from veil.crypto.linear import rotation_steps_of
@@ -400,3 +402,75 @@ def test_keys_are_deleted_over_http_only_by_their_tenant_and_only_when_unused(ck
         assert srv.app.state.protected.key_set("carol", kid) is None
     finally:
         srv.stop()
+
+
+def test_a_step_past_the_device_budget_is_refused_with_429_until_another_gives_its_w_down_back(
+        half29, ckpt, full_model):
+    """On the native backend with a budget of the encoded weights, one key set and one position's
+    shuffled W_gate|up and W_down (layer 29, the first and only protected one): a session's
+    WEIGHTS step runs, a second session's is refused with 429 ``device_memory`` and left as it
+    was while the first holds its W_down (which the key uploads' budget counts too); once the
+    first's MLP_IN gives it back, the second runs, and both finish with the same h_L."""
+    from veil.protected.client import ProtectedClientState
+    from veil.protected.protocol import DeviceBudgetExceeded, MsgKind
+
+    client = make_backend(PROTECTED_PARAMS, "native")
+    client.generate_keys(rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count), key_set="minimal"),
+                         relin_key_level())
+    upload = public_material_to_bytes(client.export_public_material())
+    probe = ProtectedService(half29, ServerConfig(he_backend="native"))
+    keys, ex = probe.add_keys("alice", upload).resident, probe.executor()
+    budget = ex.encoded_bytes + keys + ex.layers[0].shuffle_bytes
+    svc = ProtectedService(half29, ServerConfig(he_backend="native", protected_device_bytes=budget))
+    ks, ex = svc.add_keys("alice", upload), svc.executor()
+    ids = ckpt.tokenizer("The capital of France is", return_tensors="pt")["input_ids"][0]
+    with torch.no_grad():
+        h = full_model.run_layers(full_model.embed(ids), 0, 29)[-1].double().numpy()
+    clients = []
+    for sid in ("s1", "s2"):
+        svc.open(ks, sid)
+        clients.append(ProtectedClientState(client, ckpt.config, 29, 30, sid))
+    weights = [c.handle(svc.step(c.token_message(h))[0]) for c in clients]
+    mlp = svc.step(weights[0])[0]
+    assert mlp.kind == MsgKind.MLP and ex.working_bytes > 0
+    assert svc.keys._executor_bytes() == ex.encoded_bytes + ex.working_bytes  # what a key upload meets
+    s2 = ex.sessions["s2"]
+    before = (s2.step, s2.state, s2.kv_bytes)
+    with pytest.raises(DeviceBudgetExceeded) as e:
+        svc.step(weights[1])
+    assert (e.value.status, e.value.code) == (429, "device_memory") and (s2.step, s2.state, s2.kv_bytes) == before
+    final = clients[0].handle(svc.step(clients[0].handle(mlp))[0])
+    assert ex.working_bytes == 0
+    again = clients[1].handle(svc.step(clients[1].handle(svc.step(weights[1])[0]))[0])
+    assert np.allclose(final, again, rtol=0, atol=1e-2 * np.abs(final).max())
+
+
+@pytest.mark.parametrize(("status", "code"), [(429, "device_memory"), (503, "device_out_of_memory")])
+def test_the_sdk_sends_a_step_refused_for_device_memory_again(client_half, status, code):
+    """A step refused (429 ``device_memory``) or dropped (503 ``device_out_of_memory``) for want of
+    device memory changed nothing on the server: the SDK sends it again after ``Retry-After``, up
+    to ``OOM_RETRIES`` times, then reports it. The server is a stand-in transport (a fake inside
+    this SDK test only; the server's side is the test above)."""
+    import httpx
+
+    from veil.client.sdk import OOM_RETRIES, VeilClient, VeilError
+
+    sent = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(request.read())
+        if len(sent) <= OOM_RETRIES:
+            return httpx.Response(status, headers={"Retry-After": "0"}, json={"error": {"code": code, "message": "m"}})
+        return httpx.Response(200, content=b"reply")
+
+    c = VeilClient("http://server", "k", half=client_half)
+    c.http = httpx.Client(base_url="http://server", transport=httpx.MockTransport(server))
+    assert c._post("/v1/sessions/s/steps", content=b"step").content == b"reply" and sent == [b"step"] * (OOM_RETRIES + 1)
+    sent.clear()
+    c.http = httpx.Client(base_url="http://server", transport=httpx.MockTransport(
+        lambda request: sent.append(1) or httpx.Response(status, headers={"Retry-After": "0"},
+                                                         json={"error": {"code": code, "message": "m"}})))
+    with pytest.raises(VeilError, match=f"{status} {code}"):
+        c._post("/v1/sessions/s/steps", content=b"step")
+    assert len(sent) == OOM_RETRIES + 1
+    c.close()
