@@ -191,6 +191,28 @@ def test_cuda_matrices_encoded_together_from_a_device_tensor(servers, monkeypatc
         assert a.plaintexts.keys() == b.plaintexts.keys()
         assert all(torch.equal(pt._obj, b.plaintexts[u]._obj) and b.plaintexts[u].nonzero for u, pt in a.plaintexts.items())
 
+def test_the_device_budgets_bound_holds_the_shuffled_ffns_device_memory(ckpt):
+    """``EncodedLayer.shuffle_bytes``, what ``--protected-device-gb`` reserves per position of a
+    first-layer WEIGHTS step, bounds the device memory its shuffled W_gate|up and W_down keep
+    (two rows, as a batch). The step's peak above it (the gathered float64 rows, the chunks being
+    encoded) is printed: the budget does not count it."""
+    from veil.protected.layouts import dims_of
+    from veil.protected.weights import EncodedLayer, ffn_permutation, layer_weights_from_tensors
+
+    gpu = make_backend(P, "native", device="cuda")
+    dims = dims_of(ckpt.config, SLOTS)
+    layer = EncodedLayer(gpu, layer_weights_from_tensors(ckpt.tensors, ckpt.config, 2, dims), dims, shuffled=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    kept = layer.shuffled_ffn(gpu, [ffn_permutation(dims.ffn) for _ in range(2)])
+    torch.cuda.synchronize()
+    held, peak = torch.cuda.memory_allocated() - before, torch.cuda.max_memory_allocated() - before
+    print(f"figure protected.shuffle_bytes {layer.shuffle_bytes} held_2_rows {held} peak_2_rows {peak}")
+    # the allocator rounds each block up (512 B) and the bound is exact for SmolLM2's shapes: 1% slack
+    assert 0.99 * sum(m.nbytes for ms in kept for m in ms) <= held <= 1.01 * 2 * layer.shuffle_bytes
+
+
 # ---- the Triton kernels of the native backend (veil.kernels.ckks_*) vs their CPU twins ------------
 # On CUDA the backend's NTTs, key inner products and rescale / ModDown tails run as Triton kernels,
 # but only with real Triton: under the interpreter (conftest's default) CUDA tensors take the torch
