@@ -36,7 +36,7 @@ from veil.protected.layouts import weights_period
 from veil.protected.protocol import MsgKind, ProtectedMessage
 
 __all__ = ["BatchMessage", "Rows", "RowOf", "shift", "rows_of", "step_key", "stack_sessions", "split_advance",
-           "stack_matrices", "own_matrix", "held_bytes", "append_rows"]
+           "stack_matrices", "own_matrix", "held_bytes", "row_bytes", "append_rows"]
 
 #: A batch's per-row value where its rows differ (a span start, a length): one entry per row.
 #: Where every row agrees the batch holds a plain int, so a single session never sees a tuple.
@@ -136,6 +136,12 @@ def held_bytes(ms: Iterable[EncodedMatrix | RowOf]) -> int:
         own = m.stacked.matrix if isinstance(m, RowOf) else m
         distinct[id(own)] = own.nbytes
     return sum(distinct.values())
+
+
+def row_bytes(m: EncodedMatrix | RowOf) -> int:
+    """A row's share of what ``m`` keeps alive: a stacked matrix's bytes split evenly among its
+    rows (all of them go with the last row that lets go)."""
+    return m.stacked.matrix.nbytes // m.stacked.rows if isinstance(m, RowOf) else m.nbytes
 
 
 def _restack(be: RowBatch, ms: Sequence[EncodedMatrix | RowOf]) -> EncodedMatrix:

@@ -157,8 +157,9 @@ class LimitExceeded(ProtocolError):
 
 
 class CapacityExceeded(ProtocolError):
-    """A limit of the whole server (encrypted KV cache bytes of all sessions): retry later.
-    ``needed``: the bytes the step lacked."""
+    """A limit of the whole server, here the encrypted KV cache bytes of all sessions: retry
+    later, or at once where idle sessions give up what they hold. ``needed``: the bytes the
+    step lacked."""
 
     status = 429
     code = "kv_capacity"
@@ -168,12 +169,11 @@ class CapacityExceeded(ProtocolError):
         self.needed = needed
 
 
-class DeviceBudgetExceeded(ProtocolError):
+class DeviceBudgetExceeded(CapacityExceeded):
     """The step's working memory would take the protected path past ``--protected-device-gb``
     (the first protected layer's shuffled FFN): retry once other sessions' steps give theirs
-    back. The step is refused before it runs."""
+    back, or idle sessions the W_down they hold. The step is refused before it runs."""
 
-    status = 429
     code = "device_memory"  # as a key upload refused for the same budget
 
 

@@ -32,6 +32,7 @@ from veil.protected.batch import (
     append_rows,
     held_bytes,
     own_matrix,
+    row_bytes,
     rows_of,
     shift,
     split_advance,
@@ -170,6 +171,11 @@ class ProtectedExecutor:
         """The first layer's shuffled W_down the sessions hold from WEIGHTS to MLP_IN (a
         batch's stacked matrix whole while any of its rows holds it)."""
         return held_bytes(m for s in tuple(self.sessions.values()) for m in s.state.shuffled_down.values())
+
+    def session_working_bytes(self, session_id: str) -> int:
+        """One session's share of ``working_bytes`` (its row's of a stacked matrix)."""
+        s = self.sessions.get(session_id)
+        return sum(row_bytes(m) for m in s.state.shuffled_down.values()) if s is not None else 0
 
     @property
     def kv_bytes_total(self) -> int:
@@ -433,8 +439,8 @@ class ProtectedExecutor:
         held = self.encoded_bytes + self.working_bytes + self._key_bytes()
         if (over := held + n * layer.shuffle_bytes - budget) > 0:
             raise DeviceBudgetExceeded(f"this step's shuffled FFN ({n} x {layer.shuffle_bytes} bytes) would exceed "
-                                       f"protected_device_gb={budget / (1 << 30):g} with the {held} bytes held; "
-                                       f"{over} bytes short")
+                                       f"protected_device_gb={budget / (1 << 30):g} with the {held} bytes held",
+                                       needed=over)
 
     def _shuffled(self, be: HEBackend, layer: EncodedLayer, rows: int) -> tuple[EncodedMatrix, EncodedMatrix]:
         """The first layer's W_gate|up and W_down under a fresh secret permutation (per row of a batch)."""

@@ -19,6 +19,7 @@ from veil.protected.protocol import (
     PROTOCOL_VERSION,
     UPLOAD_KINDS,
     CapacityExceeded,
+    DeviceBudgetExceeded,
     ProtectedMessage,
     ProtocolError,
 )
@@ -100,16 +101,18 @@ class ProtectedApi:
                 "max_kv_bytes": cfg.max_protected_kv_bytes, "he_backend": cfg.he_backend}
 
     async def _run(self, s: Session, msg: ProtectedMessage) -> tuple[ProtectedMessage, dict[str, float]]:
-        """The step; where the encrypted KV cache of all sessions is full, sessions idle for
-        ``session_evict_idle_s`` give theirs up, least recently used first, as many as the
-        step lacks, and the step runs again (a refused step changed nothing). Where the idle
-        ones hold too little, none goes: 429."""
+        """The step; where the encrypted KV cache of all sessions is full, or the device budget
+        has no room for the step's shuffled FFN, sessions idle for ``session_evict_idle_s`` give
+        up what they hold (their cache; the shuffled W_down of a step they left half done),
+        least recently used first, as many as the step lacks, and the step runs again (a
+        refused step changed nothing). Where the idle ones hold too little, none goes: 429."""
         while True:
             try:
                 return await asyncio.to_thread(self.protected.step, msg)
             except CapacityExceeded as e:
+                held = self.protected.working_bytes if isinstance(e, DeviceBudgetExceeded) else self.protected.kv_bytes
                 # only where idle sessions hold enough to make the room, and only those
-                if not self.sessions.evict_for("protected", s.id, lambda v: self.protected.kv_bytes(v.id), e.needed):
+                if not self.sessions.evict_for("protected", s.id, lambda v, held=held: held(v.id), e.needed):
                     raise
 
     async def step(self, s: Session, body: bytes) -> Response:
@@ -131,7 +134,7 @@ class ProtectedApi:
                 reply, op_seconds = await self._run(s, msg)
             except ProtocolError as e:
                 retry = None
-                if isinstance(e, CapacityExceeded):  # room comes when sessions holding cache go idle
+                if type(e) is CapacityExceeded:  # room comes when sessions holding cache go idle
                     retry = {"Retry-After": str(math.ceil(self.sessions.idle_threshold_s))}
                 elif e.status in (429, 503):  # device memory: the next try may find it
                     retry = {"Retry-After": "1"}

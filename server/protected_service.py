@@ -212,6 +212,10 @@ class ProtectedService:
         reply, seconds, _ = self._scheduler.submit(msg)
         return reply, seconds
 
+    def working_bytes(self, session_id: str) -> int:
+        """The shuffled W_down a session holds until its MLP_IN (its share of a batch's)."""
+        return self._executor.session_working_bytes(session_id) if self._executor is not None else 0
+
     def kv_bytes(self, session_id: str | None = None) -> int:
         """Encrypted KV cache bytes of all sessions, or of one."""
         if self._executor is None:

@@ -404,16 +404,11 @@ def test_keys_are_deleted_over_http_only_by_their_tenant_and_only_when_unused(ck
         srv.stop()
 
 
-def test_a_step_past_the_device_budget_is_refused_with_429_until_another_gives_its_w_down_back(
-        half29, ckpt, full_model):
-    """On the native backend with a budget of the encoded weights, one key set and one position's
-    shuffled W_gate|up and W_down (layer 29, the first and only protected one): a session's
-    WEIGHTS step runs, a second session's is refused with 429 ``device_memory`` and left as it
-    was while the first holds its W_down (which the key uploads' budget counts too); once the
-    first's MLP_IN gives it back, the second runs, and both finish with the same h_L."""
-    from veil.protected.client import ProtectedClientState
-    from veil.protected.protocol import DeviceBudgetExceeded, MsgKind
-
+@pytest.fixture(scope="module")
+def budgeted(half29, ckpt, full_model):
+    """A native service of layer 29 (the first and only protected one) whose device budget holds
+    the encoded weights, one key set and one position's shuffled W_gate|up and W_down; the
+    client's backend, the key set, and an input h of layer 29."""
     client = make_backend(PROTECTED_PARAMS, "native")
     client.generate_keys(rotation_key_levels(dims_of(ckpt.config, PROTECTED_PARAMS.slot_count), key_set="minimal"),
                          relin_key_level())
@@ -422,17 +417,29 @@ def test_a_step_past_the_device_budget_is_refused_with_429_until_another_gives_i
     keys, ex = probe.add_keys("alice", upload).resident, probe.executor()
     budget = ex.encoded_bytes + keys + ex.layers[0].shuffle_bytes
     svc = ProtectedService(half29, ServerConfig(he_backend="native", protected_device_bytes=budget))
-    ks, ex = svc.add_keys("alice", upload), svc.executor()
     ids = ckpt.tokenizer("The capital of France is", return_tensors="pt")["input_ids"][0]
     with torch.no_grad():
         h = full_model.run_layers(full_model.embed(ids), 0, 29)[-1].double().numpy()
+    return client, svc, svc.add_keys("alice", upload), h
+
+
+def test_a_step_past_the_device_budget_is_refused_with_429_until_another_gives_its_w_down_back(budgeted, ckpt):
+    """A session's WEIGHTS step runs; a second session's is refused with 429 ``device_memory``
+    and left as it was while the first holds its W_down (which the key uploads' budget counts
+    too); once the first's MLP_IN gives it back, the second runs, and both finish with the same
+    h_L."""
+    from veil.protected.client import ProtectedClientState
+    from veil.protected.protocol import DeviceBudgetExceeded, MsgKind
+
+    client, svc, ks, h = budgeted
+    ex = svc.executor()
     clients = []
     for sid in ("s1", "s2"):
         svc.open(ks, sid)
         clients.append(ProtectedClientState(client, ckpt.config, 29, 30, sid))
     weights = [c.handle(svc.step(c.token_message(h))[0]) for c in clients]
     mlp = svc.step(weights[0])[0]
-    assert mlp.kind == MsgKind.MLP and ex.working_bytes > 0
+    assert mlp.kind == MsgKind.MLP and ex.working_bytes == svc.working_bytes("s1") > 0
     assert svc.keys._executor_bytes() == ex.encoded_bytes + ex.working_bytes  # what a key upload meets
     s2 = ex.sessions["s2"]
     before = (s2.step, s2.state, s2.kv_bytes)
@@ -443,6 +450,36 @@ def test_a_step_past_the_device_budget_is_refused_with_429_until_another_gives_i
     assert ex.working_bytes == 0
     again = clients[1].handle(svc.step(clients[1].handle(svc.step(weights[1])[0]))[0])
     assert np.allclose(final, again, rtol=0, atol=1e-2 * np.abs(final).max())
+    svc.close("s1"), svc.close("s2")
+
+
+def test_an_idle_session_gives_up_the_w_down_it_holds_for_another_sessions_step(budgeted, ckpt, half29):
+    """Over HTTP's step handler (``ProtectedApi._run``): a session that left its first-layer step
+    half done holds its shuffled W_down; another session's step that the budget then cannot hold
+    is refused while the holder is fresh, and once the holder has been idle for
+    ``session_evict_idle_s`` it is dropped for the step, which runs."""
+    import asyncio
+
+    from veil.protected.client import ProtectedClientState
+    from veil.protected.protocol import DeviceBudgetExceeded, MsgKind
+    from veil.server.metrics import Metrics
+    from veil.server.protected_api import ProtectedApi
+    from veil.server.sessions import SessionStore
+
+    client, svc, ks, h = budgeted
+    store = SessionStore(600, 8, on_drop=lambda s: svc.close(s.id), evict_idle_s=60)
+    api = ProtectedApi(svc.cfg, half29, svc, store, None, Metrics(), None)  # tenants, bodies: not used here
+    a, b = (store.create("alice", "protected", lambda sid: svc.open(ks, sid)) for _ in range(2))
+    ca, cb = (ProtectedClientState(client, ckpt.config, 29, 30, s.id) for s in (a, b))
+    wa, wb = (c.handle(svc.step(c.token_message(h))[0]) for c in (ca, cb))
+    svc.step(wa)  # a holds its W_down, and its client goes away
+    with pytest.raises(DeviceBudgetExceeded):
+        asyncio.run(api._run(b, wb))
+    a.last_used -= 61
+    reply, _ = asyncio.run(api._run(b, wb))
+    assert reply.kind == MsgKind.MLP and store.get(a.id, "alice") is None
+    assert a.id not in svc.executor().sessions and svc.working_bytes(b.id) > 0
+    assert store.delete(b.id, "alice") and b.id not in svc.executor().sessions
 
 
 @pytest.mark.parametrize(("status", "code"), [(429, "device_memory"), (503, "device_out_of_memory")])
