@@ -230,11 +230,11 @@ class VeilClient:
         retry, the same bytes, with the reply it gave (``Session.resent``), else it runs it.
         A 503 ``device_out_of_memory`` or 429 ``device_memory`` (the server dropped or refused the
         work whole, its session as before) is sent again after the server's ``Retry-After``, up to
-        ``OOM_RETRIES`` times, and one it
-        refused unread while it held too many other bodies (429 ``server_busy``) up to
-        ``BUSY_RETRIES`` times; a 429 for want of room (``ROOM_CODES``: nothing changed on the
-        server either) for as long as ``wait_for_room_s`` allows. A body sent again must be
-        bytes or an iterable that starts over (``_Pieces``), not a one-shot generator."""
+        ``OOM_RETRIES`` times, and one it refused unread while it held too many other bodies (429
+        ``server_busy``) up to ``BUSY_RETRIES`` times; a 429 for want of room (``ROOM_CODES``:
+        nothing changed on the server either) for as long as ``wait_for_room_s`` allows. A body
+        sent again must be bytes or an iterable that starts over (``_Pieces``), not a one-shot
+        generator."""
         attempt, busy, deadline = 0, 0, time.monotonic() + self.wait_for_room_s
         while True:
             try:

@@ -430,9 +430,10 @@ class ProtectedExecutor:
 
     def _room_for_shuffle(self, layer: EncodedLayer, n: int) -> None:
         """429 before a step whose ``n`` shuffled pairs (positions x rows) would take weights,
-        key sets and every session's shuffled W_down past ``limits.max_device_bytes``: their
-        ~240 MB per position are the protected path's largest working memory, and a device out
-        of memory would drop the step after its work (503). A refused batch runs its rows alone."""
+        key sets and every session's shuffled W_down past ``limits.max_device_bytes``: they are
+        the protected path's largest working memory (``benchmarks/results/2026-12-07-device-budget``),
+        and a device out of memory would drop the step after its work (503). A refused batch
+        runs its rows alone."""
         budget = self.limits.max_device_bytes
         if budget is None:
             return
