@@ -194,6 +194,7 @@ def create_app(cfg: ServerConfig, half: ServerHalf, tenants: TenantStore) -> Fas
         metrics.failed_in_a_row.set(engine.failed_in_a_row)
         metrics.protected_kv_bytes.set(protected.kv_bytes())
         metrics.protected_key_bytes.set(protected.key_bytes())
+        metrics.protected_device_bytes.set(protected.resident_bytes())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/sessions", status_code=201)

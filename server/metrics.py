@@ -32,7 +32,8 @@ class Metrics:
                                      "last one that completed (/health: engine_failing from 8)", registry=r)
         self.sessions = Gauge("veil_sessions", "open sessions", registry=r)
         self.sessions_evicted = Counter("veil_sessions_evicted", "idle sessions dropped for new work at a limit: "
-                                        "a session count, or the protected KV cache's total (capacity)",
+                                        "a session count, or the protected KV cache's total or device "
+                                        "budget (capacity)",
                                         ["path", "limit"], registry=r)
         self.bytes_in = Counter("veil_bytes_in", "request body bytes on the split/protected paths", ["path"], registry=r)
         self.bytes_out = Counter("veil_bytes_out", "response body bytes on the split/protected paths", ["path"],
@@ -47,6 +48,9 @@ class Metrics:
                                         registry=r)
         self.protected_key_bytes = Gauge("veil_protected_key_bytes", "evaluation key bytes stored, all tenants",
                                          registry=r)
+        self.protected_device_bytes = Gauge(
+            "veil_protected_device_bytes", "what --protected-device-gb counts: encoded weights, imported keys in "
+            "memory, and the shuffled W_down of the first protected layer's steps in flight", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -316,7 +316,12 @@ def test_an_idle_protected_session_gives_its_place_at_the_server_limit(ckpt, cli
         age(kept)
         assert b.generate(b.tokenizer("Hi")["input_ids"], 1, stop_at_eos=False).stats.output_tokens == 1
         assert kept not in executor.sessions and srv.app.state.sessions.get(kept, "carol") is None
-        assert 'veil_sessions_evicted_total{limit="capacity",path="protected"} 1.0' in httpx.get(f"{srv.url}/metrics").text
+        text = httpx.get(f"{srv.url}/metrics").text
+        assert 'veil_sessions_evicted_total{limit="capacity",path="protected"} 1.0' in text
+        device = next(float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("veil_protected_device_bytes "))
+        protected = srv.app.state.protected
+        # no step in flight holds a shuffled W_down now: the weights and the keys
+        assert device == protected.resident_bytes() == executor.encoded_bytes + protected.keys.resident() > 0
     finally:
         a.close(), b.close()
         srv.stop()
