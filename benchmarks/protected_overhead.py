@@ -23,7 +23,9 @@ Figures (per path and context):
   the set, ``auto`` (default) the one the server's /health prefers, as the SDK does: compact
   on SEAL (baby steps chained from step 1 on the server), full on native;
 * ``server_s.<op>`` (protected): server HE seconds per decode token by operation kind, read from
-  the server's Prometheus counter ``veil_protected_op_seconds``;
+  the server's Prometheus counter ``veil_protected_op_seconds``; ``ttft_server_s.<op>`` the same
+  for the prompt's prefill, and ``ttft_client_cpu_s`` the client's CPU seconds in it (what is
+  left of ``ttft_s`` is the wire, the (de)serialization outside the HE sections, and waiting);
 * ``server_peak_rss_bytes`` (VmHWM of the server process), ``client_peak_rss_bytes``;
 * ``kl_mean`` / ``greedy_agreement``: the client's next-token distributions against the plaintext
   model on the same token prefix (teacher-forced on the path's own tokens), over every
@@ -131,6 +133,7 @@ def run_session(client, prompt: list[int], new_tokens: int, reference_logits, ur
     protected = client.mode == "protected"
     if protected:
         client.ensure_keys()
+    ops_open = server_op_seconds(url) if protected and url else {}
     t0 = time.perf_counter()
     session = client.open_session(stats)
     try:
@@ -167,6 +170,8 @@ def run_session(client, prompt: list[int], new_tokens: int, reference_logits, ur
     }
     if protected and url:
         out["server_s"] = {op: (ops1.get(op, 0.0) - ops0.get(op, 0.0)) / n for op in sorted(set(ops0) | set(ops1))}
+        out["ttft_server_s"] = {op: ops0.get(op, 0.0) - ops_open.get(op, 0.0) for op in sorted(set(ops0) | set(ops_open))}
+        out["ttft_client_cpu_s"] = prefill[3]
     return out
 
 

@@ -16,6 +16,7 @@ figure is then its own, at the price of the overlap between host and device.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import defaultdict
 
@@ -51,9 +52,12 @@ class TimedBackend:
         self.matvec_by_shape: dict[str, float] = share.matvec_by_shape if share else defaultdict(float)
         self._root = share._root if share else self  # holds ``synchronize`` for every sharer
         self._sync_on = False
+        # the open section, per thread, for every sharer: a section's work may run through
+        # another sharer (a span's positions as one batch: ``Circuit.matvecs``), whose ops it
+        # already times (counted again: benchmarks/results/2026-12-07-ttft-split)
+        self._sections = threading.local()
         device = getattr(backend, "device", None)  # what a wait waits for: a CUDA backend's device
         self._cuda = device if isinstance(device, torch.device) and device.type == "cuda" else None
-        self._open = False  # inside a section: inner ops are not counted again
 
     @property
     def inner(self) -> HEBackend:
@@ -61,6 +65,15 @@ class TimedBackend:
 
     def sharing(self, backend: HEBackend) -> TimedBackend:
         return TimedBackend(backend, share=self)
+
+    @property
+    def _open(self) -> bool:
+        """Inside a section (of any sharer, on this thread): inner ops are not counted again."""
+        return getattr(self._root._sections, "open", False)
+
+    @_open.setter
+    def _open(self, on: bool) -> None:
+        self._root._sections.open = on
 
     @property
     def synchronize(self) -> bool:

@@ -315,3 +315,28 @@ def test_timed_backend_waits_for_a_cuda_device_only_when_asked(monkeypatch):
     assert len(waits) == 4 and root.counts["add"] == 2 and root.counts["matvec"] == 1
     session.synchronize = False  # one switch for all: set through any sharer
     assert not root.synchronize and session.add(1, 2) == 3 and len(waits) == 4
+
+
+def test_a_section_counts_its_work_once_whichever_sharer_runs_it():
+    """Ops inside a section are the section's, also where they run through another backend
+    sharing its counters (a span's positions batched: ``Circuit.matvecs``), and only on the
+    section's thread. The backend is a stand-in (this unit test checks the timer, not HE)."""
+    import threading
+
+    from veil.protected.timing import TimedBackend
+
+    class Adds:
+        def add(self, a, b):
+            return a + b
+
+    root = TimedBackend(Adds())
+    batch = root.sharing(Adds())
+    elsewhere = []
+    with root.section("matvec"):
+        batch.add(1, 2)
+        root.sharing(Adds()).add(1, 2)
+        t = threading.Thread(target=lambda: elsewhere.append(batch.add(3, 4)))
+        t.start(), t.join()
+    assert root.counts["matvec"] == 1 and root.counts["add"] == 1 and elsewhere == [7]
+    batch.add(1, 2)
+    assert root.counts["add"] == 2 and set(root.times) == {"matvec", "other"}
