@@ -12,6 +12,14 @@ copy took 15.2 ms, 2.8 ms with the heap kept, 2.5 ms copied into a reused buffer
 and the next tensor takes them. The price is that the process never gives memory back to the
 system before it exits: its resident size stays at its peak. ``VEIL_KEEP_HEAP=0`` leaves
 glibc's policy alone; other C libraries are left alone too.
+
+It also keeps every thread on the main arena (``M_ARENA_MAX`` 1). glibc gives other threads
+arenas of their own, whose heaps hold at most 64 MiB: a larger block allocated on any thread but
+the main one is mapped fresh and unmapped on free, whatever ``M_MMAP_MAX`` says. A server
+computes its protected steps on a worker thread, where a prompt's span or a batch of sessions
+allocates blocks of hundreds of MB (``benchmarks/results/2026-12-07-ttft-split``). The limit
+reaches the threads that allocate after it: the server makes its first native backend (and so
+calls this) before its engine loop and HE threads start.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ __all__ = ["keep_freed_memory"]
 
 log = logging.getLogger(__name__)
 
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's malloc.h
 
 
 @functools.cache
@@ -40,6 +48,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    kept = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    kept = all(mallopt(option, value) for option, value in
+               ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_ARENA_MAX, 1)))
     log.info("glibc keeps freed memory in the heap: %s", kept)
     return kept
