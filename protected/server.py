@@ -147,6 +147,9 @@ class ProtectedExecutor:
             self.layers.append(EncodedLayer(backend, w, self.dims, levels, shuffled=not self.layers))
         if not self.layers:
             raise ValueError("no layers")
+        # summed once (every plaintext of every layer): the device budget reads it at every
+        # first-layer WEIGHTS step, key upload and /metrics scrape
+        self.encoded_bytes = sum(layer.nbytes for layer in self.layers)
         self.first, self.last = self.layers[0].index, self.layers[-1].index + 1
         if [layer.index for layer in self.layers] != list(range(self.first, self.last)):
             raise ValueError("layers must be contiguous")
@@ -163,8 +166,9 @@ class ProtectedExecutor:
         return cls(backend, ckpt.config, ws, limits, **kw)
 
     @property
-    def encoded_bytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers)
+    def device_bytes(self) -> int:
+        """What the executor holds for the device budget: its weights and the sessions' shuffled W_down."""
+        return self.encoded_bytes + self.working_bytes
 
     @property
     def working_bytes(self) -> int:
@@ -437,7 +441,7 @@ class ProtectedExecutor:
         budget = self.limits.max_device_bytes
         if budget is None:
             return
-        held = self.encoded_bytes + self.working_bytes + self._key_bytes()
+        held = self.device_bytes + self._key_bytes()
         if (over := held + n * layer.shuffle_bytes - budget) > 0:
             raise DeviceBudgetExceeded(f"this step's shuffled FFN ({n} x {layer.shuffle_bytes} bytes) would exceed "
                                        f"protected_device_gb={budget / (1 << 30):g} with the {held} bytes held",

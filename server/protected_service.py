@@ -172,8 +172,7 @@ class ProtectedService:
         return make_backend(self.params, name, **({"device": self.cfg.device} if name == "native" else {}))
 
     def _executor_bytes(self) -> int:
-        ex = self._executor
-        return ex.encoded_bytes + ex.working_bytes if ex is not None else 0
+        return self._executor.device_bytes if self._executor is not None else 0
 
     def resident_bytes(self) -> int:
         """Memory the protected path holds: encoded weights, the shuffled W_down that sessions
