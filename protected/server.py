@@ -157,6 +157,9 @@ class ProtectedExecutor:
         self.consts = Constants(cfg, self.dims)
         self.sessions: dict[str, ProtectedSession] = {}
         self._key_bytes = key_bytes
+        # the shuffled FFN of the first-layer step in flight, from its check to its commit: key
+        # uploads on other threads meet it in ``device_bytes`` (steps run one at a time)
+        self._step_bytes = 0
 
     @classmethod
     def from_checkpoint(cls, backend: HEBackend, ckpt, first: int, last: int, limits: Limits,
@@ -167,8 +170,9 @@ class ProtectedExecutor:
 
     @property
     def device_bytes(self) -> int:
-        """What the executor holds for the device budget: its weights and the sessions' shuffled W_down."""
-        return self.encoded_bytes + self.working_bytes
+        """What the executor holds for the device budget: its weights, the sessions' shuffled
+        W_down, and the shuffled FFN of a step in flight."""
+        return self.encoded_bytes + self.working_bytes + self._step_bytes
 
     @property
     def working_bytes(self) -> int:
@@ -212,9 +216,12 @@ class ProtectedExecutor:
     def handle(self, msg: ProtectedMessage) -> ProtectedMessage:
         """Run the step ``msg`` starts and return the reply; commit only if it all succeeded."""
         s = self._check(msg)
-        with _device_memory():
-            out = self._step(msg.kind)(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
-        self._commit(s, msg, out)
+        try:
+            with _device_memory():
+                out = self._step(msg.kind)(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
+            self._commit(s, msg, out)
+        finally:
+            self._step_bytes = 0  # the step's shuffled W_down is now the session's (working_bytes), or gone
         return out.reply
 
     def handle_batch(self, msgs: Sequence[ProtectedMessage]) -> list[ProtectedMessage | Exception]:
@@ -269,11 +276,14 @@ class ProtectedExecutor:
         first = msgs[0]
         bmsg = BatchMessage(first.kind, first.layer, rows_of(m.position for m in msgs), first.count,
                             tuple(zip(sessions, msgs, strict=True)))
-        with _device_memory():
-            out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
-        advances = split_advance(rows, out, msgs, _Advance, self.dims.per_chunk)
-        for s, msg, adv in zip(sessions, msgs, advances, strict=True):
-            self._commit(s, msg, adv)
+        try:
+            with _device_memory():
+                out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
+            advances = split_advance(rows, out, msgs, _Advance, self.dims.per_chunk)
+            for s, msg, adv in zip(sessions, msgs, advances, strict=True):
+                self._commit(s, msg, adv)
+        finally:
+            self._step_bytes = 0  # as in handle
         return [adv.reply for adv in advances]
 
     def _step(self, kind: str):
@@ -340,7 +350,7 @@ class ProtectedExecutor:
         h_primes = {i: c.attention_residual(st.h[i], o) for i, o in zip(ws, c.matvecs(layer.wo, a), strict=True)}
         wgu, shuffled_down = layer.wgu, {}
         if layer.ffn is not None:
-            self._room_for_shuffle(layer, len(ws) * s.rows)
+            self._reserve_shuffle(layer, len(ws) * s.rows)
             wgu = []
             for i in ws:
                 with c.be.section("shuffle"):
@@ -432,20 +442,20 @@ class ProtectedExecutor:
     def _layer(self, index: int) -> EncodedLayer:
         return self.layers[index - self.first]
 
-    def _room_for_shuffle(self, layer: EncodedLayer, n: int) -> None:
-        """429 before a step whose ``n`` shuffled pairs (positions x rows) would take weights,
-        key sets and every session's shuffled W_down past ``limits.max_device_bytes``: they are
-        the protected path's largest working memory (``benchmarks/results/2026-12-07-device-budget``),
-        and a device out of memory would drop the step after its work (503). A refused batch
-        runs its rows alone."""
-        budget = self.limits.max_device_bytes
-        if budget is None:
-            return
-        held = self.device_bytes + self._key_bytes()
-        if (over := held + n * layer.shuffle_bytes - budget) > 0:
-            raise DeviceBudgetExceeded(f"this step's shuffled FFN ({n} x {layer.shuffle_bytes} bytes) would exceed "
-                                       f"protected_device_gb={budget / (1 << 30):g} with the {held} bytes held",
-                                       needed=over)
+    def _reserve_shuffle(self, layer: EncodedLayer, n: int) -> None:
+        """Reserve a step's ``n`` shuffled pairs (positions x rows) until it commits; first, 429
+        where they would take weights, key sets and every session's shuffled W_down past
+        ``limits.max_device_bytes``: they are the protected path's largest working memory
+        (``benchmarks/results/2026-12-07-device-budget``), and a device out of memory would drop
+        the step after its work (503). A refused batch runs its rows alone."""
+        budget, need = self.limits.max_device_bytes, n * layer.shuffle_bytes
+        if budget is not None:
+            held = self.device_bytes + self._key_bytes()
+            if (over := held + need - budget) > 0:
+                raise DeviceBudgetExceeded(f"this step's shuffled FFN ({n} x {layer.shuffle_bytes} bytes) would "
+                                           f"exceed protected_device_gb={budget / (1 << 30):g} with the {held} "
+                                           "bytes held", needed=over)
+        self._step_bytes = need
 
     def _shuffled(self, be: HEBackend, layer: EncodedLayer, rows: int) -> tuple[EncodedMatrix, EncodedMatrix]:
         """The first layer's W_gate|up and W_down under a fresh secret permutation (per row of a batch)."""

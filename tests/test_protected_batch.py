@@ -272,6 +272,9 @@ def test_a_step_whose_shuffled_ffn_would_pass_the_device_budget_is_refused_with_
     layer, keys = ex.layers[0], 12_345
     monkeypatch.setattr(ex, "_key_bytes", lambda: keys)
     monkeypatch.setattr(ex, "limits", replace(ex.limits, max_device_bytes=ex.encoded_bytes + keys + layer.shuffle_bytes))
+    # what a key upload on another thread meets while a step shuffles (observed, not changed)
+    during, shuffled = [], ex._shuffled
+    monkeypatch.setattr(ex, "_shuffled", lambda *args: (during.append(ex.device_bytes), shuffled(*args))[1])
     (a, ca), (b, cb) = opened = [_open(ckpt, ex, p) for p in pairs[:2]]
     weights = [c.handle(r) for c, r in zip((ca, cb), ex.handle_batch([c.token_message(h_in[0]) for c in (ca, cb)]),
                                              strict=True)]
@@ -282,6 +285,8 @@ def test_a_step_whose_shuffled_ffn_would_pass_the_device_budget_is_refused_with_
     assert (rb.status, rb.code) == (429, "device_memory") and (b.step, b.state, b.kv_bytes) == before
     held = ex.working_bytes
     assert 0 < held == a.state.shuffled_down[0].nbytes <= layer.shuffle_bytes
+    # a's step counted its pair while it ran, and once committed only the W_down a holds
+    assert during == [ex.encoded_bytes + layer.shuffle_bytes] and ex.device_bytes == ex.encoded_bytes + held
     mlp_in = ca.handle(ra)
     with pytest.raises(DeviceBudgetExceeded):  # a session alone, too
         ex.handle(weights[1])

@@ -482,6 +482,47 @@ def test_an_idle_session_gives_up_the_w_down_it_holds_for_another_sessions_step(
     assert store.delete(b.id, "alice") and b.id not in svc.executor().sessions
 
 
+def test_a_key_upload_during_a_first_layer_step_counts_the_steps_shuffled_ffn(budgeted, ckpt, half29,
+                                                                             minimal_uploads):
+    """Steps run on the HE worker, key uploads on request threads, neither waiting for the other.
+    With a budget that holds the weights, alice's keys and either the step's shuffled pair or
+    bob's keys but not both: bob's upload while alice's first-layer WEIGHTS step shuffles (made
+    from inside that step, where another thread's would meet it) is refused with 429
+    ``device_memory``; once alice's MLP_IN has given her W_down back, the same upload is taken."""
+    from veil.protected.client import ProtectedClientState
+
+    client, small, ks, h = budgeted
+    pair = small.executor().layers[0].shuffle_bytes
+    budget = small.executor().encoded_bytes + ks.resident + max(pair, ks.resident)
+    svc = ProtectedService(half29, ServerConfig(he_backend="native", protected_device_bytes=budget))
+    alice = svc.add_keys("alice", public_material_to_bytes(client.export_public_material()))
+    ex = svc.executor()
+    svc.open(alice, "a")
+    ca = ProtectedClientState(client, ckpt.config, 29, 30, "a")
+    weights = ca.handle(svc.step(ca.token_message(h))[0])
+    during, shuffled = [], ex._shuffled
+
+    def upload_while_shuffling(*args):
+        try:
+            svc.add_keys("bob", minimal_uploads[0])
+            during.append("accepted")
+        except KeysError as e:
+            during.append((e.status, e.code))
+        return shuffled(*args)
+
+    ex._shuffled = upload_while_shuffling  # observes the step from inside; the step itself is unchanged
+    try:
+        mlp = svc.step(weights)[0]
+    finally:
+        del ex._shuffled
+    assert during == [(429, "device_memory")] and [t for t, _ in svc.keys] == ["alice"]
+    assert ex.device_bytes == ex.encoded_bytes + ex.working_bytes  # the step's reservation, gone with it
+    assert isinstance(ca.handle(svc.step(ca.handle(mlp))[0]), np.ndarray)  # MLP_IN: alice's W_down goes back
+    assert ex.working_bytes == 0 and ex.device_bytes == ex.encoded_bytes
+    assert svc.add_keys("bob", minimal_uploads[0]).resident == ks.resident
+    svc.close("a")
+
+
 @pytest.mark.parametrize(("status", "code"), [(429, "device_memory"), (503, "device_out_of_memory")])
 def test_the_sdk_sends_a_step_refused_for_device_memory_again(client_half, status, code):
     """A step refused (429 ``device_memory``) or dropped (503 ``device_out_of_memory``) for want of
