@@ -48,13 +48,17 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
     from veil.cluster.ingress import Ingress
     from veil.cluster.keys import KeyStore
     from veil.cluster.replica import KEY_STORE, ReplicaSpec, VeilReplica
+    from veil.kernels import heap
 
     keys = DeploymentActorConfig(name=KEY_STORE, actor_class=ray.remote(KeyStore), actor_options={"num_cpus": 0},
                                  init_kwargs={"max_bytes_per_tenant": cfg.max_key_bytes_per_tenant,
                                               "max_bytes_total": cfg.max_key_bytes_total, "ttl_s": cfg.key_ttl_s})
     engine = serve.deployment(
         VeilReplica, name="VeilReplica", num_replicas=cc.replicas, max_ongoing_requests=cc.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cc.replica_cpus}, health_check_period_s=cc.health_check_period_s,
+        # one malloc arena from the replica's start: its HE worker thread reuses the heap's pages
+        # (kernels/heap.py); the job's working_dir still applies (a field not named is inherited)
+        ray_actor_options={"num_cpus": cc.replica_cpus, "runtime_env": {"env_vars": heap.worker_env()}},
+        health_check_period_s=cc.health_check_period_s,
         request_router_config=RequestRouterConfig(request_router_class=ROUTER), deployment_actors=[keys],
         logging_config=QUIET_LOGS)
     ingress = serve.deployment(serve.ingress()(Ingress), name="Ingress", num_replicas=1,

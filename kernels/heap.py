@@ -20,6 +20,12 @@ computes its protected steps on a worker thread, where a prompt's span or a batc
 allocates blocks of hundreds of MB (``benchmarks/results/2026-12-07-ttft-split``). The limit
 reaches the threads that allocate after it: the server makes its first native backend (and so
 calls this) before its engine loop and HE threads start.
+
+That ordering cannot be had in a process whose threads have made arenas of their own before it
+(a Ray worker): glibc hands a new thread a free or existing arena whatever the limit says, so
+its blocks are mapped afresh still (a Ray actor's thread: 40 of 40 blocks; results
+2026-12-07-ci-heap). ``worker_env`` is the same limit as glibc reads it at a process's start,
+for the processes another program launches (``veil serve --replicas``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import functools
 import logging
 import os
 
-__all__ = ["keep_freed_memory"]
+__all__ = ["keep_freed_memory", "worker_env"]
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +58,15 @@ def keep_freed_memory() -> bool:
                ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_ARENA_MAX, 1)))
     log.info("glibc keeps freed memory in the heap: %s", kept)
     return kept
+
+
+def worker_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables that give a process launched with them one malloc arena from its
+    start (glibc's tunable), appended to the ``GLIBC_TUNABLES`` of ``env`` (default: this
+    process's); empty where ``VEIL_KEEP_HEAP=0``. The rest of ``keep_freed_memory`` still runs
+    there when its first native backend is made."""
+    env = os.environ if env is None else env
+    if env.get("VEIL_KEEP_HEAP", "1") == "0":
+        return {}
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.arena_max=")]
+    return {"GLIBC_TUNABLES": ":".join([*tunables, "glibc.malloc.arena_max=1"])}

@@ -90,6 +90,20 @@ def test_keys_uploaded_once_serve_every_replica(cluster, ckpt, full_model):
     assert answers.keys() == replicas and all(a == {(404, "keys_not_found")} for a in answers.values()), answers
 
 
+def test_replicas_start_with_one_malloc_arena_in_the_jobs_working_dir(cluster):
+    """A replica computes HE on a thread its process makes after Ray's own have made arenas, so
+    only the limit read at its start (``heap.worker_env``) keeps it on the main arena; the
+    replica's own runtime_env must not drop the job's empty working_dir (``launch.py``)."""
+    import psutil
+
+    pids = cluster.replica_pids().values()
+    assert len(pids) == 2
+    for pid in pids:
+        tunables = psutil.Process(pid).environ().get("GLIBC_TUNABLES", "")
+        assert "glibc.malloc.arena_max=1" in tunables.split(":"), tunables
+        assert "working_dir_files" in psutil.Process(pid).cwd()
+
+
 def _engine_children(pid: int) -> list:
     import psutil
 

@@ -13,9 +13,15 @@ import pytest
 # allocations of a fresh thread split freed blocks until its own caches fill), after which every
 # block fits in pages the heap already holds. Counted from the 21st block on.
 SCRIPT = """
-import resource, threading
+import resource, sys, threading, time
 import torch
 from veil.kernels import heap
+def early():  # threads that allocate before the limit, as a Ray worker's own do: each makes an arena,
+    torch.ones(1 << 16)  # which glibc keeps for the next new thread once they have ended
+ts = [threading.Thread(target=early) for _ in range(int(sys.argv[1]))]
+for t in ts: t.start()
+for t in ts: t.join()
+time.sleep(0.2 if ts else 0)  # join returns before the C thread has ended and given its arena back
 kept = heap.keep_freed_memory()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -32,10 +38,12 @@ print(kept, steady[0])
 """
 
 
-def _steady_faults(keep: bool) -> tuple[bool, int]:
-    env = {"VEIL_KEEP_HEAP": "1" if keep else "0", "PYTHONSAFEPATH": "1"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **env}, check=True).stdout.split()
+def _steady_faults(keep: bool, early_threads: int = 0, start_env: dict | None = None) -> tuple[bool, int]:
+    env = {**os.environ, "VEIL_KEEP_HEAP": "1" if keep else "0", "PYTHONSAFEPATH": "1", **(start_env or {})}
+    if start_env is None:
+        env.pop("GLIBC_TUNABLES", None)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(early_threads)], capture_output=True, text=True,
+                         timeout=120, env=env, check=True).stdout.split()
     return out[0] == "True", int(out[1])
 
 
@@ -49,3 +57,26 @@ def test_a_worker_thread_reuses_the_pages_of_the_large_blocks_it_freed():
     # 0 in each of eight runs (2026-12-07). Without M_ARENA_MAX the thread's own arena maps them
     # afresh too (40 blocks' pages), so the bound also checks the arena setting.
     assert unkept > 38 * pages and faults < pages, (faults, unkept)
+
+
+def test_where_threads_made_arenas_first_only_the_limit_read_at_start_holds():
+    """Threads that allocated before ``keep_freed_memory`` (a Ray worker's) leave arenas that
+    glibc hands the worker thread whatever the limit set later says; ``worker_env``, read at the
+    process's start, keeps it on the main arena (``veil serve --replicas`` starts replicas so)."""
+    from veil.kernels import heap
+
+    kept, late = _steady_faults(True, early_threads=4)
+    if not kept:
+        pytest.skip("not glibc: the C library's own policy applies")
+    pages = (100 << 20) // 4096
+    _, at_start = _steady_faults(True, early_threads=4, start_env=heap.worker_env({}))
+    assert late > 38 * pages and at_start < pages, (late, at_start)
+
+
+def test_worker_env_keeps_other_tunables_and_honours_the_opt_out():
+    from veil.kernels.heap import worker_env
+
+    assert worker_env({}) == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"}
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4:glibc.malloc.tcache_count=0"}
+    assert worker_env(mine) == {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=1"}
+    assert worker_env({"VEIL_KEEP_HEAP": "0", **mine}) == {}
