@@ -176,6 +176,10 @@ class DeviceBudgetExceeded(CapacityExceeded):
 
     code = "device_memory"  # as a key upload refused for the same budget
 
+    def __init__(self, message: str, needed: int = 0, rows: int = 0) -> None:
+        super().__init__(message, needed)
+        self.rows = rows  # how many of a batch's rows the room holds (it runs them as a smaller batch)
+
 
 class DeviceOutOfMemory(ProtocolError):
     """The device ran out of memory during this step: the step is dropped, retry later."""

@@ -227,7 +227,8 @@ class ProtectedExecutor:
     def handle_batch(self, msgs: Sequence[ProtectedMessage]) -> list[ProtectedMessage | Exception]:
         """Run steps of different sessions, one reply or exception per message, in order. Steps
         with one ``batch_key`` run as one batched evaluation (``veil.protected.batch``);
-        each session still commits alone. If a batch fails, its steps run one at a time."""
+        each session still commits alone. If a batch fails, its steps run one at a time (past
+        the device budget: its first rows that fit as a batch, then the others)."""
         results: list = [None] * len(msgs)
         groups: dict[tuple, list[int]] = {}
         seen: set[str] = set()
@@ -236,20 +237,29 @@ class ProtectedExecutor:
             seen.add(msg.session_id)  # a session's later message runs alone, after its earlier one
             groups.setdefault(("alone", i) if key is None else key, []).append(i)
         for idx in groups.values():
-            if len(idx) > 1:
-                try:
-                    for i, reply in zip(idx, self._run_batch([msgs[i] for i in idx]), strict=True):
-                        results[i] = reply
-                    continue
-                except Exception as e:  # noqa: BLE001 (nothing was committed: each step runs alone below)
-                    log.warning("a batch of %d %s steps failed (%s: %s); running them one at a time",
-                                len(idx), msgs[idx[0]].kind, type(e).__name__, e)
-            for i in idx:
+            for i in self._batched(msgs, idx, results) if len(idx) > 1 else idx:
                 try:
                     results[i] = self.handle(msgs[i])
                 except Exception as e:  # noqa: BLE001 (the caller answers each message on its own)
                     results[i] = e
         return results
+
+    def _batched(self, msgs: Sequence[ProtectedMessage], idx: list[int], results: list) -> list[int]:
+        """Run ``msgs[idx]`` as one batch into ``results``; returns the indices left to run one at
+        a time: none, all where the batch failed (nothing was committed), or those past the
+        device budget's room, whose first rows then run as a smaller batch, in arrival order."""
+        try:
+            for i, reply in zip(idx, self._run_batch([msgs[i] for i in idx]), strict=True):
+                results[i] = reply
+            return []
+        except DeviceBudgetExceeded as e:
+            rows = e.rows
+            log.info("the device budget holds %d of a batch's %d %s steps", rows, len(idx), msgs[idx[0]].kind)
+            return self._batched(msgs, idx[:rows], results) + idx[rows:] if rows > 1 else idx
+        except Exception as e:  # noqa: BLE001 (nothing was committed: each step runs alone)
+            log.warning("a batch of %d %s steps failed (%s: %s); running them one at a time",
+                        len(idx), msgs[idx[0]].kind, type(e).__name__, e)
+            return idx
 
     def batch_key(self, msg: ProtectedMessage) -> tuple | None:
         """Steps with equal keys may run as one batch (``batch.step_key``); None: alone (so does
@@ -350,7 +360,7 @@ class ProtectedExecutor:
         h_primes = {i: c.attention_residual(st.h[i], o) for i, o in zip(ws, c.matvecs(layer.wo, a), strict=True)}
         wgu, shuffled_down = layer.wgu, {}
         if layer.ffn is not None:
-            self._reserve_shuffle(layer, len(ws) * s.rows)
+            self._reserve_shuffle(layer, len(ws), s.rows)
             wgu = []
             for i in ws:
                 with c.be.section("shuffle"):
@@ -442,20 +452,21 @@ class ProtectedExecutor:
     def _layer(self, index: int) -> EncodedLayer:
         return self.layers[index - self.first]
 
-    def _reserve_shuffle(self, layer: EncodedLayer, n: int) -> None:
-        """Reserve a step's ``n`` shuffled pairs (positions x rows) until it commits; first, 429
+    def _reserve_shuffle(self, layer: EncodedLayer, positions: int, rows: int) -> None:
+        """Reserve a step's shuffled pairs (positions x rows) until it commits; first, 429
         where they would take weights, key sets and every session's shuffled W_down past
         ``limits.max_device_bytes``: they are the protected path's largest working memory
         (``benchmarks/results/2026-12-07-device-budget``), and a device out of memory would drop
-        the step after its work (503). A refused batch runs its rows alone."""
-        budget, need = self.limits.max_device_bytes, n * layer.shuffle_bytes
+        the step after its work (503). A refused batch runs the rows the room holds as a smaller
+        batch, and the rest alone (``_batched``)."""
+        budget, row_bytes = self.limits.max_device_bytes, positions * layer.shuffle_bytes
         if budget is not None:
             held = self.device_bytes + self._key_bytes()
-            if (over := held + need - budget) > 0:
-                raise DeviceBudgetExceeded(f"this step's shuffled FFN ({n} x {layer.shuffle_bytes} bytes) would "
-                                           f"exceed protected_device_gb={budget / (1 << 30):g} with the {held} "
-                                           "bytes held", needed=over)
-        self._step_bytes = need
+            if (over := held + rows * row_bytes - budget) > 0:
+                raise DeviceBudgetExceeded(f"this step's shuffled FFN ({positions * rows} x {layer.shuffle_bytes} "
+                                           f"bytes) would exceed protected_device_gb={budget / (1 << 30):g} with "
+                                           f"the {held} bytes held", needed=over, rows=max(0, budget - held) // row_bytes)
+        self._step_bytes = rows * row_bytes
 
     def _shuffled(self, be: HEBackend, layer: EncodedLayer, rows: int) -> tuple[EncodedMatrix, EncodedMatrix]:
         """The first layer's W_gate|up and W_down under a fresh secret permutation (per row of a batch)."""

@@ -302,3 +302,39 @@ def test_a_step_whose_shuffled_ffn_would_pass_the_device_budget_is_refused_with_
         assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
     for sess, _ in opened:
         ex.drop_session(sess.id)
+
+
+def test_a_batch_past_the_device_budget_runs_the_rows_the_room_holds_as_one_batch(ckpt, setup, monkeypatch):
+    """With room for the weights and two positions' shuffled pairs, a first-layer WEIGHTS batch of
+    three runs its first two rows as one batch and refuses the third alone (429, unchanged);
+    once the two have given their W_down back (MLP_IN), the third runs; all match the plaintext."""
+    from dataclasses import replace
+
+    from veil.protected.protocol import DeviceBudgetExceeded
+
+    pairs, ex, h_in, ref = setup
+    monkeypatch.setattr(ex, "limits", replace(ex.limits, max_device_bytes=ex.encoded_bytes + 2 * ex.layers[0].shuffle_bytes))
+    batches, run_batch = [], ex._run_batch  # observed: the sizes of the batches that ran
+    monkeypatch.setattr(ex, "_run_batch", lambda ms: (batches.append(len(ms)), run_batch(ms))[1])
+    opened = [_open(ckpt, ex, p) for p in pairs]
+    clients = [c for _, c in opened]
+    weights = [c.handle(r) for c, r in zip(clients, ex.handle_batch([c.token_message(h_in[0]) for c in clients]),
+                                             strict=True)]
+    third = opened[2][0]
+    before, batches[:] = (third.step, third.state, third.kv_bytes), []
+    replies = ex.handle_batch(weights)
+    assert batches == [3, 2] and [r.kind for r in replies[:2]] == [MsgKind.MLP] * 2
+    assert isinstance(replies[2], DeviceBudgetExceeded) and (third.step, third.state, third.kv_bytes) == before
+    refreshes = ex.handle_batch([c.handle(r) for c, r in zip(clients[:2], replies[:2], strict=True)])
+    assert ex.working_bytes == 0 and {r.kind for r in refreshes} == {MsgKind.REFRESH}
+    msgs = [*(c.handle(r) for c, r in zip(clients[:2], refreshes, strict=True)), clients[2].handle(ex.handle(weights[2]))]
+    outs = [None] * 3
+    while any(m is not None for m in msgs):
+        for i, m in enumerate(msgs):
+            if m is not None:
+                nxt = clients[i].handle(ex.handle(m))
+                outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
+    for out in outs:
+        assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
+    for sess, _ in opened:
+        ex.drop_session(sess.id)
