@@ -8,10 +8,12 @@ the CPU (a hoisted set's products, its ModDown); measured on the 2-core developm
 copy took 15.2 ms, 2.8 ms with the heap kept, 2.5 ms copied into a reused buffer.
 
 ``keep_freed_memory`` turns glibc's mmap path off (``M_MMAP_MAX`` 0) and never trims the heap
-(``M_TRIM_THRESHOLD``), for the whole process: freed blocks go back to malloc's free lists
-and the next tensor takes them. The price is that the process never gives memory back to the
-system before it exits: its resident size stays at its peak. ``VEIL_KEEP_HEAP=0`` leaves
-glibc's policy alone; other C libraries are left alone too.
+(``M_TRIM_THRESHOLD`` -1, which glibc documents as "never"; its largest positive value, 2^31 - 1,
+still gave the top back once more than 2 GiB of it was free: results 2026-12-07-first-prompt), for
+the whole process: freed blocks go back to malloc's free lists and the next tensor takes them.
+The price is that the process never gives memory back to the system before it exits: its
+resident size stays at its peak. ``VEIL_KEEP_HEAP=0`` leaves glibc's policy alone; other C
+libraries are left alone too.
 
 It also keeps every thread on the main arena (``M_ARENA_MAX`` 1). glibc gives other threads
 arenas of their own, whose heaps hold at most 64 MiB: a larger block allocated on any thread but
@@ -55,7 +57,7 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     kept = all(mallopt(option, value) for option, value in
-               ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_ARENA_MAX, 1)))
+               ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1), (_M_ARENA_MAX, 1)))
     log.info("glibc keeps freed memory in the heap: %s", kept)
     return kept
 

@@ -80,3 +80,35 @@ def test_worker_env_keeps_other_tunables_and_honours_the_opt_out():
     mine = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4:glibc.malloc.tcache_count=0"}
     assert worker_env(mine) == {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=1"}
     assert worker_env({"VEIL_KEEP_HEAP": "0", **mine}) == {}
+
+
+TRIM = """
+import ctypes, resource
+from veil.kernels import heap
+kept = heap.keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+faults = []
+for _ in range(2):
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    p = libc.malloc(5 << 29)  # 2.5 GiB: more than the 2 GiB a positive threshold can say
+    libc.memset(p, 1, 5 << 29)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start)
+    libc.free(p)
+print(kept, *faults)
+"""
+
+
+def test_a_kept_heap_keeps_more_than_2_gib_of_freed_top():
+    """glibc trims the heap's free top past ``M_TRIM_THRESHOLD``; set to its largest positive
+    value (2^31 - 1) it still gave back a freed 2.5 GiB block, which the next one faulted in
+    again page by page (a k=2 prefill span frees more than that at once). -1: never."""
+    env = {**os.environ, "VEIL_KEEP_HEAP": "1", "PYTHONSAFEPATH": "1"}
+    env.pop("GLIBC_TUNABLES", None)
+    out = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True, timeout=120, env=env,
+                         check=True).stdout.split()
+    if out[0] != "True":
+        pytest.skip("not glibc: the C library's own policy applies")
+    first, again = int(out[1]), int(out[2])
+    assert first > (5 << 29) // 4096 * 0.9 and again < first // 100, (first, again)
