@@ -12,7 +12,10 @@ Figures (per path and context):
   position by position, multi-token packing is not implemented). The server encodes its
   protected weights when its first protected session opens, once per process: a session opened
   and closed before the timed ones takes that (``setup.server_protected_warmup_s`` in the JSON;
-  runs before 2026-11-27 counted it in the first context's TTFT);
+  runs before 2026-11-27 counted it in the first context's TTFT). The first context's prompt
+  still grows the server's heap (k=28, 8 tokens: 12.2 s, the next prompts 6.2-6.4 s;
+  benchmarks/results/2026-12-07-first-prompt): repeat a context (``--contexts 8,8``) for a warm
+  server's TTFT, which the JSON keeps (the last run of a context);
 * ``tpot_s`` / ``itl_s``: gaps between consecutive tokens (one decode step each);
 * ``bytes_up_per_token`` / ``bytes_down_per_token`` / ``bytes_per_token``,
   ``round_trips_per_token``, ``client_cpu_s_per_token``: over the decode steps only;
