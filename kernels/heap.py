@@ -19,15 +19,12 @@ It also keeps every thread on the main arena (``M_ARENA_MAX`` 1). glibc gives ot
 arenas of their own, whose heaps hold at most 64 MiB: a larger block allocated on any thread but
 the main one is mapped fresh and unmapped on free, whatever ``M_MMAP_MAX`` says. A server
 computes its protected steps on a worker thread, where a prompt's span or a batch of sessions
-allocates blocks of hundreds of MB (``benchmarks/results/2026-12-07-ttft-split``). The limit
-reaches the threads that allocate after it: the server makes its first native backend (and so
-calls this) before its engine loop and HE threads start.
-
-That ordering cannot be had in a process whose threads have made arenas of their own before it
-(a Ray worker): glibc hands a new thread a free or existing arena whatever the limit says, so
-its blocks are mapped afresh still (a Ray actor's thread: 40 of 40 blocks; results
-2026-12-07-ci-heap). ``worker_env`` is the same limit as glibc reads it at a process's start,
-for the processes another program launches (``veil serve --replicas``).
+allocates blocks of hundreds of MB (``benchmarks/results/2026-12-07-ttft-split``). Set late,
+the limit reaches a new thread only where no thread has ended before: glibc hands a new thread
+an ended thread's arena first. ``veil serve`` makes its first native backend (and so calls
+this) before its engine loop and HE threads start; a Ray worker's own threads come first (an
+actor's new thread mapped 40 of 40 blocks afresh: results 2026-12-07-ci-heap), so ``worker_env`` gives
+the processes another program launches (``veil serve --replicas``) the limit from their start.
 """
 
 from __future__ import annotations

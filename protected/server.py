@@ -216,12 +216,9 @@ class ProtectedExecutor:
     def handle(self, msg: ProtectedMessage) -> ProtectedMessage:
         """Run the step ``msg`` starts and return the reply; commit only if it all succeeded."""
         s = self._check(msg)
-        try:
-            with _device_memory():
-                out = self._step(msg.kind)(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
+        with self._running():
+            out = self._step(msg.kind)(s, msg, Circuit(s.be, self.dims, self.levels, self.consts))
             self._commit(s, msg, out)
-        finally:
-            self._step_bytes = 0  # the step's shuffled W_down is now the session's (working_bytes), or gone
         return out.reply
 
     def handle_batch(self, msgs: Sequence[ProtectedMessage]) -> list[ProtectedMessage | Exception]:
@@ -286,19 +283,31 @@ class ProtectedExecutor:
         first = msgs[0]
         bmsg = BatchMessage(first.kind, first.layer, rows_of(m.position for m in msgs), first.count,
                             tuple(zip(sessions, msgs, strict=True)))
-        try:
-            with _device_memory():
-                out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
+        with self._running():
+            out = self._step(first.kind)(rows, bmsg, Circuit(rows.be, self.dims, self.levels, self.consts))
             advances = split_advance(rows, out, msgs, _Advance, self.dims.per_chunk)
             for s, msg, adv in zip(sessions, msgs, advances, strict=True):
                 self._commit(s, msg, adv)
-        finally:
-            self._step_bytes = 0  # as in handle
         return [adv.reply for adv in advances]
 
     def _step(self, kind: str):
         return {MsgKind.TOKEN: self.on_token, MsgKind.WEIGHTS: self.on_weights, MsgKind.MLP_IN: self.on_mlp_in,
                 MsgKind.REFRESHED: self.on_refreshed}[kind]
+
+    @contextlib.contextmanager
+    def _running(self):
+        """A step from its work to its commit. A device out-of-memory error fails it (503, the
+        session unchanged: nothing was committed) and gives the cached blocks back, so the next
+        step starts from a clean pool. Its shuffled-FFN reservation ends with it: its W_down is
+        then the sessions' (``working_bytes``), or gone."""
+        try:
+            yield
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise DeviceOutOfMemory("the device ran out of memory during this step; retry later") from None
+        finally:
+            self._step_bytes = 0
 
     @staticmethod
     def _commit(s: ProtectedSession, msg: ProtectedMessage, out: _Advance) -> None:
@@ -494,15 +503,3 @@ class ProtectedExecutor:
     def _reply(self, kind: str, msg: ProtectedMessage, layer: int, payloads: list[CtPayload]) -> ProtectedMessage:
         return ProtectedMessage(kind, msg.session_id, msg.step, layer, msg.position, tuple(payloads), self.params_id,
                                 count=msg.count)
-
-
-@contextlib.contextmanager
-def _device_memory():
-    """A device out-of-memory error fails the step (503, the session unchanged: nothing was
-    committed) and gives the cached blocks back, so the next step starts from a clean pool."""
-    try:
-        yield
-    except torch.OutOfMemoryError:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        raise DeviceOutOfMemory("the device ran out of memory during this step; retry later") from None

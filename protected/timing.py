@@ -55,7 +55,7 @@ class TimedBackend:
         # the open section, per thread, for every sharer: a section's work may run through
         # another sharer (a span's positions as one batch: ``Circuit.matvecs``), whose ops it
         # already times (counted again: benchmarks/results/2026-12-07-ttft-split)
-        self._sections = threading.local()
+        self._sections = share._sections if share else threading.local()
         device = getattr(backend, "device", None)  # what a wait waits for: a CUDA backend's device
         self._cuda = device if isinstance(device, torch.device) and device.type == "cuda" else None
 
@@ -69,11 +69,11 @@ class TimedBackend:
     @property
     def _open(self) -> bool:
         """Inside a section (of any sharer, on this thread): inner ops are not counted again."""
-        return getattr(self._root._sections, "open", False)
+        return getattr(self._sections, "open", False)
 
     @_open.setter
     def _open(self, on: bool) -> None:
-        self._root._sections.open = on
+        self._sections.open = on
 
     @property
     def synchronize(self) -> bool:

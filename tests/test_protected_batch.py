@@ -50,7 +50,13 @@ def _lockstep(ex, clients, h):
     """One decode step of every client (``h``: every client's input, or a list of one per
     client), each round trip as one handle_batch call."""
     hs = h if isinstance(h, list) else [h] * len(clients)
-    msgs, outs = [c.token_message(x) for c, x in zip(clients, hs, strict=True)], [None] * len(clients)
+    return _finish(ex, clients, [c.token_message(x) for c, x in zip(clients, hs, strict=True)])
+
+
+def _finish(ex, clients, msgs):
+    """Each client's pending message and those its replies lead to, every round trip of the
+    clients still going as one handle_batch call, until each has its output."""
+    msgs, outs = list(msgs), [None] * len(clients)
     while any(m is not None for m in msgs):
         live = [i for i, m in enumerate(msgs) if m is not None]
         for i, reply in zip(live, ex.handle_batch([msgs[i] for i in live]), strict=True):
@@ -292,12 +298,7 @@ def test_a_step_whose_shuffled_ffn_would_pass_the_device_budget_is_refused_with_
         ex.handle(weights[1])
     refresh = ex.handle(mlp_in)  # a's W_down goes back
     assert ex.working_bytes == 0 and refresh.kind == MsgKind.REFRESH
-    msgs, outs = [ca.handle(refresh), cb.handle(ex.handle(weights[1]))], [None, None]
-    while any(m is not None for m in msgs):
-        for i, m in enumerate(msgs):
-            if m is not None:
-                nxt = opened[i][1].handle(ex.handle(m))
-                outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
+    outs = _finish(ex, (ca, cb), [ca.handle(refresh), cb.handle(ex.handle(weights[1]))])
     for out in outs:
         assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
     for sess, _ in opened:
@@ -327,13 +328,8 @@ def test_a_batch_past_the_device_budget_runs_the_rows_the_room_holds_as_one_batc
     assert isinstance(replies[2], DeviceBudgetExceeded) and (third.step, third.state, third.kv_bytes) == before
     refreshes = ex.handle_batch([c.handle(r) for c, r in zip(clients[:2], replies[:2], strict=True)])
     assert ex.working_bytes == 0 and {r.kind for r in refreshes} == {MsgKind.REFRESH}
-    msgs = [*(c.handle(r) for c, r in zip(clients[:2], refreshes, strict=True)), clients[2].handle(ex.handle(weights[2]))]
-    outs = [None] * 3
-    while any(m is not None for m in msgs):
-        for i, m in enumerate(msgs):
-            if m is not None:
-                nxt = clients[i].handle(ex.handle(m))
-                outs[i], msgs[i] = (nxt, None) if isinstance(nxt, np.ndarray) else (None, nxt)
+    outs = _finish(ex, clients, [*(c.handle(r) for c, r in zip(clients[:2], refreshes, strict=True)),
+                                 clients[2].handle(ex.handle(weights[2]))])
     for out in outs:
         assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < REL_ERR_BOUND
     for sess, _ in opened:
