@@ -11,7 +11,8 @@ Two layers because a middle layer's cycle (WEIGHTS -> MLP, MLP_IN -> REFRESH, RE
 next layer's SCORES) differs from the last layer's (MLP_IN -> FINAL). The per-layer figures are
 the first layer's cycle; the whole-model extrapolation (``--layers`` protected layers, default
 28 for k=2) is the measured two-layer step plus ``layers - 2`` cycles without the first layer's
-FFN shuffle (the executor shuffles its first protected layer only).
+FFN shuffle (the executor shuffles its first protected layer only). Each context's step runs
+once untimed first (``--warmup``), as a server's steps run warm.
 
 Prints the server time split by operation kind (matvec, ctct, rotations, refresh, flooding,
 serialization, other; on CUDA from one more step that waits for the device at every op kind's
@@ -160,9 +161,9 @@ def bench_backend(name: str, args, ckpt, model, cfg, dims) -> None:
     for ctx in (int(c) for c in args.contexts.split(",")):
         h0, h1, ref = _plain_inputs(model, ckpt.tokenizer, args.layer, ctx)
         graphs = getattr(server_be, "_graphs", None)  # VEIL_NATIVE_CUDA_GRAPHS=1 on CUDA
-        # Triton compiles a kernel at its first shape: keep that out of the figures; with CUDA
-        # graphs a second step captures them (a name's first call runs eagerly), so that the
-        # timed step replays them
+        # keep first use out of the figures (Triton compiles a kernel at its first shape; on the
+        # CPU the heap grows); with CUDA graphs a second step captures them (a name's first call
+        # runs eagerly), so that the timed step replays them
         for _ in range((2 if graphs is not None else 1) if args.warmup else 0):
             ex.drop_session(_timed_step(ex, client_be, cfg, weights, layers, h0, h1, ctx)[0].id)
         before = (graphs.captures, graphs.replays) if graphs is not None else None
@@ -249,9 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--he-backend", default="seal",
                     help=f"comma-separated, each measured in turn: {', '.join(backend_names())}")
     ap.add_argument("--device", default="cpu", help="where the native backend computes (SEAL always on the CPU)")
-    ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
-                    help="run each context's step once untimed first (default: on CUDA only, where "
-                         "Triton compiles each kernel at its first shape)")
+    ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="run each context's step once untimed first (default): a server's steps run "
+                         "warm, and a first step pays once for Triton compiling each kernel at its first "
+                         "shape (CUDA) or for growing the heap (CPU, results/2026-12-07-bench-warmup); "
+                         "--no-warmup times a fresh process's first step")
     ap.add_argument("--split-round", action=argparse.BooleanOptionalAction, default=None,
                     help="one more step per context, waiting for the device at every op kind's boundary, "
                          "for the server time by op kind (default: on CUDA only, where the timed step "
@@ -262,8 +265,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_out/protected_bench.json"), help="JSON of the figures")
     args = ap.parse_args(argv)
     backends = args.he_backend.split(",")
-    if args.warmup is None:
-        args.warmup = args.device.startswith("cuda")
     if args.split_round is None:
         args.split_round = args.device.startswith("cuda")
     for name in backends:
