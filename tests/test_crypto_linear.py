@@ -115,6 +115,24 @@ def test_plan_matvec():
         plan_matvec(4, 4, 4096, layout="spiral")
 
 
+def test_distinct_entries_count_each_diagonals_distinct_reads(rng):
+    """``_distinct_entries`` (the shuffled FFN's encoding bounds, ``EntryBounds``) counts what
+    ``np.unique`` of each diagonal plaintext's read positions counts, empty slots (-1) left out:
+    on every layout's plans, and on rows that read entries more than once."""
+    from veil.crypto.linear.encode import _diagonal_index, _distinct_entries, _distinct_per_row
+
+    plans = [plan_matvec(rows, cols, SLOTS, "folded", N1) for rows, cols in FOLDED_SHAPES[:4]]
+    plans += [plan_matvec(rows, cols, SLOTS, "wide", N1) for rows, cols in WIDE_SHAPES]
+    plans += [plan_matvec(rows, cols, SLOTS // 2 - 64, "folded", N1, 2, SLOTS // 2) for rows, cols in FRAMED]
+    plans += [plan_matvec(40, 7, SLOTS, "bsgs", N1)]
+    for plan in plans:
+        index = _diagonal_index(plan, SLOTS)[1]
+        assert _distinct_entries(plan, SLOTS).tolist() == [np.unique(row[row >= 0]).size for row in index]
+    repeats = rng.integers(-1, 30, size=(50, 64))  # entries read again, slots empty, rows of -1 only
+    repeats[3] = -1
+    assert _distinct_per_row(repeats).tolist() == [np.unique(row[row >= 0]).size for row in repeats]
+
+
 @pytest.mark.parametrize("rows,cols,level", BSGS_SHAPES)
 def test_bsgs_matvec_vs_numpy(pair, rng, rows, cols, level):
     client, server = pair

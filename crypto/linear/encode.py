@@ -112,7 +112,15 @@ def _diagonal_index(plan: MatvecPlan, slots: int) -> tuple[tuple[int, ...], np.n
 @functools.lru_cache(maxsize=32)
 def _distinct_entries(plan: MatvecPlan, slots: int) -> np.ndarray:
     """How many distinct entries of ``W`` each diagonal plaintext of ``_diagonal_index`` reads."""
-    return np.array([np.unique(row[row >= 0]).size for row in _diagonal_index(plan, slots)[1]], dtype=np.int64)
+    return _distinct_per_row(_diagonal_index(plan, slots)[1])
+
+
+def _distinct_per_row(index: np.ndarray) -> np.ndarray:
+    """The distinct values >= 0 of each row of ``index``: each sorted row's changes of value.
+    One sort of all rows, not ``np.unique`` per row (10x slower: 0.29 s in a server's first
+    shuffled step)."""
+    s = np.sort(index, axis=1)
+    return (s[:, :1] >= 0).sum(1) + ((s[:, 1:] != s[:, :-1]) & (s[:, 1:] >= 0)).sum(1)
 
 
 def encode_matrix(be: HEBackend, weight: np.ndarray, level: int, n1: int | None = None, layout: str = "bsgs",
