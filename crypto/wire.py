@@ -79,6 +79,10 @@ def pack(msg: dict[str, Any]) -> bytes:
 def unpack(data: bytes, *, max_bytes: int) -> dict[str, Any]:
     if len(data) > max_bytes:
         raise WireError(f"message of {len(data)} bytes exceeds {max_bytes}")
+    if not data or not (0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF)):  # fixmap, map 16, map 32
+        # refused before unpacking: msgpack would read the first object and copy the whole rest
+        # of a garbage body into the error it raises (ExtraData)
+        raise WireError("message must be a map")
     try:
         msg = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=max_bytes, max_str_len=1 << 16,
                               max_array_len=1 << 20, max_map_len=64)

@@ -96,3 +96,23 @@ def test_protected_verify_flag():
     for bad in ({"verify": 1}, {"verify": "yes"}, {"kind": "weights"}):
         with pytest.raises(WireError):
             ProtectedMessage.from_bytes(msgpack.packb({**raw, **bad}), max_bytes=1 << 20)
+
+
+def test_a_body_that_is_not_a_map_is_refused_before_it_is_unpacked(monkeypatch):
+    """A garbage body: msgpack would read its first object and copy the whole rest into its
+    ExtraData error; the first byte already says it is no message (a map). Maps of every header
+    size still unpack."""
+    calls = []
+    real = msgpack.unpackb
+    monkeypatch.setattr(msgpack, "unpackb", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for body in (b"", b"\x01" + b"x" * (1 << 20), msgpack.packb([1, 2]), msgpack.packb("hello")):
+        with pytest.raises(WireError, match="must be a map"):
+            HiddenStep.from_bytes(body, max_bytes=1 << 21, hidden_size=8, max_tokens=16)
+    assert not calls
+    body = HiddenStep("s", 1, torch.zeros(2, 8), [0, 1]).to_bytes()
+    assert HiddenStep.from_bytes(body, max_bytes=1 << 20, hidden_size=8, max_tokens=16).session == "s"
+    for header in (b"\xde\x00\x01", b"\xdf\x00\x00\x00\x01"):  # map 16, map 32 of {"v": 2}: unpacked
+        with pytest.raises(WireError, match="protocol version 2"):
+            HiddenStep.from_bytes(header + msgpack.packb("v") + msgpack.packb(2), max_bytes=1 << 20,
+                                  hidden_size=8, max_tokens=16)
+    assert len(calls) == 3
