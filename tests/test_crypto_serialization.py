@@ -312,7 +312,7 @@ def test_packed_keys_are_validated(pair):
         "bad index": (gk[:52] + (2**31).to_bytes(4, "little") + gk[56:], "bad key index"),
         "zero components": (gk[:56] + (0).to_bytes(2, "little") + gk[58:], "component count"),
         "level out of range": (gk[:58] + bytes([200]) + gk[59:], "key level"),
-        "wrong magic": (b"VPK9" + gk[4:], ""),
+        "wrong magic": (b"VPK9" + gk[4:], "bad SEAL magic"),  # not ours, so read as SEAL's own format
     }
     for name, (blob, why) in cases.items():
         fresh = SealBackend(P)
