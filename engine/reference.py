@@ -3,6 +3,8 @@ Tests and benchmarks measure our engine against it."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from veil.engine.config import ModelConfig
@@ -40,10 +42,13 @@ def build_reference(ckpt: Checkpoint, dtype: torch.dtype = torch.float32):
 def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation of exactly max_new_tokens (EOS not special), with the HF KV cache."""
     ids = torch.tensor([prompt_ids])
+    # transformers names the KV cache `cache` since 5.2x and drops `past_key_values` in 5.40; the
+    # releases before (the GPU machines' 5.17) know only `past_key_values`
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out, past = [], None
     for _ in range(max_new_tokens):
-        res = model(input_ids=ids, past_key_values=past, use_cache=True)
-        past = res.past_key_values
+        res = model(input_ids=ids, use_cache=True, **{kw: past})
+        past = getattr(res, kw)
         token = int(res.logits[0, -1].argmax())
         out.append(token)
         ids = torch.tensor([[token]])
