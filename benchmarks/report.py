@@ -309,8 +309,10 @@ def write_plots(out: Path, results: dict) -> None:
     ax.bar([i - 0.2 for i in x], up, width=0.4, label="up (client → server)")
     ax.bar([i + 0.2 for i in x], down, width=0.4, label="down (server → client)")
     ax.set_xticks(list(x), labels)
-    ax.set_yscale("log")
-    ax.set_ylabel("bytes per decode token (log scale)")
+    log = any(v > 0 for v in up + down)  # a run whose paths sent nothing (a smoke run) plots linear
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel("bytes per decode token" + (" (log scale)" if log else ""))
     ax.set_title("Wire bytes per token (fast path: token ids only, not shown)")
     ax.legend()
     fig.tight_layout()
