@@ -117,8 +117,8 @@ def _distinct_entries(plan: MatvecPlan, slots: int) -> np.ndarray:
 
 def _distinct_per_row(index: np.ndarray) -> np.ndarray:
     """The distinct values >= 0 of each row of ``index``: each sorted row's changes of value.
-    One sort of all rows, not ``np.unique`` per row (10x slower: 0.29 s in a server's first
-    shuffled step)."""
+    One sort of all rows, not ``np.unique`` per row, ten times slower in a process's first
+    shuffled step (benchmarks/results/2026-12-07-bench-warmup)."""
     s = np.sort(index, axis=1)
     return (s[:, :1] >= 0).sum(1) + ((s[:, 1:] != s[:, :-1]) & (s[:, 1:] >= 0)).sum(1)
 
