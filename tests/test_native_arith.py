@@ -230,3 +230,21 @@ def test_mod_down_is_rounded_division_by_p(ctx):
     x, p = _crt(res.numpy(), ext_primes), ctx.special_prime
     want = np.array([(v + p // 2) // p for v in x], dtype=object)
     assert np.array_equal(_crt(out, ext_primes[1:]), want)
+
+
+def test_digits_to_ntt_is_the_ntt_of_the_digits_residues(ctx):
+    """``rns.digits_to_ntt`` (each digit lifted into NTT form, then one multiply-accumulate with
+    the radices' residues) gives what ``digits_to_residues`` then the forward NTT give, bit for
+    bit: a refresh's digits re-encoded at the top level, and at a lower one; with leading rows."""
+    rng = np.random.default_rng(21)
+    for from_level, level in ((1, ctx.top), (ctx.top, ctx.top), (2, 1)):
+        res, primes = _random_level(ctx, from_level, rng)
+        y = rns.balanced_digits(res, ctx.data(from_level)[0])
+        radices = tuple(rns.radices(primes))
+        basis, ntt = ctx.data(level)
+        want = ntt.forward(rns.digits_to_residues(y, ctx.radix_residues(level, radices), basis))
+        assert torch.equal(rns.digits_to_ntt(y, ctx, level, radices), want)
+        rows = torch.stack([y, -y])  # [2, K, N]
+        want_rows = torch.stack([want, ntt.forward(rns.digits_to_residues(-y, ctx.radix_residues(level, radices),
+                                                                            basis))])
+        assert torch.equal(rns.digits_to_ntt(rows, ctx, level, radices), want_rows)

@@ -339,3 +339,18 @@ def test_a_dropped_server_backend_frees_its_tables(pair, rng):
     del server, ct, prod
     gc.collect()
     assert gone() is None
+
+
+def test_a_symmetric_encryption_is_m_plus_a_small_error_in_every_limb(pair, rng):
+    """``keys.encrypt_symmetric`` (one multiply-accumulate ``e + m - a s``): ``c0 + a s - m`` is
+    the same polynomial in every limb, its centred coefficients within the error's bound
+    (``CBD_ETA``), at the top level and at the lowest."""
+    client, _ = pair
+    ctx, sk = client._ctx, client._sk
+    for level in (ctx.top, 0):
+        basis, ntt = ctx.data(level)
+        m = ntt.forward(torch.stack([torch.from_numpy(rng.integers(0, q, N)) for q in basis.primes]))
+        c0, seed = K.encrypt_symmetric(ctx, sk, m, level)
+        a = K.expand_a(ctx, seed, level, K.TAG_CT)
+        e = _ints(basis.sub(basis.add(c0, basis.mul(a, sk.s[1 : level + 2])), m), ctx, level)
+        assert 0 < max(abs(int(v)) for v in e) <= CBD_ETA

@@ -377,10 +377,7 @@ class NativeBackend(Evaluator, HEBackend):
         peak = float(rns.digits_to_float(y, primes).abs().max())
         if peak >= self._ctx.level_modulus(level) / 4:
             raise HEError(f"the plaintext does not fit level {level}")
-        radices = tuple(rns.radices(primes))
-        basis, ntt = self._ctx.data(level)
-        m = rns.digits_to_residues(y, self._ctx.radix_residues(level, radices), basis)
-        return ntt.forward(m), level
+        return rns.digits_to_ntt(y, self._ctx, level, tuple(rns.radices(primes))), level
 
     def refresh_reencrypt(self, ct: Ciphertext, level: int | None = None) -> Ciphertext:
         m, level, scale = self._refresh_plain(ct, level)

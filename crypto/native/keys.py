@@ -40,6 +40,7 @@ TAG_CT = 2 << 16
 @dataclass
 class SecretKey:
     s: torch.Tensor  # NTT form, master limbs [L+2, N]
+    neg: torch.Tensor  # -s mod q_i, the same limbs: a weight of an encryption's one multiply-accumulate
 
 
 @dataclass
@@ -105,8 +106,9 @@ def gen_secret(ctx: RnsContext) -> SecretKey:
 
 def secret_from_coefficients(ctx: RnsContext, coeffs: np.ndarray) -> SecretKey:
     """The secret key of N ternary coefficients (int64), in NTT form over the master limbs."""
-    _, ntt = ctx.master
-    return SecretKey(_to_ntt(ctx, coeffs, ntt))
+    basis, ntt = ctx.master
+    s = _to_ntt(ctx, coeffs, ntt)
+    return SecretKey(s, basis.neg(s))
 
 
 def expand_a(ctx: RnsContext, seed: bytes, level: int, tag: int) -> torch.Tensor:
@@ -155,7 +157,10 @@ def encrypt_symmetric(ctx: RnsContext, sk: SecretKey, m: torch.Tensor, level: in
     seed = new_seed()
     a = expand_a(ctx, seed, level, TAG_CT)
     e = _error(ctx, Stream(), (), ntt)
-    c0 = basis.add(basis.sub(e, rns.mul_plain(a, sk.s[1 : level + 2], basis)), m)  # C / Triton: one pass
+    # e + m - a s as one multiply-accumulate (C on the CPU, Triton on CUDA), one pass where a
+    # product and two eager passes were (benchmarks/results/2026-12-07-client-refresh)
+    ones = ctx.ones(level)
+    c0 = rns.mac([e, m, a], [ones, ones, sk.neg[1 : level + 2]], basis)
     return c0, seed
 
 
