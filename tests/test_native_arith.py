@@ -199,11 +199,10 @@ def test_balanced_digits_compose_the_centred_integer(ctx):
     assert np.array_equal(rns.digits_to_ints(y, primes), want)
     approx = rns.digits_to_float(y, primes).numpy()
     assert np.allclose(approx, want.astype(np.float64), rtol=2.0**-48, atol=0)
-    # the same integers in the residues of another basis
-    basis, _ = ctx.data(level)
+    # the same integers in NTT form, back to these residues
+    _, ntt = ctx.data(level)
     radices = tuple(math.prod(primes[:k]) for k in range(len(primes)))
-    back = rns.digits_to_residues(y, ctx.radix_residues(level, radices), basis)
-    assert torch.equal(back, res)
+    assert torch.equal(ntt.inverse(rns.digits_to_ntt(y, ctx, level, radices)), res)
 
 
 def test_rescale_is_rounded_division(ctx):
@@ -232,19 +231,23 @@ def test_mod_down_is_rounded_division_by_p(ctx):
     assert np.array_equal(_crt(out, ext_primes[1:]), want)
 
 
-def test_digits_to_ntt_is_the_ntt_of_the_digits_residues(ctx):
+def test_digits_to_ntt_is_the_ntt_of_the_digits_integers(ctx):
     """``rns.digits_to_ntt`` (each digit lifted into NTT form, then one multiply-accumulate with
-    the radices' residues) gives what ``digits_to_residues`` then the forward NTT give, bit for
-    bit: a refresh's digits re-encoded at the top level, and at a lower one; with leading rows."""
+    the radices' residues) is the NTT of ``sum_k y_k * radix_k`` reduced exactly (Python integers)
+    into the target basis: a refresh's balanced digits re-encoded at the top level and at a lower
+    one, and a refresh mask's base-2^40 digits with its -2^bits term; with leading rows."""
     rng = np.random.default_rng(21)
-    for from_level, level in ((1, ctx.top), (ctx.top, ctx.top), (2, 1)):
+    cases = []
+    for from_level in (1, ctx.top, 2):
         res, primes = _random_level(ctx, from_level, rng)
-        y = rns.balanced_digits(res, ctx.data(from_level)[0])
-        radices = tuple(rns.radices(primes))
+        cases.append((rns.balanced_digits(res, ctx.data(from_level)[0]), tuple(rns.radices(primes))))
+    mask = np.concatenate([rng.integers(0, 1 << 40, (2, ctx.n)), -np.ones((1, ctx.n), np.int64)])
+    cases.append((torch.from_numpy(mask), (1, 1 << 40, 1 << 70)))
+    for (y, radices), level in zip(cases, (ctx.top, ctx.top, 1, 1), strict=True):
         basis, ntt = ctx.data(level)
-        want = ntt.forward(rns.digits_to_residues(y, ctx.radix_residues(level, radices), basis))
-        assert torch.equal(rns.digits_to_ntt(y, ctx, level, radices), want)
+        ints = sum(y[k].numpy().astype(object) * r for k, r in enumerate(radices))
+        want = torch.from_numpy(np.stack([(ints % q).astype(np.int64) for q in basis.primes]))
+        assert torch.equal(ntt.inverse(rns.digits_to_ntt(y, ctx, level, radices)), want)
         rows = torch.stack([y, -y])  # [2, K, N]
-        want_rows = torch.stack([want, ntt.forward(rns.digits_to_residues(-y, ctx.radix_residues(level, radices),
-                                                                            basis))])
-        assert torch.equal(rns.digits_to_ntt(rows, ctx, level, radices), want_rows)
+        neg = torch.from_numpy(np.stack([((-ints) % q).astype(np.int64) for q in basis.primes]))
+        assert torch.equal(ntt.inverse(rns.digits_to_ntt(rows, ctx, level, radices)), torch.stack([want, neg]))

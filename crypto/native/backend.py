@@ -8,8 +8,8 @@ encryption (``keys``), key switching with hoisting (``keyswitch``), wire formats
 Level and scale rules follow the SEAL backend (same error cases, same messages' keywords).
 
 Masked refresh: the mask ``rho`` is uniform on ``[-2^bits, 2^bits)``; ``RefreshMask.coeffs``
-holds ``rho + 2^bits`` as base-2^40 digits ``[K, N]`` (int64), turned into residues of any level
-exactly (``rns.digits_to_residues``). The client's exact decryption goes through balanced
+holds ``rho + 2^bits`` as base-2^40 digits ``[K, N]`` (int64), turned into any level's NTT form
+exactly (``rns.digits_to_ntt``). The client's exact decryption goes through balanced
 mixed-radix digits, so re-encryption never builds Python integers.
 """
 

@@ -125,18 +125,10 @@ class RnsContext:
         return self._const(basis, [self.special_prime % q for q in basis.primes])
 
     @_per_context
-    def radix_residues(self, level: int, radices: tuple[int, ...]) -> MulConst:
-        """``radix_k mod q_i`` as ``[level+1, K, 1]``: turns digits ``y_k`` of an integer
-        ``sum_k y_k * radix_k`` into residues (``rns.digits_to_residues``)."""
-        basis, _ = self.data(level)
-        w = torch.tensor([[r % q for r in radices] for q in basis.primes], dtype=torch.int64,
-                         device=self.device).unsqueeze(-1)
-        return basis.const(w)
-
-    @_per_context
     def radix_planes(self, level: int, radices: tuple[int, ...]) -> torch.Tensor:
-        """``radix_k mod q_i`` as whole planes ``[K, level+1, N]``: the weights of ``rns.mac``
-        for ``rns.digits_to_ntt``."""
+        """``radix_k mod q_i`` as whole planes ``[K, level+1, N]``: turns digits ``y_k`` of an
+        integer ``sum_k y_k * radix_k`` into it, as the weights of ``rns.mac``
+        (``rns.digits_to_ntt``)."""
         basis, _ = self.data(level)
         w = torch.tensor([[r % q for q in basis.primes] for r in radices], dtype=torch.int64, device=self.device)
         return w.unsqueeze(-1).expand(-1, -1, self.n).contiguous()

@@ -263,17 +263,20 @@ class Evaluator:
 
     def _add_integer(self, data: torch.Tensor, level: int, coeffs: torch.Tensor) -> torch.Tensor:
         """``data + (m, 0)`` for residues ``coeffs`` ``[*rows, level+1, N]`` of integer polynomials."""
-        basis, ntt = self._ctx.data(level)
+        return self._add_ntt(data, level, self._ctx.data(level)[1].forward(coeffs))
+
+    def _add_ntt(self, data: torch.Tensor, level: int, m: torch.Tensor) -> torch.Tensor:
+        """``data + (m, 0)`` for ``m`` in NTT form ``[*rows, level+1, N]``."""
+        basis, _ = self._ctx.data(level)
         out = data.clone()
-        out[..., 0, :, :] = basis.add(out[..., 0, :, :], ntt.forward(coeffs))
+        out[..., 0, :, :] = basis.add(out[..., 0, :, :], m)
         return out
 
-    def _mask_residues(self, digits: np.ndarray, bits: int, level: int) -> torch.Tensor:
-        """Residues of ``rho = sum_k d_k 2^(40k) - 2^bits`` at ``level`` (digits ``[*rows, K, N]``)."""
+    def _mask_ntt(self, digits: np.ndarray, bits: int, level: int) -> torch.Tensor:
+        """``rho = sum_k d_k 2^(40k) - 2^bits`` at ``level`` in NTT form (digits ``[*rows, K, N]``)."""
         y = torch.from_numpy(np.concatenate([digits, -np.ones(digits.shape[:-2] + (1, self._n), np.int64)], axis=-2))
         radices = tuple(1 << (DIGIT_BITS * k) for k in range(digits.shape[-2])) + (1 << bits,)
-        basis, _ = self._ctx.data(level)
-        return rns.digits_to_residues(to_device(y, self.device), self._ctx.radix_residues(level, radices), basis)
+        return rns.digits_to_ntt(to_device(y, self.device), self._ctx, level, radices)
 
     def mask_for_refresh(self, ct: Ciphertext, fold: bool = False) -> tuple[Ciphertext, RefreshMask]:
         """Server: ``ct + (rho, 0)``, rho uniform on ``[-2^bits, 2^bits)`` per coefficient
@@ -295,7 +298,7 @@ class Evaluator:
             digits[..., 1::2] = 0
             digits[:, bits // DIGIT_BITS, 1::2] = 1 << (bits % DIGIT_BITS)
         digits = digits.reshape(self._rows + digits.shape[1:])
-        masked = self._add_integer(c.data, c.level, self._mask_residues(digits, bits, c.level))
+        masked = self._add_ntt(c.data, c.level, self._mask_ntt(digits, bits, c.level))
         return self._wrap(masked, c.level, c.scale), RefreshMask(self.params.id, bits, digits, c.scale)
 
     def unmask_refresh(self, ct: Ciphertext, mask: RefreshMask) -> Ciphertext:
@@ -307,8 +310,8 @@ class Evaluator:
         if mask.coeffs.shape[:-2] != self._rows:
             raise HEError(f"mask rows {mask.coeffs.shape[:-2]} do not match the ciphertext's {self._rows}")
         basis, _ = self._ctx.data(c.level)
-        neg = basis.neg(self._mask_residues(mask.coeffs, mask.bits, c.level))
-        return self._wrap(self._add_integer(c.data, c.level, neg), c.level, c.scale)
+        neg = basis.neg(self._mask_ntt(mask.coeffs, mask.bits, c.level))
+        return self._wrap(self._add_ntt(c.data, c.level, neg), c.level, c.scale)
 
     def rerandomize(self, ct: Ciphertext, flood_log2_sigma: float | None = None) -> Ciphertext:
         c = self._unwrap(ct)

@@ -15,8 +15,7 @@ Triton kernels (``veil.kernels.ckks_ops``, whose twins compute what the torch co
 * ``balanced_digits``: the exact centred integer of a residue vector as mixed-radix digits
   ``x = sum_k y_k * q_0...q_{k-1}`` with ``|y_k| <= (q_k - 1)/2`` (Garner); from the digits,
   ``digits_to_float`` gives doubles (the top digit dominates, so the sum is accurate to a few
-  ulps), ``digits_to_residues`` the residues in any other basis, and ``digits_to_ntt`` their
-  NTT form (refresh re-encryption).
+  ulps) and ``digits_to_ntt`` the integers in NTT form over any basis (refresh re-encryption).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from veil.kernels import ckks_cpu, ckks_ops
 from veil.kernels.ckks_ops import key_inner_sets_triton, key_inner_triton, sub_mul_const, use_triton
 
 __all__ = ["add", "to_residues", "rescale", "decompose", "key_inner", "key_inner_many", "mul_plain", "mac", "mod_down",
-           "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_residues", "digits_to_ntt"]
+           "balanced_digits", "digits_to_float", "digits_to_ints", "digits_to_ntt"]
 
 
 def to_residues(coeffs: torch.Tensor, basis: Basis) -> torch.Tensor:
@@ -226,19 +225,12 @@ def digits_to_ints(y: torch.Tensor, primes: tuple[int, ...]):
     return out
 
 
-def digits_to_residues(y: torch.Tensor, const: MulConst, basis: Basis) -> torch.Tensor:
-    """Digits ``[..., K, N]`` of ``sum_k y_k * radix_k`` -> residues ``[..., L, N]`` in
-    ``basis``, where ``const`` holds ``radix_k mod q_i`` as ``[L, K, 1]``
-    (``RnsContext.radix_residues``). Any int64 digits."""
-    yr = basis.reduce(y.unsqueeze(-3), ndim=3)
-    return basis.reduce(const.mul_lazy(yr).sum(-2))
-
-
 def digits_to_ntt(y: torch.Tensor, ctx: RnsContext, level: int, radices: tuple[int, ...]) -> torch.Tensor:
-    """``digits_to_residues`` over the data limbs of ``level``, in NTT form: each digit of
-    ``y [..., K, N]`` reduced and transformed in every limb (``NttTables.lift``: on the CPU one C
-    pass a limb), then scaled by its radix's residues and summed in one multiply-accumulate (the
-    NTT is linear). On the CPU this replaces eager passes that reduce every digit in every limb
-    (the client's refresh re-encryption, ``benchmarks/results/2026-12-07-client-refresh``)."""
+    """The integer polynomials ``sum_k y_k * radices[k]`` of digits ``y [..., K, N]`` (any
+    ``|y| < 2^62``) in NTT form over the data limbs of ``level``: each digit reduced and
+    transformed in every limb (``NttTables.lift``: on the CPU one C pass a limb), then scaled by
+    its radix's residues and summed in one multiply-accumulate (the NTT is linear), where eager
+    passes reduced every digit in every limb first (``benchmarks/results/2026-12-07-client-refresh``).
+    The client's refresh re-encoding and the server's refresh mask."""
     basis, ntt = ctx.data(level)
     return mac(list(ntt.lift(y).unbind(-3)), list(ctx.radix_planes(level, radices).unbind(0)), basis)
