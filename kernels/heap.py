@@ -35,7 +35,7 @@ import functools
 import logging
 import os
 
-__all__ = ["keep_freed_memory", "worker_env"]
+__all__ = ["keep_freed_memory", "grow", "worker_env"]
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +43,48 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's malloc.h
 
 
 @functools.cache
-def keep_freed_memory() -> bool:
-    """Once per process; whether glibc now keeps freed memory (False: not glibc, or turned off)."""
-    if os.environ.get("VEIL_KEEP_HEAP", "1") == "0":
-        return False
+def _glibc() -> ctypes.CDLL | None:
+    """The C library with ``mallopt``, ``malloc`` and ``free`` typed; None where it has no
+    ``mallopt`` (not glibc: musl, macOS)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+    return libc
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Once per process; whether glibc now keeps freed memory (False: not glibc, or turned off)."""
+    if os.environ.get("VEIL_KEEP_HEAP", "1") == "0" or (libc := _glibc()) is None:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    kept = all(mallopt(option, value) for option, value in
+    kept = all(libc.mallopt(option, value) for option, value in
                ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1), (_M_ARENA_MAX, 1)))
     log.info("glibc keeps freed memory in the heap: %s", kept)
     return kept
+
+
+def grow(nbytes: int) -> bool:
+    """Grow the kept heap by ``nbytes``: one block taken, every page of it touched, and freed,
+    so that later blocks reuse those pages instead of faulting in fresh ones. A fresh server's
+    first protected prompt otherwise pays for that growth (``veil serve --protected-warmup``
+    grows it at start: results 2026-12-07-warmup-span). Turns ``keep_freed_memory`` on (freed,
+    the block would otherwise go back to the system at once); False, doing nothing, where that
+    is off or ``nbytes`` is not positive."""
+    if nbytes <= 0 or not keep_freed_memory():
+        return False
+    libc = _glibc()
+    block = libc.malloc(nbytes)
+    if not block:  # no room: the pages will be faulted in where they are needed, as before
+        return False
+    try:
+        ctypes.memset(block, 0, nbytes)
+    finally:
+        libc.free(block)
+    return True
 
 
 def worker_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -190,6 +190,14 @@ class ProtectedExecutor:
         # a copy: the event loop drops sessions (DELETE, TTL, eviction) while the HE worker sums
         return sum(s.kv_bytes for s in tuple(self.sessions.values()))
 
+    def span_heap_bytes(self, positions: int) -> int:
+        """What a server's heap should hold free for its first span of ``positions`` (a CPU
+        process, ``kernels/heap.grow``): the first layer's shuffled pairs of the span's WEIGHTS
+        step, and as much again for the products' blocks among them. Measured at k=28 (8-token
+        first prompt, results 2026-12-07-warmup-span): the heap grown by the pairs alone left
+        the prompt 464k fresh pages to fault in (none grown: 650k), grown by twice that 4.5k."""
+        return 2 * positions * self.layers[0].shuffle_bytes
+
     # ---- sessions --------------------------------------------------------------------------
     def new_session(self, backend: HEBackend | None = None, session_id: str | None = None) -> ProtectedSession:
         """A session evaluated under ``backend``'s public material (the client's evaluation keys;

@@ -62,7 +62,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "upload or step beyond it is refused with 429 (default: no bound)")
     p.add_argument("--protected-warmup", action="store_true",
                    help="encode the protected path's weights at start (in the background; /health says when "
-                        "they are ready) instead of when the first protected session opens")
+                        "they are ready) instead of when the first protected session opens; on the CPU, also grow the "
+                        "heap there by what the first prompt's span takes (it would fault those pages in)")
     p.add_argument("--protected-max-batch", type=int, default=C.protected_max_batch,
                    help="protected steps of different sessions evaluated as one batch (native backend)")
     p.add_argument("--protected-batch-wait-ms", type=float, default=C.protected_batch_wait_ms,

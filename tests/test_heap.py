@@ -112,3 +112,42 @@ def test_a_kept_heap_keeps_more_than_2_gib_of_freed_top():
         pytest.skip("not glibc: the C library's own policy applies")
     first, again = int(out[1]), int(out[2])
     assert first > (5 << 29) // 4096 * 0.9 and again < first // 100, (first, again)
+
+
+GROW = """
+import resource, sys, threading
+import torch
+from veil.kernels import heap
+kept = heap.keep_freed_memory()  # as a native backend on the CPU sets it, grown or not
+grown = heap.grow(int(sys.argv[1]) << 20)
+faults = []
+def work():  # on another thread, as a server's steps: blocks of different sizes, held together
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    held = [torch.ones(n << 17, dtype=torch.int64) for n in (300, 100, 200, 50, 150)]  # 800 MiB
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start)
+t = threading.Thread(target=work); t.start(); t.join()
+print(kept, grown, faults[0])
+"""
+
+
+def _faults_after_growing(mib: int, keep: str = "1") -> tuple[bool, bool, int]:
+    env = {**os.environ, "VEIL_KEEP_HEAP": keep, "PYTHONSAFEPATH": "1"}
+    env.pop("GLIBC_TUNABLES", None)
+    out = subprocess.run([sys.executable, "-c", GROW, str(mib)], capture_output=True, text=True, timeout=120,
+                         env=env, check=True).stdout.split()
+    return out[0] == "True", out[1] == "True", int(out[2])
+
+
+def test_a_grown_heap_serves_the_first_blocks_from_pages_it_holds():
+    """``heap.grow`` (``veil serve --protected-warmup``): a thread's first 800 MiB of tensors,
+    held together, take the pages a 1 GiB growth left in the heap instead of faulting in fresh
+    ones; in a kept heap not grown, they fault in every page. With the heap not kept
+    (``VEIL_KEEP_HEAP=0``) nothing is grown."""
+    kept, grown, faults = _faults_after_growing(1024)
+    if not kept:
+        pytest.skip("not glibc: the C library's own policy applies")
+    pages = (800 << 20) // 4096
+    _, not_grown, fresh = _faults_after_growing(0)
+    assert grown and not not_grown
+    assert fresh > 0.9 * pages and faults < 0.05 * pages, (faults, fresh)
+    assert _faults_after_growing(1024, keep="0")[:2] == (False, False)

@@ -166,26 +166,42 @@ def test_the_sdk_reads_backend_and_key_set_from_health(ckpt, client_half):
         c.close()
 
 
-def test_protected_warmup_encodes_the_weights_at_start(ckpt, live_server_cls, tmp_path):
+def test_protected_warmup_encodes_the_weights_at_start(ckpt, live_server_cls, tmp_path, monkeypatch):
     """``--protected-warmup``: the server encodes its protected weights in the background at
-    start, and /health says when they are ready, before any protected session opened; without
-    it they wait for the first session (``ready`` false)."""
+    start, then (native backend on the CPU) grows its heap by what a first span takes
+    (``kernels/heap.grow``, tested in test_heap; here a stand-in that records its argument and
+    takes a second, so that a /health poll can see the service wait for it), and /health says
+    ``ready`` only once both are done, before any protected session opened; without it the
+    weights wait for the first session (``ready`` false) and nothing grows."""
     import time
 
     import httpx
 
-    cold = live_server_cls(ckpt, tmp_path / "cold", k=29)
-    warm = live_server_cls(ckpt, tmp_path / "warm", k=29, protected_warmup=True)
+    from veil.kernels import heap
+    from veil.protected.protocol import MAX_SPAN
+
+    grown = []
+    monkeypatch.setattr(heap, "grow", lambda nbytes: (time.sleep(1.0), grown.append((nbytes, time.monotonic())))[1])
+    cold = live_server_cls(ckpt, tmp_path / "cold", k=29, he_backend="native")
+    warm, seal = (live_server_cls(ckpt, tmp_path / name, k=29, protected_warmup=True, he_backend=backend)
+                  for name, backend in (("warm", "native"), ("seal", "seal")))
     try:
-        deadline = time.monotonic() + 120
-        while not httpx.get(f"{warm.url}/health").json()["protected"]["ready"]:
-            assert time.monotonic() < deadline, "the warm-up did not finish"
-            time.sleep(0.2)
-        assert warm.app.state.protected.executor().sessions == {}
+        for server in (warm, seal):
+            deadline = time.monotonic() + 120
+            while not httpx.get(f"{server.url}/health").json()["protected"]["ready"]:
+                assert time.monotonic() < deadline, "the warm-up did not finish"
+                time.sleep(0.1)
+            if server is warm:
+                seen_ready = time.monotonic()
+        ex = warm.app.state.protected.executor()
+        assert ex.sessions == {} and seal.app.state.protected.executor().sessions == {}
         assert httpx.get(f"{cold.url}/health").json()["protected"]["ready"] is False
+        # the native CPU server's alone (SEAL keeps its own pool): a span's first-layer shuffled
+        # pairs, twice (the products' blocks among them), before /health said ready
+        assert [n for n, _ in grown] == [2 * MAX_SPAN * ex.layers[0].shuffle_bytes] and grown[0][1] <= seen_ready
     finally:
-        cold.stop()
-        warm.stop()
+        for server in (cold, warm, seal):
+            server.stop()
 
 
 def test_auto_backend_is_native_where_its_kernels_run(monkeypatch):
