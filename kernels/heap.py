@@ -67,24 +67,42 @@ def keep_freed_memory() -> bool:
     return kept
 
 
-def grow(nbytes: int) -> bool:
+def grow(nbytes: int) -> int:
     """Grow the kept heap by ``nbytes``: one block taken, every page of it touched, and freed,
     so that later blocks reuse those pages instead of faulting in fresh ones. A fresh server's
     first protected prompt otherwise pays for that growth (``veil serve --protected-warmup``
-    grows it at start: results 2026-12-07-warmup-span). Turns ``keep_freed_memory`` on (freed,
-    the block would otherwise go back to the system at once); False, doing nothing, where that
-    is off or ``nbytes`` is not positive."""
+    grows it at start: results 2026-12-07-warmup-span). Never by more than half the memory the
+    system has available now: a process grown into swap or the OOM killer is worse off than one
+    that faults pages in later. Turns ``keep_freed_memory`` on (freed, the block would otherwise
+    go back to the system at once). Returns the bytes grown: 0 where that is off, ``nbytes`` is
+    not positive or the block could not be had."""
+    available = _available_bytes()
+    if available is not None:
+        nbytes = min(nbytes, available // 2)
     if nbytes <= 0 or not keep_freed_memory():
-        return False
+        return 0
     libc = _glibc()
     block = libc.malloc(nbytes)
     if not block:  # no room: the pages will be faulted in where they are needed, as before
-        return False
+        return 0
     try:
         ctypes.memset(block, 0, nbytes)
     finally:
         libc.free(block)
-    return True
+    return nbytes
+
+
+def _available_bytes() -> int | None:
+    """The kernel's estimate of the memory available without swapping (``MemAvailable``), or None
+    where there is no /proc/meminfo."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def worker_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -109,7 +109,8 @@ class ProtectedService:
             if self.cfg.he_backend == "native" and torch.device(self.cfg.device).type == "cpu":
                 nbytes = ex.span_heap_bytes(MAX_SPAN)
                 grown = self._compute(lambda: heap.grow(nbytes))
-                log.info("protected warm-up: heap grown by %.2f GB: %s", nbytes / 1e9, grown)
+                log.info("protected warm-up: heap grown by %.2f GB of the %.2f GB a span takes", grown / 1e9,
+                         nbytes / 1e9)
         except Exception:
             log.exception("protected warm-up failed; the first protected session will build the executor")
         finally:

@@ -181,7 +181,7 @@ def test_protected_warmup_encodes_the_weights_at_start(ckpt, live_server_cls, tm
     from veil.protected.protocol import MAX_SPAN
 
     grown = []
-    monkeypatch.setattr(heap, "grow", lambda nbytes: (time.sleep(1.0), grown.append((nbytes, time.monotonic())))[1])
+    monkeypatch.setattr(heap, "grow", lambda nbytes: (time.sleep(1.0), grown.append((nbytes, time.monotonic())), nbytes)[2])
     cold = live_server_cls(ckpt, tmp_path / "cold", k=29, he_backend="native")
     warm, seal = (live_server_cls(ckpt, tmp_path / name, k=29, protected_warmup=True, he_backend=backend)
                   for name, backend in (("warm", "native"), ("seal", "seal")))
