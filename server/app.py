@@ -66,7 +66,7 @@ def _he_compute(cfg: ServerConfig, engine: Engine | EngineProcess):
     (``Engine.call``), since a second team in the process slows both. With the engine in a
     process of its own, on one thread of this process that has the engine's thread count: the
     HE worker and request threads stay at the one thread ``veil serve`` leaves them."""
-    if cfg.he_backend != "native" or torch.device(cfg.device).type != "cpu":
+    if not cfg.he_native_on_cpu:
         return None
     if not cfg.engine_process:
         return engine.call

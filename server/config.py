@@ -87,6 +87,13 @@ class ServerConfig:
         # greedy agreement.
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
 
+    @property
+    def he_native_on_cpu(self) -> bool:
+        """The protected path's HE is the native backend computing on the CPU: its torch ops then
+        share the engine loop's OpenMP team (``app._he_compute``) and its large blocks come from
+        the kept heap (``kernels/heap``, grown at ``--protected-warmup``)."""
+        return self.he_backend == "native" and self.device.split(":")[0] == "cpu"
+
     def engine_config(self) -> EngineConfig:
         seqs = self.max_seqs_per_step or (256 if self.device.startswith("cuda") else EngineConfig.max_seqs_per_step)
         return EngineConfig(self.block_size, self.kv_cache_bytes, self.max_tokens_per_step, seqs,

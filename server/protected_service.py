@@ -106,7 +106,7 @@ class ProtectedService:
         self._warming = True
         try:
             ex = self.executor()
-            if self.cfg.he_backend == "native" and torch.device(self.cfg.device).type == "cpu":
+            if self.cfg.he_native_on_cpu:
                 nbytes = ex.span_heap_bytes(MAX_SPAN)
                 grown = self._compute(lambda: heap.grow(nbytes))
                 log.info("protected warm-up: heap grown by %.2f GB of the %.2f GB a span takes", grown / 1e9,
