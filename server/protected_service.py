@@ -97,8 +97,9 @@ class ProtectedService:
         """Encode the weights now (``--protected-warmup``). Where the native backend computes
         on the CPU, then grow the process's kept heap by what a first prompt's span takes
         (``ProtectedExecutor.span_heap_bytes``, ``kernels/heap.grow``): a fresh server's first
-        prompt otherwise faults those pages in (k=28, 8 tokens, on the 2-core CPU: TTFT 11.1-11.8
-        s against 7.4-8.5 s for the next prompts; grown at start 8.2-8.8 s). /health says
+        prompt otherwise faults those pages in (k=28, 8 tokens, 2-core Xeon VM: TTFT 11.5-11.8 s
+        against 7.8-8.3 s for the next prompts; grown at start 8.9-9.0 s; results
+        2026-12-07-warmup-span). /health says
         ``ready`` once both are done. A failure is logged, not raised: the server runs on, and
         the first protected session tries the build again."""
         if self.unavailable:
