@@ -304,6 +304,161 @@ static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, in
                          const uint64_t *y) {}
 #endif
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* AVX2 + FMA (x86 CPUs without IFMA; VEIL_CPU_AVX2=0 turns it off): the NTT of primes below
+ * 2^44 (the chain's 36-bit ones) in doubles, 4 butterflies at a time. AVX2 has no 64-bit
+ * multiply, but a double holds these residues exactly and FMA gives a product's rounding error
+ * exactly, so x * w mod q for integer-valued |x| < 16q, 0 <= w < q is
+ *     h = x * w (rounded), l = x * w - h (exact), k = round(h / q), r = (h - k q) + l,
+ * each step exact: h and l are integers, |h / q - k| <= 1/2 + 2^-8 (h / q < 2^48 with relative
+ * error ~2^-52), so |h - k q| < 0.51 q, and |l| <= ulp(h) / 2 <= 16 q^2 2^-53 < q / 32:
+ * |r| < 0.55 q. The forward butterflies (u + r, u - r) then grow a value by < 0.55 q a stage:
+ * < 9 q after 14 stages, inside the bound, with no correction on the way; the inverse ones add
+ * two values a stage, so u + v is brought back to [-q/2, q/2] each time (u - v meets a product).
+ * Values leave canonical after one rounding division. Same network and twiddles as the scalar
+ * loops; the outputs are the same residues, so equal bit for bit. */
+#define F64_MAX_Q (1ULL << 44)
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* int64 <-> double for |x| < 2^51, exactly: 1.5 * 2^52 puts x in the mantissa (AVX2 has no
+ * 64-bit integer conversions). */
+AVX2 static inline __m256d i64_to_f64(__m256i x) {
+    const __m256i magic = _mm256_set1_epi64x(0x4338000000000000LL);
+    return _mm256_sub_pd(_mm256_castsi256_pd(_mm256_add_epi64(x, magic)), _mm256_castsi256_pd(magic));
+}
+
+AVX2 static inline __m256i f64_to_i64(__m256d x) {
+    const __m256d magic = _mm256_castsi256_pd(_mm256_set1_epi64x(0x4338000000000000LL));
+    return _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(x, magic)), _mm256_castpd_si256(magic));
+}
+
+#define F64_ROUND (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+AVX2 static inline __m256d mulmod_f64(__m256d x, __m256d w, __m256d q, __m256d qinv) {
+    const __m256d h = _mm256_mul_pd(x, w), l = _mm256_fmsub_pd(x, w, h);
+    const __m256d k = _mm256_round_pd(_mm256_mul_pd(h, qinv), F64_ROUND);
+    return _mm256_add_pd(_mm256_fnmadd_pd(k, q, h), l);
+}
+
+/* x - round(x / q) q: [-q/2, q/2] for integer-valued |x| < 2^51. */
+AVX2 static inline __m256d balance_f64(__m256d x, __m256d q, __m256d qinv) {
+    return _mm256_fnmadd_pd(_mm256_round_pd(_mm256_mul_pd(x, qinv), F64_ROUND), q, x);
+}
+
+AVX2 static inline void butterflies_f64(__m256d *u, __m256d *v, __m256d W, __m256d Q, __m256d QI, int inverse) {
+    const __m256d U = *u, V = *v;
+    if (inverse) {
+        *u = balance_f64(_mm256_add_pd(U, V), Q, QI);
+        *v = mulmod_f64(_mm256_sub_pd(U, V), W, Q, QI);
+    } else {
+        const __m256d R = mulmod_f64(V, W, Q, QI);
+        *u = _mm256_add_pd(U, R);
+        *v = _mm256_sub_pd(U, R);
+    }
+}
+
+/* The twiddles w[i .. i + 4) as doubles (canonical, below 2^44). */
+AVX2 static inline __m256d load_w(const uint64_t *w) { return i64_to_f64(_mm256_loadu_si256((const __m256i *)w)); }
+
+/* One stage of m groups of t butterflies over a row of doubles. t >= 4: a twiddle per group of
+ * 4 or more lanes; t = 2: two groups per vector pair (lanes u0 u1 u0' u1'); t = 1: four groups
+ * (lanes in the order 0 2 1 3, which the unpacks give, the twiddles permuted to match). */
+AVX2 static void stage_f64(double *a, int64_t t, int64_t m, const uint64_t *w, __m256d Q, __m256d QI,
+                           int inverse) {
+    if (t >= 4) {
+        for (int64_t i = 0; i < m; i++) {
+            double *u = a + 2 * i * t, *v = u + t;
+            const __m256d W = _mm256_set1_pd((double)w[m + i]);
+            for (int64_t j = 0; j < t; j += 4) {
+                __m256d U = _mm256_loadu_pd(u + j), V = _mm256_loadu_pd(v + j);
+                butterflies_f64(&U, &V, W, Q, QI, inverse);
+                _mm256_storeu_pd(u + j, U);
+                _mm256_storeu_pd(v + j, V);
+            }
+        }
+    } else if (t == 2) {
+        for (int64_t i = 0; i < m; i += 2) {
+            double *p = a + 4 * i;
+            const __m256d A = _mm256_loadu_pd(p), B = _mm256_loadu_pd(p + 4);
+            __m256d U = _mm256_permute2f128_pd(A, B, 0x20), V = _mm256_permute2f128_pd(A, B, 0x31);
+            const __m256d W = _mm256_permute4x64_pd(load_w(w + m + i), 0x50); /* w0 w0 w1 w1 */
+            butterflies_f64(&U, &V, W, Q, QI, inverse);
+            _mm256_storeu_pd(p, _mm256_permute2f128_pd(U, V, 0x20));
+            _mm256_storeu_pd(p + 4, _mm256_permute2f128_pd(U, V, 0x31));
+        }
+    } else {
+        for (int64_t i = 0; i < m; i += 4) {
+            double *p = a + 2 * i;
+            const __m256d A = _mm256_loadu_pd(p), B = _mm256_loadu_pd(p + 4);
+            __m256d U = _mm256_unpacklo_pd(A, B), V = _mm256_unpackhi_pd(A, B); /* groups 0 2 1 3 */
+            const __m256d W = _mm256_permute4x64_pd(load_w(w + m + i), 0xD8);
+            butterflies_f64(&U, &V, W, Q, QI, inverse);
+            _mm256_storeu_pd(p, _mm256_unpacklo_pd(U, V));
+            _mm256_storeu_pd(p + 4, _mm256_unpackhi_pd(U, V));
+        }
+    }
+}
+
+/* x (|x| < q) -> doubles in place of a; back to canonical int64 at the end. */
+AVX2 static void load_row_f64(double *a, const int64_t *x, int64_t n) {
+    for (int64_t j = 0; j < n; j += 4) _mm256_storeu_pd(a + j, i64_to_f64(_mm256_loadu_si256((const __m256i *)(x + j))));
+}
+
+AVX2 static void store_row_f64(uint64_t *a, int64_t n, __m256d Q, __m256d QI) {
+    const __m256d zero = _mm256_setzero_pd();
+    for (int64_t j = 0; j < n; j += 4) {
+        __m256d r = balance_f64(_mm256_loadu_pd((const double *)(a + j)), Q, QI);
+        r = _mm256_add_pd(r, _mm256_and_pd(_mm256_cmp_pd(r, zero, _CMP_LT_OQ), Q));
+        _mm256_storeu_si256((__m256i *)(a + j), f64_to_i64(r));
+    }
+}
+
+AVX2 static void forward_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
+    const __m256d Q = _mm256_set1_pd((double)q), QI = _mm256_set1_pd(1.0 / (double)q);
+    double *d = (double *)a;
+    load_row_f64(d, x, n);
+    for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1) stage_f64(d, t, m, tab, Q, QI, 0);
+    store_row_f64(a, n, Q, QI);
+}
+
+AVX2 static void inverse_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
+    const __m256d Q = _mm256_set1_pd((double)q), QI = _mm256_set1_pd(1.0 / (double)q);
+    const uint64_t *w = tab + 2 * n, *c = tab + 6 * n;
+    double *d = (double *)a;
+    load_row_f64(d, x, n);
+    int64_t t = 1;
+    for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1) stage_f64(d, t, m, w, Q, QI, 1);
+    const __m256d LO = _mm256_set1_pd((double)c[0]), HI = _mm256_set1_pd((double)c[2]);
+    double *u = d, *v = d + t; /* the last stage: one group of half-size n/2 */
+    for (int64_t j = 0; j < t; j += 4) {
+        const __m256d U = _mm256_loadu_pd(u + j), V = _mm256_loadu_pd(v + j);
+        _mm256_storeu_pd(u + j, mulmod_f64(_mm256_add_pd(U, V), LO, Q, QI));
+        _mm256_storeu_pd(v + j, mulmod_f64(_mm256_sub_pd(U, V), HI, Q, QI));
+    }
+    store_row_f64(a, n, Q, QI);
+}
+
+static int f64_enabled = -1; /* -1: not decided yet; VEIL_CPU_AVX2=0 turns it off */
+
+/* The double-precision NTT runs where the IFMA lanes do not (the caller asks them first). */
+static int use_f64(uint64_t q, int64_t n) {
+    if (f64_enabled < 0) {
+        const char *env = getenv("VEIL_CPU_AVX2");
+        __builtin_cpu_init();
+        f64_enabled = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(env && env[0] == '0');
+    }
+    return f64_enabled && q < F64_MAX_Q && n >= 16;
+}
+#else
+static int use_f64(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
+static void forward_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
+static void inverse_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
+#endif
+
+/* Which NTT a prime's rows take: 2 the AVX-512 lanes, 1 the AVX2 doubles, 0 the scalar loops
+ * (decided on the first call: the CPU, VEIL_CPU_IFMA and VEIL_CPU_AVX2). */
+int veil_ntt_path(uint64_t q, int64_t n) { return use_vector_ntt(n) ? 2 : use_f64(q, n) ? 1 : 0; }
+
 /* Whether the AVX-512 lanes run (decided on the first call: the CPU and VEIL_CPU_IFMA). */
 int veil_ntt_ifma(void) { return use_ifma(3, 16); }
 
@@ -336,7 +491,7 @@ static inline int64_t reduce_any(int64_t x, uint64_t q, double qinv) {
 void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t x_stride, int64_t rows, int64_t limbs, int64_t n,
                    const uint64_t *qs, const uint64_t *const *tabs, int inverse, int bcast, const int64_t *same,
                    int centre) {
-    use_ifma(3, 16); /* decided before the threads start */
+    veil_ntt_path(3, 16); /* decided before the threads start */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t limb = r % limbs;
@@ -352,15 +507,15 @@ void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t x_stride, int64_t row
             for (int64_t j = 0; j < n; j++) out[r * n + j] = reduce_any(row[j], qs[limb], qinv);
             src = out + r * n;
         }
-        const int vec = use_vector_ntt(n);
+        const int path = veil_ntt_path(qs[limb], n);
         if (inverse) {
-            (vec ? inverse_row_ifma : inverse_row)(a, src, n, qs[limb], tabs[limb]);
+            (path == 2 ? inverse_row_ifma : path == 1 ? inverse_row_f64 : inverse_row)(a, src, n, qs[limb], tabs[limb]);
             if (centre) {
                 const uint64_t q = qs[limb], half = q >> 1;
                 for (int64_t j = 0; j < n; j++) a[j] -= (a[j] > half) ? q : 0; /* as int64: a[j] - q */
             }
         } else
-            (vec ? forward_row_ifma : forward_row)(a, src, n, qs[limb], tabs[limb]);
+            (path == 2 ? forward_row_ifma : path == 1 ? forward_row_f64 : forward_row)(a, src, n, qs[limb], tabs[limb]);
     }
 }
 

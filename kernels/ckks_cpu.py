@@ -6,7 +6,9 @@
   on the development VM, 7× SEAL's transform); the kernel keeps a limb in cache across stages,
   and on x86 CPUs with AVX-512 IFMA runs 8 butterflies at a time (52-bit products for primes
   below 2^50, 64-bit ones from 32-bit products for the others; ``ntt_vectorized``;
-  ``VEIL_CPU_IFMA=0`` keeps the scalar loops).
+  ``VEIL_CPU_IFMA=0`` keeps the scalar loops). Without IFMA, on CPUs with AVX2 and FMA, the
+  primes below 2^44 (the chain's 36-bit ones) are transformed 4 butterflies at a time in
+  doubles, exact through FMA (``ntt_path``; ``VEIL_CPU_AVX2=0`` keeps the scalar loops).
 * ``mac_cpu``: ``dot_plain``'s sum of ct × pt products, and a single ct × pt as one term
   (twin: ``ckks_ops.mac_torch``); ``mac_many_cpu``: several such sums over the same terms
   (``dot_plain_many``: a product's giant steps), and
@@ -33,7 +35,7 @@ import torch
 
 from veil.kernels import cbuild
 
-__all__ = ["available", "gather_cpu", "key_inner_cpu", "mac_cpu", "mac_many_cpu", "ntt_cpu", "ntt_reduced_cpu", "ntt_vectorized", "row_weights",
+__all__ = ["available", "gather_cpu", "key_inner_cpu", "mac_cpu", "mac_many_cpu", "ntt_cpu", "ntt_path", "ntt_reduced_cpu", "ntt_vectorized", "row_weights",
            "sub_mul_cpu"]
 
 _SOURCE = Path(__file__).with_name("ckks_cpu.c")
@@ -56,6 +58,7 @@ def _library() -> ctypes.CDLL | None:
     lib.veil_mac.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64, p]
     lib.veil_ntt_table.restype = lib.veil_ntt_rows.restype = lib.veil_mac.restype = None
     lib.veil_ntt_ifma.argtypes, lib.veil_ntt_ifma.restype = [], ctypes.c_int
+    lib.veil_ntt_path.argtypes, lib.veil_ntt_path.restype = [ctypes.c_uint64, i64], ctypes.c_int
     lib.veil_gather.argtypes, lib.veil_gather.restype = [p, p, p, i64, i64, i64], None
     lib.veil_add_mod.argtypes, lib.veil_add_mod.restype = [p, p, p, i64, i64, i64, p], None
     return lib
@@ -71,6 +74,16 @@ def ntt_vectorized() -> bool:
     multiply-accumulate and the rescale tail for primes below 2^50 (an x86 CPU with IFMA and DQ,
     and ``VEIL_CPU_IFMA`` not 0: benchmarks compare both)."""
     return available() and bool(_library().veil_ntt_ifma())
+
+
+def ntt_path(q: int, n: int) -> str:
+    """Which loops transform a row of prime ``q`` and degree ``n``: ``"avx512"`` (IFMA's lanes,
+    every prime), ``"avx2"`` (doubles, primes below 2^44, no IFMA), ``"scalar"`` (the rest, or
+    without the kernel: ``"twin"``). Decided on the first transform (the CPU, ``VEIL_CPU_IFMA``,
+    ``VEIL_CPU_AVX2``)."""
+    if not available():
+        return "twin"
+    return ("scalar", "avx2", "avx512")[_library().veil_ntt_path(q, n)]
 
 
 @functools.lru_cache(maxsize=128)

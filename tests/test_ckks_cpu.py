@@ -12,6 +12,9 @@ compiler to check that).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -301,18 +304,42 @@ def test_without_a_compiler_the_twin_runs(monkeypatch, tmp_path):
         ckks_cpu._library.cache_clear()  # the next caller loads the real build again
 
 
-def test_the_ifma_stages_run_where_the_cpu_has_them():
+def test_the_vector_lanes_run_where_the_cpu_has_them():
     """On an x86 CPU with AVX-512 IFMA and DQ the kernels run their 8-lane code (the NTT for every
     prime of the bases above, 52-bit products below 2^50 and 64-bit ones above; the
-    multiply-accumulate below 2^50), so the tests above check it against the twin there;
-    elsewhere, or with VEIL_CPU_IFMA=0, the scalar loops."""
+    multiply-accumulate below 2^50), so the tests above check it against the twin there; without
+    IFMA (or with VEIL_CPU_IFMA=0) the NTT of primes below 2^44 runs in AVX2 doubles where the
+    CPU has AVX2 and FMA (not with VEIL_CPU_AVX2=0); the rest, the scalar loops."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        flags = []
-    has = {"avx512f", "avx512dq", "avx512ifma"} <= set(flags) and os.environ.get("VEIL_CPU_IFMA", "1") != "0"
-    assert ckks_cpu.ntt_vectorized() == has
+        flags = set()
+    ifma = {"avx512f", "avx512dq", "avx512ifma"} <= flags and os.environ.get("VEIL_CPU_IFMA", "1") != "0"
+    avx2 = {"avx2", "fma"} <= flags and os.environ.get("VEIL_CPU_AVX2", "1") != "0"
+    ckks_cpu.ntt_cpu(PROT[2:3], torch.zeros(1, 16, dtype=torch.int64), inverse=False)  # the choice is made
+    assert ckks_cpu.ntt_vectorized() == ifma
+    n = PROTECTED_PARAMS.poly_modulus_degree
+    assert ckks_cpu.ntt_path(PROT[2], n) == ("avx512" if ifma else "avx2" if avx2 else "scalar")  # 36 bits
+    assert ckks_cpu.ntt_path(MIXED[3], n) == ("avx512" if ifma else "avx2" if avx2 else "scalar")  # 40 bits
+    assert ckks_cpu.ntt_path(MIXED[2], n) == ("avx512" if ifma else "scalar")  # 50 bits
+    assert ckks_cpu.ntt_path(PROT[0], n) == ("avx512" if ifma else "scalar")  # 57 bits
+    assert ckks_cpu.ntt_path(PROT[2], 8) == "scalar"
+
+
+# The transforms' tests: what test_the_slower_lanes_equal_the_twin_too runs again
+_TRANSFORMS = "ntt_kernel or run_of_limbs or production_size or dropping or mod_down or modup or vector_lanes"
+
+
+@pytest.mark.parametrize("off", [("VEIL_CPU_IFMA",), ("VEIL_CPU_IFMA", "VEIL_CPU_AVX2")], ids=["no-ifma", "scalar"])
+def test_the_slower_lanes_equal_the_twin_too(off):
+    """A process takes the fastest lanes its CPU has, once, so the tests above check only those;
+    here the transforms' tests run again in a fresh interpreter with the faster lanes turned off:
+    the AVX2 doubles on a CPU with IFMA, and the scalar loops on any CPU."""
+    env = {**os.environ, **dict.fromkeys(off, "0")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", _TRANSFORMS],
+                       cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("level", [7, 1])
