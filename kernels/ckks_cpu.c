@@ -304,20 +304,22 @@ static void sub_mul_ifma(uint64_t *dst, const uint64_t *x, const uint64_t *r, in
                          const uint64_t *y) {}
 #endif
 
+#define F64_MAX_Q (1ULL << 44) /* primes below it: the NTT in doubles on AVX2 */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-/* AVX2 + FMA (x86 CPUs without IFMA; VEIL_CPU_AVX2=0 turns it off): the NTT of primes below
- * 2^44 (the chain's 36-bit ones) in doubles, 4 butterflies at a time. AVX2 has no 64-bit
- * multiply, but a double holds these residues exactly and FMA gives a product's rounding error
- * exactly, so x * w mod q for integer-valued |x| < 16q, 0 <= w < q is
+/* AVX2 + FMA (x86 CPUs without IFMA; VEIL_CPU_AVX2=0 turns it off): the NTT 4 butterflies at a
+ * time, for primes below 2^44 (the chain's 36-bit ones) in doubles, for the wider ones on
+ * 64-bit integer lanes (further down). AVX2 has no 64-bit multiply, but a double holds these
+ * residues exactly and FMA gives a product's rounding error exactly, so x * w mod q for
+ * integer-valued |x| < 16q, 0 <= w < q is
  *     h = x * w (rounded), l = x * w - h (exact), k = round(h / q), r = (h - k q) + l,
- * each step exact: h and l are integers, |h / q - k| <= 1/2 + 2^-8 (h / q < 2^48 with relative
- * error ~2^-52), so |h - k q| < 0.51 q, and |l| <= ulp(h) / 2 <= 16 q^2 2^-53 < q / 32:
- * |r| < 0.55 q. The forward butterflies (u + r, u - r) then grow a value by < 0.55 q a stage:
- * < 9 q after 14 stages, inside the bound, with no correction on the way; the inverse ones add
- * two values a stage, so u + v is brought back to [-q/2, q/2] each time (u - v meets a product).
- * Values leave canonical after one rounding division. Same network and twiddles as the scalar
- * loops; the outputs are the same residues, so equal bit for bit. */
-#define F64_MAX_Q (1ULL << 44)
+ * each step exact: h and l are integers; h / q < 2^48 is computed with a relative error of a
+ * few 2^-53, so |h / q - k| < 1/2 + 1/8 and |h - k q| < 0.63 q; |l| <= ulp(h) / 2 <=
+ * 16 q^2 2^-53 < q / 32; so |r| < 0.66 q. The forward butterflies (u + r, u - r) then grow a
+ * value by < 0.66 q a stage, to < 11 q after 14 stages (16 q after 22), with no correction on
+ * the way; the inverse ones add two values a stage, so u + v is brought back to [-q/2, q/2]
+ * each time (u - v meets a product). Values leave canonical after one rounding division. Same
+ * network and twiddles as the scalar loops; the outputs are the same residues, so equal bit
+ * for bit. */
 #define AVX2 __attribute__((target("avx2,fma")))
 
 /* int64 <-> double for |x| < 2^51, exactly: 1.5 * 2^52 puts x in the mantissa (AVX2 has no
@@ -438,6 +440,134 @@ AVX2 static void inverse_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint6
     store_row_f64(a, n, Q, QI);
 }
 
+/* The wider primes (2^44 to 2^62: q0, q1 and p) on AVX2's integer lanes: the scalar loops'
+ * Shoup products and lazy ranges, each 64-bit product built from four (or three, for its low
+ * half) 32 x 32 -> 64-bit ones, as AVX2 has no wider multiply; values below 4q < 2^62 compare
+ * as signed. */
+AVX2 static inline __m256i mullo64_avx2(__m256i a, __m256i b, __m256i bhi) {
+    const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(a, bhi), _mm256_mul_epu32(_mm256_srli_epi64(a, 32), b));
+    return _mm256_add_epi64(_mm256_mul_epu32(a, b), _mm256_slli_epi64(cross, 32));
+}
+
+AVX2 static inline __m256i mulhi64_avx2(__m256i a, __m256i b, __m256i bhi) {
+    const __m256i ahi = _mm256_srli_epi64(a, 32), lo32 = _mm256_set1_epi64x(0xffffffffLL);
+    const __m256i ll = _mm256_mul_epu32(a, b), lh = _mm256_mul_epu32(a, bhi);
+    const __m256i hl = _mm256_mul_epu32(ahi, b), hh = _mm256_mul_epu32(ahi, bhi);
+    const __m256i mid = _mm256_add_epi64(_mm256_add_epi64(_mm256_srli_epi64(ll, 32), _mm256_and_si256(lh, lo32)),
+                                         _mm256_and_si256(hl, lo32));
+    return _mm256_add_epi64(_mm256_add_epi64(hh, _mm256_srli_epi64(mid, 32)),
+                            _mm256_add_epi64(_mm256_srli_epi64(lh, 32), _mm256_srli_epi64(hl, 32)));
+}
+
+/* a * w mod q in [0, 2q) (Shoup), w's and wp's high halves given. */
+AVX2 static inline __m256i mul_shoup_i64(__m256i a, __m256i w, __m256i whi, __m256i wp, __m256i wphi, __m256i q,
+                                         __m256i qhi) {
+    const __m256i t = mulhi64_avx2(a, wp, wphi);
+    return _mm256_sub_epi64(mullo64_avx2(a, w, whi), mullo64_avx2(t, q, qhi));
+}
+
+AVX2 static inline __m256i sub_if_ge_i64(__m256i x, __m256i m) {
+    return _mm256_sub_epi64(x, _mm256_andnot_si256(_mm256_cmpgt_epi64(m, x), m));
+}
+
+typedef struct { __m256i q, qhi, q2; } WideQ;
+
+AVX2 static inline void butterflies_i64(__m256i *u, __m256i *v, __m256i W, __m256i Wp, const WideQ *Q, int inverse) {
+    const __m256i U = *u, V = *v, whi = _mm256_srli_epi64(W, 32), wphi = _mm256_srli_epi64(Wp, 32);
+    if (inverse) {
+        *u = sub_if_ge_i64(_mm256_add_epi64(U, V), Q->q2);
+        *v = mul_shoup_i64(_mm256_add_epi64(_mm256_sub_epi64(U, V), Q->q2), W, whi, Wp, wphi, Q->q, Q->qhi);
+    } else {
+        const __m256i Ur = sub_if_ge_i64(U, Q->q2), Vw = mul_shoup_i64(V, W, whi, Wp, wphi, Q->q, Q->qhi);
+        *u = _mm256_add_epi64(Ur, Vw);
+        *v = _mm256_add_epi64(_mm256_sub_epi64(Ur, Vw), Q->q2);
+    }
+}
+
+/* stage_f64's three shapes on integer lanes, the twiddles w[m + group] with quotients wp. */
+AVX2 static void stage_i64(uint64_t *a, int64_t t, int64_t m, const uint64_t *w, const uint64_t *wp, const WideQ *Q,
+                           int inverse) {
+    if (t >= 4) {
+        for (int64_t i = 0; i < m; i++) {
+            __m256i *u = (__m256i *)(a + 2 * i * t), *v = (__m256i *)(a + 2 * i * t + t);
+            const __m256i W = _mm256_set1_epi64x((int64_t)w[m + i]), Wp = _mm256_set1_epi64x((int64_t)wp[m + i]);
+            for (int64_t j = 0; j < t / 4; j++) {
+                __m256i U = _mm256_loadu_si256(u + j), V = _mm256_loadu_si256(v + j);
+                butterflies_i64(&U, &V, W, Wp, Q, inverse);
+                _mm256_storeu_si256(u + j, U);
+                _mm256_storeu_si256(v + j, V);
+            }
+        }
+    } else if (t == 2) {
+        for (int64_t i = 0; i < m; i += 2) {
+            __m256i *p = (__m256i *)(a + 4 * i);
+            const __m256i A = _mm256_loadu_si256(p), B = _mm256_loadu_si256(p + 1);
+            __m256i U = _mm256_permute2x128_si256(A, B, 0x20), V = _mm256_permute2x128_si256(A, B, 0x31);
+            const __m256i W = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(w + m + i)), 0x50);
+            const __m256i Wp = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(wp + m + i)), 0x50);
+            butterflies_i64(&U, &V, W, Wp, Q, inverse);
+            _mm256_storeu_si256(p, _mm256_permute2x128_si256(U, V, 0x20));
+            _mm256_storeu_si256(p + 1, _mm256_permute2x128_si256(U, V, 0x31));
+        }
+    } else {
+        for (int64_t i = 0; i < m; i += 4) {
+            __m256i *p = (__m256i *)(a + 2 * i);
+            const __m256i A = _mm256_loadu_si256(p), B = _mm256_loadu_si256(p + 1);
+            __m256i U = _mm256_unpacklo_epi64(A, B), V = _mm256_unpackhi_epi64(A, B); /* groups 0 2 1 3 */
+            const __m256i W = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(w + m + i)), 0xD8);
+            const __m256i Wp = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(wp + m + i)), 0xD8);
+            butterflies_i64(&U, &V, W, Wp, Q, inverse);
+            _mm256_storeu_si256(p, _mm256_unpacklo_epi64(U, V));
+            _mm256_storeu_si256(p + 1, _mm256_unpackhi_epi64(U, V));
+        }
+    }
+}
+
+AVX2 static WideQ wide_q(uint64_t q) {
+    const WideQ Q = {_mm256_set1_epi64x((int64_t)q), _mm256_set1_epi64x((int64_t)(q >> 32)),
+                     _mm256_set1_epi64x((int64_t)(2 * q))};
+    return Q;
+}
+
+/* x (|x| < q) -> [0, q) into a. */
+AVX2 static void lift_row_i64(uint64_t *a, const int64_t *x, int64_t n, __m256i q) {
+    for (int64_t j = 0; j < n; j += 4) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(x + j));
+        _mm256_storeu_si256((__m256i *)(a + j),
+                            _mm256_add_epi64(v, _mm256_and_si256(_mm256_cmpgt_epi64(_mm256_setzero_si256(), v), q)));
+    }
+}
+
+AVX2 static void forward_row_i64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
+    const WideQ Q = wide_q(q);
+    lift_row_i64(a, x, n, Q.q);
+    for (int64_t m = 1, t = n >> 1; m < n; m <<= 1, t >>= 1) stage_i64(a, t, m, tab, tab + n, &Q, 0);
+    for (int64_t j = 0; j < n; j += 4) {
+        __m256i *p = (__m256i *)(a + j);
+        _mm256_storeu_si256(p, sub_if_ge_i64(sub_if_ge_i64(_mm256_loadu_si256(p), Q.q2), Q.q));
+    }
+}
+
+AVX2 static void inverse_row_i64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {
+    const WideQ Q = wide_q(q);
+    const uint64_t *c = tab + 6 * n;
+    lift_row_i64(a, x, n, Q.q);
+    int64_t t = 1;
+    for (int64_t m = n >> 1; m > 1; m >>= 1, t <<= 1) stage_i64(a, t, m, tab + 2 * n, tab + 3 * n, &Q, 1);
+    const __m256i LO = _mm256_set1_epi64x((int64_t)c[0]), LOP = _mm256_set1_epi64x((int64_t)c[1]);
+    const __m256i HI = _mm256_set1_epi64x((int64_t)c[2]), HIP = _mm256_set1_epi64x((int64_t)c[3]);
+    const __m256i LOh = _mm256_srli_epi64(LO, 32), LOPh = _mm256_srli_epi64(LOP, 32);
+    const __m256i HIh = _mm256_srli_epi64(HI, 32), HIPh = _mm256_srli_epi64(HIP, 32);
+    __m256i *u = (__m256i *)a, *v = (__m256i *)(a + t); /* the last stage: one group of half-size n/2 */
+    for (int64_t j = 0; j < t / 4; j++) {
+        const __m256i U = _mm256_loadu_si256(u + j), V = _mm256_loadu_si256(v + j);
+        const __m256i s = mul_shoup_i64(_mm256_add_epi64(U, V), LO, LOh, LOP, LOPh, Q.q, Q.qhi);
+        const __m256i d = mul_shoup_i64(_mm256_add_epi64(_mm256_sub_epi64(U, V), Q.q2), HI, HIh, HIP, HIPh, Q.q, Q.qhi);
+        _mm256_storeu_si256(u + j, sub_if_ge_i64(s, Q.q));
+        _mm256_storeu_si256(v + j, sub_if_ge_i64(d, Q.q));
+    }
+}
+
 static int f64_enabled = -1; /* -1: not decided yet; VEIL_CPU_AVX2=0 turns it off */
 
 /* The double-precision NTT runs where the IFMA lanes do not (the caller asks them first). */
@@ -447,12 +577,14 @@ static int use_f64(uint64_t q, int64_t n) {
         __builtin_cpu_init();
         f64_enabled = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(env && env[0] == '0');
     }
-    return f64_enabled && q < F64_MAX_Q && n >= 16;
+    return f64_enabled && n >= 16;
 }
 #else
 static int use_f64(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
 static void forward_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 static void inverse_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
+static void forward_row_i64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
+static void inverse_row_i64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 #endif
 
 /* Which NTT a prime's rows take: 2 the AVX-512 lanes, 1 the AVX2 doubles, 0 the scalar loops
@@ -509,13 +641,13 @@ void veil_ntt_rows(int64_t *out, const int64_t *x, int64_t x_stride, int64_t row
         }
         const int path = veil_ntt_path(qs[limb], n);
         if (inverse) {
-            (path == 2 ? inverse_row_ifma : path == 1 ? inverse_row_f64 : inverse_row)(a, src, n, qs[limb], tabs[limb]);
+            (path == 2 ? inverse_row_ifma : path == 1 ? (qs[limb] < F64_MAX_Q ? inverse_row_f64 : inverse_row_i64) : inverse_row)(a, src, n, qs[limb], tabs[limb]);
             if (centre) {
                 const uint64_t q = qs[limb], half = q >> 1;
                 for (int64_t j = 0; j < n; j++) a[j] -= (a[j] > half) ? q : 0; /* as int64: a[j] - q */
             }
         } else
-            (path == 2 ? forward_row_ifma : path == 1 ? forward_row_f64 : forward_row)(a, src, n, qs[limb], tabs[limb]);
+            (path == 2 ? forward_row_ifma : path == 1 ? (qs[limb] < F64_MAX_Q ? forward_row_f64 : forward_row_i64) : forward_row)(a, src, n, qs[limb], tabs[limb]);
     }
 }
 

@@ -6,9 +6,10 @@
   on the development VM, 7× SEAL's transform); the kernel keeps a limb in cache across stages,
   and on x86 CPUs with AVX-512 IFMA runs 8 butterflies at a time (52-bit products for primes
   below 2^50, 64-bit ones from 32-bit products for the others; ``ntt_vectorized``;
-  ``VEIL_CPU_IFMA=0`` keeps the scalar loops). Without IFMA, on CPUs with AVX2 and FMA, the
-  primes below 2^44 (the chain's 36-bit ones) are transformed 4 butterflies at a time in
-  doubles, exact through FMA (``ntt_path``; ``VEIL_CPU_AVX2=0`` keeps the scalar loops).
+  ``VEIL_CPU_IFMA=0`` keeps the scalar loops). Without IFMA, on CPUs with AVX2 and FMA, 4
+  butterflies at a time: in doubles, exact through FMA, for primes below 2^44 (the chain's
+  36-bit ones), on 64-bit integer lanes with products built from 32-bit ones for the others
+  (``ntt_path``; ``VEIL_CPU_AVX2=0`` keeps the scalar loops).
 * ``mac_cpu``: ``dot_plain``'s sum of ct × pt products, and a single ct × pt as one term
   (twin: ``ckks_ops.mac_torch``); ``mac_many_cpu``: several such sums over the same terms
   (``dot_plain_many``: a product's giant steps), and
@@ -77,9 +78,9 @@ def ntt_vectorized() -> bool:
 
 
 def ntt_path(q: int, n: int) -> str:
-    """Which loops transform a row of prime ``q`` and degree ``n``: ``"avx512"`` (IFMA's lanes,
-    every prime), ``"avx2"`` (doubles, primes below 2^44, no IFMA), ``"scalar"`` (the rest, or
-    without the kernel: ``"twin"``). Decided on the first transform (the CPU, ``VEIL_CPU_IFMA``,
+    """Which loops transform a row of prime ``q`` and degree ``n``: ``"avx512"`` (IFMA's lanes),
+    ``"avx2"`` (AVX2 and FMA without IFMA), ``"scalar"`` (neither, or ``n`` below 16); without
+    the kernel ``"twin"``. Decided on the first transform (the CPU, ``VEIL_CPU_IFMA``,
     ``VEIL_CPU_AVX2``)."""
     if not available():
         return "twin"
