@@ -568,19 +568,19 @@ AVX2 static void inverse_row_i64(uint64_t *a, const int64_t *x, int64_t n, uint6
     }
 }
 
-static int f64_enabled = -1; /* -1: not decided yet; VEIL_CPU_AVX2=0 turns it off */
+static int avx2_enabled = -1; /* -1: not decided yet; VEIL_CPU_AVX2=0 turns it off */
 
-/* The double-precision NTT runs where the IFMA lanes do not (the caller asks them first). */
-static int use_f64(uint64_t q, int64_t n) {
-    if (f64_enabled < 0) {
+/* The AVX2 lanes run where the IFMA ones do not (the callers ask those first). */
+static int use_avx2(uint64_t q, int64_t n) {
+    if (avx2_enabled < 0) {
         const char *env = getenv("VEIL_CPU_AVX2");
         __builtin_cpu_init();
-        f64_enabled = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(env && env[0] == '0');
+        avx2_enabled = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(env && env[0] == '0');
     }
-    return f64_enabled && n >= 16;
+    return avx2_enabled && n >= 16;
 }
 #else
-static int use_f64(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
+static int use_avx2(uint64_t q, int64_t n) { (void)q; (void)n; return 0; }
 static void forward_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 static void inverse_row_f64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
 static void forward_row_i64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q, const uint64_t *tab) {}
@@ -589,7 +589,10 @@ static void inverse_row_i64(uint64_t *a, const int64_t *x, int64_t n, uint64_t q
 
 /* Which NTT a prime's rows take: 2 the AVX-512 lanes, 1 the AVX2 doubles, 0 the scalar loops
  * (decided on the first call: the CPU, VEIL_CPU_IFMA and VEIL_CPU_AVX2). */
-int veil_ntt_path(uint64_t q, int64_t n) { return use_vector_ntt(n) ? 2 : use_f64(q, n) ? 1 : 0; }
+int veil_ntt_path(uint64_t q, int64_t n) {
+    const int avx2 = use_avx2(q, n); /* both decided on the first call, whichever runs */
+    return use_vector_ntt(n) ? 2 : avx2 ? 1 : 0;
+}
 
 /* Whether the AVX-512 lanes run (decided on the first call: the CPU and VEIL_CPU_IFMA). */
 int veil_ntt_ifma(void) { return use_ifma(3, 16); }
@@ -870,6 +873,59 @@ static void mac_block_ifma(const MacJob *m, const MacBlock *b) { (void)m, (void)
 static void mac_block_wide(const MacJob *m, const MacBlock *b) { (void)m, (void)b; }
 #endif
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* The multiply-accumulate on AVX2 (no IFMA): each product of a = a1 2^32 + a0 and w = w1 2^32 +
+ * w0 from AVX2's four 32 x 32 -> 64-bit products, summed in three 64-bit columns: c0 the low
+ * halves of a0 w0, c1 its high halves and a0 w1 + a1 w0, c2 a1 w1. A term adds < 2^32 + 2^(b+1)
+ * to c1 for a b-bit prime, so the columns are folded into [0, q) (into c0) every `per` terms,
+ * per = (2^64 - 1) / that: every 2^26 terms for the 36-bit primes, 63 for the 57-bit ones, at
+ * least one up to 2^62; c0 then stays below 2^62 + per 2^32 and c2 below 2^61. */
+AVX2 static void mac_block_avx2(const MacJob *m, const MacBlock *b) {
+    uint64_t c[3][MAC_OUTS][MAC_BLOCK], x[MAC_BLOCK];
+    const uint64_t q = b->q, r64 = (uint64_t)(((u128)1 << 64) % q);
+    const uint64_t r64p = shoup(r64, q), one_p = shoup(1, q);
+    const int bits = 64 - __builtin_clzll(q);
+    const int64_t per = (int64_t)((u128)~0ULL / (((u128)1 << 32) + ((u128)1 << (bits + 1)))), len = b->len;
+    const __m256i lo32 = _mm256_set1_epi64x(0xffffffffLL);
+    for (int64_t r = 0; r < m->rows; r++) {
+        memset(c, 0, sizeof(c));
+        for (int64_t k = 0, held = 0; k <= m->terms; k++, held++) {
+            if (held == per || k == m->terms) { /* fold the columns into c0, in [0, q) */
+                for (int64_t o = 0; o < b->on; o++)
+                    for (int64_t j = 0; j < len; j++) {
+                        const u128 sum = c[0][o][j] + ((u128)c[1][o][j] << 32) + ((u128)c[2][o][j] << 64);
+                        c[0][o][j] = reduce128(sum, q, r64, r64p, one_p);
+                        c[1][o][j] = c[2][o][j] = 0;
+                    }
+                held = 0;
+                if (k == m->terms)
+                    break;
+            }
+            load_term(x, m, b, k, r);
+            for (int64_t o = 0; o < b->on; o++) {
+                const uint64_t *y = weight_at(m, k, b->o0 + o, r, b->e);
+                for (int64_t j = 0; j < len; j += 4) {
+                    const __m256i A = _mm256_loadu_si256((const __m256i *)(x + j));
+                    const __m256i W = _mm256_loadu_si256((const __m256i *)(y + j));
+                    const __m256i Ah = _mm256_srli_epi64(A, 32), Wh = _mm256_srli_epi64(W, 32);
+                    const __m256i ll = _mm256_mul_epu32(A, W);
+                    const __m256i mid = _mm256_add_epi64(_mm256_srli_epi64(ll, 32),
+                                                         _mm256_add_epi64(_mm256_mul_epu32(A, Wh), _mm256_mul_epu32(Ah, W)));
+                    __m256i *c0 = (__m256i *)(c[0][o] + j), *c1 = (__m256i *)(c[1][o] + j), *c2 = (__m256i *)(c[2][o] + j);
+                    _mm256_storeu_si256(c0, _mm256_add_epi64(_mm256_loadu_si256(c0), _mm256_and_si256(ll, lo32)));
+                    _mm256_storeu_si256(c1, _mm256_add_epi64(_mm256_loadu_si256(c1), mid));
+                    _mm256_storeu_si256(c2, _mm256_add_epi64(_mm256_loadu_si256(c2), _mm256_mul_epu32(Ah, Wh)));
+                }
+            }
+        }
+        for (int64_t o = 0; o < b->on; o++)
+            memcpy(out_at(m, b->o0 + o, r, b->e), c[0][o], (size_t)len * sizeof(int64_t));
+    }
+}
+#else
+static void mac_block_avx2(const MacJob *m, const MacBlock *b) { mac_block_scalar(m, b); }
+#endif
+
 /* The three-column lanes take primes below 2^60 (their sum's bound, 8q < 2^64, with room). */
 static int use_ifma_wide(uint64_t q, int64_t n) { return use_vector_ntt(n) && q < (1ULL << 60); }
 
@@ -878,7 +934,7 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
               int64_t group, int64_t rows, int64_t limbs, int64_t n, const uint64_t *qs) {
     const MacJob m = {out, a, w, a_row_stride, w_row_div, terms, outs, group, rows, n, limbs * n};
     const int64_t per_limb = (n + MAC_BLOCK - 1) / MAC_BLOCK;
-    use_ifma(3, 16); /* decided before the threads start */
+    veil_ntt_path(3, 16); /* the lanes decided before the threads start */
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t i = 0; i < limbs * per_limb; i++) {
         const int64_t limb = i / per_limb, pos = (i % per_limb) * MAC_BLOCK;
@@ -889,6 +945,8 @@ void veil_mac(int64_t *out, const int64_t *const *a, int64_t a_row_stride,
             block = mac_block_ifma;
         else if (b.len % 16 == 0 && use_ifma_wide(q, n))
             block = mac_block_wide;
+        else if (b.len % 4 == 0 && use_avx2(q, n))
+            block = mac_block_avx2;
         for (b.o0 = 0; b.o0 < outs; b.o0 += MAC_OUTS) { /* the block's terms stay in L1 across pairs */
             b.on = outs - b.o0 < MAC_OUTS ? outs - b.o0 : MAC_OUTS;
             block(&m, &b);

@@ -16,7 +16,8 @@
   ``key_inner_cpu``: a key switch's digits × key (twin: ``rns._key_inner``). Eager torch
   spends a dozen passes over memory per term; the kernel sums exact 128-bit products in one
   pass, both key halves per read of the digits, and reads each shared weight block once for
-  all rows of a batch (a batch's per-session plaintexts, ``row_weights``, row by row).
+  all rows of a batch (a batch's per-session plaintexts, ``row_weights``, row by row); on
+  AVX2 without IFMA 4 products at a time, in three 64-bit columns of 32-bit products.
 * ``gather_cpu``: the automorphisms of a hoisted set of rotations (twin: ``torch.gather``).
 
 Tests: ``tests/test_ckks_cpu.py``. On CUDA tensors the Triton kernels run instead. Built on

@@ -326,8 +326,9 @@ def test_the_vector_lanes_run_where_the_cpu_has_them():
     assert ckks_cpu.ntt_path(PROT[2], 8) == "scalar"
 
 
-# The transforms' tests: what test_the_slower_lanes_equal_the_twin_too runs again
-_TRANSFORMS = "ntt_kernel or run_of_limbs or production_size or dropping or mod_down or modup or vector_lanes"
+# The transforms' and the multiply-accumulate's tests: what test_the_slower_lanes_equal_the_twin_too runs again
+_TRANSFORMS = ("ntt_kernel or run_of_limbs or production_size or dropping or mod_down or modup or vector_lanes or mac or "
+               "key_inner")
 
 
 @pytest.mark.parametrize("off", [("VEIL_CPU_IFMA",), ("VEIL_CPU_IFMA", "VEIL_CPU_AVX2")], ids=["no-ifma", "scalar"])
