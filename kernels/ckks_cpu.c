@@ -878,14 +878,15 @@ static void mac_block_wide(const MacJob *m, const MacBlock *b) { (void)m, (void)
  * w0 from AVX2's four 32 x 32 -> 64-bit products, summed in three 64-bit columns: c0 the low
  * halves of a0 w0, c1 its high halves and a0 w1 + a1 w0, c2 a1 w1. A term adds < 2^32 + 2^(b+1)
  * to c1 for a b-bit prime, so the columns are folded into [0, q) (into c0) every `per` terms,
- * per = (2^64 - 1) / that: every 2^26 terms for the 36-bit primes, 63 for the 57-bit ones, at
- * least one up to 2^62; c0 then stays below 2^62 + per 2^32 and c2 below 2^61. */
+ * per = (2^64 - 1) / that, at most 3 2^30 for c0 (< 2^62 + per 2^32): every 2^26 terms for the
+ * 36-bit primes, 63 for the 57-bit ones, at least one up to 2^62; c2 stays below 2^61. */
 AVX2 static void mac_block_avx2(const MacJob *m, const MacBlock *b) {
     uint64_t c[3][MAC_OUTS][MAC_BLOCK], x[MAC_BLOCK];
     const uint64_t q = b->q, r64 = (uint64_t)(((u128)1 << 64) % q);
     const uint64_t r64p = shoup(r64, q), one_p = shoup(1, q);
     const int bits = 64 - __builtin_clzll(q);
-    const int64_t per = (int64_t)((u128)~0ULL / (((u128)1 << 32) + ((u128)1 << (bits + 1)))), len = b->len;
+    const u128 by_c1 = (u128)~0ULL / (((u128)1 << 32) + ((u128)1 << (bits + 1)));
+    const int64_t per = by_c1 < ((u128)3 << 30) ? (int64_t)by_c1 : (int64_t)3 << 30, len = b->len;
     const __m256i lo32 = _mm256_set1_epi64x(0xffffffffLL);
     for (int64_t r = 0; r < m->rows; r++) {
         memset(c, 0, sizeof(c));
