@@ -472,8 +472,10 @@ AVX2 static inline __m256i sub_if_ge_i64(__m256i x, __m256i m) {
 
 typedef struct { __m256i q, qhi, q2; } WideQ;
 
-AVX2 static inline void butterflies_i64(__m256i *u, __m256i *v, __m256i W, __m256i Wp, const WideQ *Q, int inverse) {
-    const __m256i U = *u, V = *v, whi = _mm256_srli_epi64(W, 32), wphi = _mm256_srli_epi64(Wp, 32);
+/* whi, wphi: the twiddle's and its quotient's high halves, taken once per twiddle by the caller. */
+AVX2 static inline void butterflies_i64(__m256i *u, __m256i *v, __m256i W, __m256i whi, __m256i Wp, __m256i wphi,
+                                        const WideQ *Q, int inverse) {
+    const __m256i U = *u, V = *v;
     if (inverse) {
         *u = sub_if_ge_i64(_mm256_add_epi64(U, V), Q->q2);
         *v = mul_shoup_i64(_mm256_add_epi64(_mm256_sub_epi64(U, V), Q->q2), W, whi, Wp, wphi, Q->q, Q->qhi);
@@ -491,9 +493,10 @@ AVX2 static void stage_i64(uint64_t *a, int64_t t, int64_t m, const uint64_t *w,
         for (int64_t i = 0; i < m; i++) {
             __m256i *u = (__m256i *)(a + 2 * i * t), *v = (__m256i *)(a + 2 * i * t + t);
             const __m256i W = _mm256_set1_epi64x((int64_t)w[m + i]), Wp = _mm256_set1_epi64x((int64_t)wp[m + i]);
+            const __m256i whi = _mm256_srli_epi64(W, 32), wphi = _mm256_srli_epi64(Wp, 32);
             for (int64_t j = 0; j < t / 4; j++) {
                 __m256i U = _mm256_loadu_si256(u + j), V = _mm256_loadu_si256(v + j);
-                butterflies_i64(&U, &V, W, Wp, Q, inverse);
+                butterflies_i64(&U, &V, W, whi, Wp, wphi, Q, inverse);
                 _mm256_storeu_si256(u + j, U);
                 _mm256_storeu_si256(v + j, V);
             }
@@ -505,7 +508,7 @@ AVX2 static void stage_i64(uint64_t *a, int64_t t, int64_t m, const uint64_t *w,
             __m256i U = _mm256_permute2x128_si256(A, B, 0x20), V = _mm256_permute2x128_si256(A, B, 0x31);
             const __m256i W = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(w + m + i)), 0x50);
             const __m256i Wp = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(wp + m + i)), 0x50);
-            butterflies_i64(&U, &V, W, Wp, Q, inverse);
+            butterflies_i64(&U, &V, W, _mm256_srli_epi64(W, 32), Wp, _mm256_srli_epi64(Wp, 32), Q, inverse);
             _mm256_storeu_si256(p, _mm256_permute2x128_si256(U, V, 0x20));
             _mm256_storeu_si256(p + 1, _mm256_permute2x128_si256(U, V, 0x31));
         }
@@ -516,7 +519,7 @@ AVX2 static void stage_i64(uint64_t *a, int64_t t, int64_t m, const uint64_t *w,
             __m256i U = _mm256_unpacklo_epi64(A, B), V = _mm256_unpackhi_epi64(A, B); /* groups 0 2 1 3 */
             const __m256i W = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(w + m + i)), 0xD8);
             const __m256i Wp = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(wp + m + i)), 0xD8);
-            butterflies_i64(&U, &V, W, Wp, Q, inverse);
+            butterflies_i64(&U, &V, W, _mm256_srli_epi64(W, 32), Wp, _mm256_srli_epi64(Wp, 32), Q, inverse);
             _mm256_storeu_si256(p, _mm256_unpacklo_epi64(U, V));
             _mm256_storeu_si256(p + 1, _mm256_unpackhi_epi64(U, V));
         }
