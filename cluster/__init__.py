@@ -13,10 +13,13 @@ Layout of one application (``veil``) on a Ray cluster:
 * **Affinity by session id.** A replica prefixes the ids of the sessions it creates with its Ray
   replica id (``<replica>.<192 random bits>``). The ingress reads the prefix from
   ``/v1/sessions/{id}…`` and passes it to the handle call; ``router.SessionAffinityRouter``, the
-  deployment's request router, sends the call to exactly that replica. Everything without a
-  session (completions, session creation, key uploads) is balanced: power of two choices on the
-  replicas' loads, as Ray Serve's default router does, with a load that also counts the requests
-  chosen or sent but not yet acknowledged (``router`` says why).
+  deployment's request router, sends the call to exactly that replica.
+* **Sessions placed by count.** A session lives on one replica, so ``POST /v1/sessions`` goes to
+  the replica holding the fewest live sessions on the new one's path: each replica reports its
+  counts to Ray (routing stats), and the router adds the sessions it opened since.
+* **Balance for the rest.** Everything else without a session (completions, key uploads): power
+  of two choices on the replicas' loads, as Ray Serve's default router does, with a load that
+  also counts the requests chosen or sent but not yet acknowledged (``router`` says why).
 * **Replica loss.** Ray restarts a dead replica under a new replica id. A request pinned to an id
   no longer running is routed to a live replica, which does not know the session and answers
   404 ``session_not_found``, so the SDK opens a new session and prefills again (as after a server

@@ -17,7 +17,7 @@ from ray.exceptions import RayActorError
 from veil.cluster.asgi import Forwarded, Head
 from veil.cluster.metrics import ClusterMetrics
 from veil.cluster.router import running_replicas
-from veil.cluster.routing import REPLICA_HEADER, pinned_replica
+from veil.cluster.routing import REPLICA_HEADER, opens_session, pinned_replica
 from veil.server.config import ServerConfig
 from veil.server.errors import ApiError, error_response
 from veil.server.http_common import Arriving, bearer_tenant, body_limit, read_body
@@ -58,7 +58,7 @@ class Ingress:
 
     async def forward(self, req: Forwarded) -> Response:
         pin = pinned_replica(req.path)
-        gen = self.engine.forward.remote(req, replica=pin)
+        gen = self.engine.forward.remote(req, replica=pin, opens=opens_session(req.method, req.path, req.body))
         try:
             head = await gen.__anext__()
         except RayActorError:

@@ -48,6 +48,7 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
     from veil.cluster.ingress import Ingress
     from veil.cluster.keys import KeyStore
     from veil.cluster.replica import KEY_STORE, ReplicaSpec, VeilReplica
+    from veil.cluster.router import STATS_PERIOD_S
     from veil.kernels import heap
 
     keys = DeploymentActorConfig(name=KEY_STORE, actor_class=ray.remote(KeyStore), actor_options={"num_cpus": 0},
@@ -59,7 +60,9 @@ def build_app(cfg: ServerConfig, cc: ClusterConfig, tenants_json: str):
         # (kernels/heap.py); the job's working_dir still applies (a field not named is inherited)
         ray_actor_options={"num_cpus": cc.replica_cpus, "runtime_env": {"env_vars": heap.worker_env()}},
         health_check_period_s=cc.health_check_period_s,
-        request_router_config=RequestRouterConfig(request_router_class=ROUTER), deployment_actors=[keys],
+        request_router_config=RequestRouterConfig(request_router_class=ROUTER,
+                                                  request_routing_stats_period_s=STATS_PERIOD_S),
+        deployment_actors=[keys],
         logging_config=QUIET_LOGS)
     ingress = serve.deployment(serve.ingress()(Ingress), name="Ingress", num_replicas=1,
                                max_ongoing_requests=4 * cc.max_ongoing_requests, ray_actor_options={"num_cpus": 0},

@@ -77,13 +77,19 @@ class VeilReplica:
         if not self.app.state.engine.alive:
             raise RuntimeError("the engine loop died")
 
+    def record_routing_stats(self) -> dict:
+        """Ray pulls this every ``request_routing_stats_period_s`` and hands it to the router,
+        which places new sessions on the replica holding the fewest on their path."""
+        return {"sessions": self.app.state.sessions.per_path()}
+
     def __del__(self):
         if hasattr(self, "app"):
             self.app.state.engine.stop()
 
-    async def forward(self, req: Forwarded, replica: str | None = None):
-        """Answer one request: a ``Head``, then body chunks if it streams. ``replica`` is the
-        session's pin, read by the router (``router.SessionAffinityRouter``), not here."""
+    async def forward(self, req: Forwarded, replica: str | None = None, opens: str | None = None):
+        """Answer one request: a ``Head``, then body chunks if it streams. ``replica`` (the
+        session's pin) and ``opens`` (the path of the session it opens) are read by the router
+        (``router.SessionAffinityRouter``), not here."""
         if req.method == "POST" and req.path == "/v1/keys":
             yield await self._upload_keys(req)
             return

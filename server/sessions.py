@@ -196,3 +196,9 @@ class SessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def per_path(self) -> dict[str, int]:
+        """Live sessions by path; a cluster replica reports them to the router that places new ones."""
+        with self._lock:
+            paths = [s.path for s in self._sessions.values()]
+        return {p: paths.count(p) for p in set(paths)}

@@ -17,6 +17,7 @@ from veil.benchmarks.cluster import launch_cluster  # noqa: E402
 from veil.benchmarks.cluster_fault import run_fault  # noqa: E402
 from veil.benchmarks.protected_overhead import context_prompt  # noqa: E402
 from veil.client import VeilClient  # noqa: E402
+from veil.cluster import router  # noqa: E402
 from veil.cluster.routing import REPLICA_HEADER  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def test_split_sessions_stay_on_their_replica(cluster, client_half, chat_prompts
     with VeilClient(cluster.url, cluster.key, half=client_half) as client:
         client.http.event_hooks["response"].append(lambda r: r.request.url.path.endswith("/steps") and answered.append(
             (r.request.url.path.split("/")[3].split(".")[0], r.headers.get(REPLICA_HEADER))))
-        # Creation is balanced, so both replicas soon hold a session; but a replica that misses the
+        # Creation places sessions by count, so both replicas soon hold one; but a replica that misses the
         # router's probe deadline (a loaded 2-core VM: a CI run once put 16 creations in a row on
         # the other one) is passed over for a while. Sessions past the first few that land on a
         # replica already holding one are closed unused, so the decode below stays short.
@@ -74,6 +75,37 @@ def test_split_sessions_stay_on_their_replica(cluster, client_half, chat_prompts
             s.close()
     assert len(answered) == 9 * len(sessions) and all(pin == by for pin, by in answered)
     assert len({pin for pin, _ in answered}) == 2
+
+
+def test_sessions_open_on_the_replica_holding_fewest(cluster):
+    # Opened one after another, each answered before the next: no replica is busier than the
+    # other when the router places a session, so only the session counts can split them.
+    with _http(cluster) as c:
+        def open_sessions(n: int) -> list[str]:
+            out = []
+            for _ in range(n):
+                r = c.post("/v1/sessions", json={"path": "plaintext"})
+                assert r.status_code == 201, r.text
+                out.append(r.json()["id"])
+            return out
+
+        def replica(sid: str) -> str:
+            return sid.split(".")[0]
+
+        settle = router.OPENED_WINDOW_S + 2 * router.STATS_PERIOD_S  # the router forgets its own count
+        time.sleep(settle)  # of the sessions earlier tests opened (and closed)
+        first = open_sessions(4)
+        assert sorted(Counter(map(replica, first)).values()) == [2, 2], first
+        emptied = replica(first[0])
+        for sid in [s for s in first if replica(s) == emptied]:
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+        # Past the router's own count of what it opened (cluster/router.py): now only the
+        # replicas' reports say that one of them holds none.
+        time.sleep(settle)
+        again = open_sessions(2)
+        assert [replica(s) for s in again] == [emptied] * 2, (first, again)
+        for sid in [s for s in first if replica(s) != emptied] + again:
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
 def test_completions_are_balanced(cluster):
@@ -163,7 +195,8 @@ def test_bodies_that_read_themselves_are_refused_before_they_arrive(cluster):
     with _http(cluster) as c:
         r = c.post("/v1/keys", content=b"\x00" * 1024)  # this tenant lacks the scope: the replica says so
         assert r.status_code == 403
-    assert cluster.health()["replicas"]["healthy"] == 2
+    h = cluster.health()
+    assert h["replicas"]["healthy"] == 2, (h["replicas"], h["replica_status"])
 
 
 def test_replica_killed_mid_run(cluster, client_half, ckpt, full_model):

@@ -27,8 +27,12 @@ DEPLOYMENT = DeploymentID(name="VeilReplica", app_name="veil")
 class _Replica:
     """Fake of a running replica, for this test only."""
 
-    def __init__(self, name: str, probed_len: int = 0):
+    def __init__(self, name: str, probed_len: int = 0, sessions: dict[str, int] | None = None,
+                 probe_s: float = 0.0):
         self.replica_id = ReplicaID(unique_id=name, deployment_id=DEPLOYMENT)
+        self.probe_s = probe_s  # how long its queue-length probe takes to answer
+        # what the replica last reported of itself (VeilReplica.record_routing_stats)
+        self.routing_stats = {"sessions": sessions} if sessions is not None else {}
         self.max_ongoing_requests = 1024
         self.node_id, self.availability_zone, self.multiplexed_model_ids = "n", None, set()
         self.probed_len = probed_len
@@ -36,12 +40,14 @@ class _Replica:
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
         self.probes += 1
+        await asyncio.sleep(self.probe_s)
         return self.probed_len
 
 
-def _request(replica: str | None = None) -> PendingRequest:
-    meta = RequestMetadata(request_id="r", internal_request_id="i")
-    return PendingRequest(args=[], kwargs={"replica": replica} if replica else {}, metadata=meta)
+def _request(replica: str | None = None, opens: str | None = None, rid: str = "i") -> PendingRequest:
+    meta = RequestMetadata(request_id="r", internal_request_id=rid)
+    kwargs = {"replica": replica} if replica else {}
+    return PendingRequest(args=[], kwargs=kwargs | ({"opens": opens} if opens else {}), metadata=meta)
 
 
 async def _router(*replicas: _Replica) -> SessionAffinityRouter:
@@ -126,6 +132,25 @@ def test_pinned_requests_go_to_their_replica_and_count_there():
     assert len(gone) == 2 and len(gone[0]) == 1
 
 
+def test_pinned_requests_routed_together_each_reach_their_own_replica():
+    # Through Ray's whole routing loop. The first request's replica answers its probe late, so
+    # the second request's replica is found first. A FIFO router (Ray's FIFOMixin) hands a
+    # replica found for one request to the oldest one waiting: here, to the first request,
+    # whose session that replica does not hold (the cluster's /health once counted one of its
+    # two replicas, both asked at once, twice). Both calls carry one internal request id, as
+    # the calls of one ingress request do: matched by that id, one of them waited forever.
+    async def go():
+        slow, fast = _Replica("slow", probe_s=0.3), _Replica("fast")
+        r = await _router(slow, fast)
+        for rep in (slow, fast):
+            r.replica_queue_len_cache.invalidate_key(rep.replica_id)  # both probed
+        got = await asyncio.wait_for(asyncio.gather(r._choose_replica_for_request(_request("slow", rid="same")),
+                                                    r._choose_replica_for_request(_request("fast", rid="same"))), 10)
+        return _names(got)
+
+    assert asyncio.run(go()) == ["slow", "fast"]
+
+
 def test_choices_and_sends_never_answered_stop_counting(monkeypatch):
     monkeypatch.setattr(router_module, "PENDING_WINDOW_S", 0.05)
 
@@ -141,3 +166,63 @@ def test_choices_and_sends_never_answered_stop_counting(monkeypatch):
         return held, r.load(a.replica_id), r.load(b.replica_id)
 
     assert asyncio.run(go()) == ((1, 2), 0, 1)
+
+
+def _names(chosen) -> list[str]:
+    return [c.replica_id.unique_id for c in chosen]
+
+
+def test_a_session_opens_on_the_replica_with_the_fewest_on_its_path():
+    # Counts, not load: "a" is idle but holds 3 protected sessions; "b" is busy and holds 1.
+    # Sessions on the other path do not count.
+    async def go():
+        a = _Replica("a", sessions={"protected": 3})
+        b = _Replica("b", sessions={"protected": 1, "plaintext": 9})
+        r = await _router(a, b)
+        r.replica_queue_len_cache.update(b.replica_id, 5)
+        protected = [await _route(r, _request(opens="protected")) for _ in range(4)]
+        plaintext = await _route(r, _request(opens="plaintext"))
+        balanced = [await _route(r, _request()) for _ in range(4)]  # no session: by load, as before
+        return _names(protected), _names([plaintext]), _names(balanced), r.sessions(a, "protected")
+
+    protected, plaintext, balanced, a_protected = asyncio.run(go())
+    # b fills up to a's 3, then the two alternate; every opening counted where it went
+    assert protected[:2] == ["b", "b"] and sorted(protected[2:]) == ["a", "b"] and a_protected == 4
+    assert plaintext == ["a"]
+    assert balanced == ["a"] * 4  # b's queue stays longest
+
+
+def test_sessions_opened_in_a_row_split_evenly_and_then_count_as_reported(monkeypatch):
+    monkeypatch.setattr(router_module, "OPENED_WINDOW_S", 0.05)
+
+    async def go():
+        a, b, c = _Replica("a", sessions={}), _Replica("b", sessions={}), _Replica("c", sessions={})
+        r = await _router(a, b, c)
+        burst = []
+        for _ in range(9):  # one after another, each answered before the next: no load to tell them apart
+            to = await _route(r, _request(opens="plaintext"))
+            r.on_send_request(to.replica_id)
+            r.on_new_queue_len_info(to.replica_id, 0)
+            burst.append(to.replica_id.unique_id)
+        await asyncio.sleep(0.1)  # past the window: only the reports count now
+        a.routing_stats = {"sessions": {"plaintext": 3}}
+        b.routing_stats = {"sessions": {"plaintext": 1}}  # two of b's were closed
+        c.routing_stats = {"sessions": {"plaintext": 3}}
+        after = _names([await _route(r, _request(opens="plaintext")) for _ in range(2)])
+        return burst, after
+
+    burst, after = asyncio.run(go())
+    assert sorted(burst) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert after == ["b", "b"]
+
+
+def test_a_gone_replica_s_openings_are_forgotten():
+    async def go():
+        a, b = _Replica("a", sessions={}), _Replica("b", sessions={})
+        r = await _router(a, b)
+        for _ in range(4):
+            await _route(r, _request(opens="protected"))
+        r.update_replicas([a])
+        return sorted(rid.unique_id for rid, _ in r._opened)
+
+    assert asyncio.run(go()) == ["a"]

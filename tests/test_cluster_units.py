@@ -9,7 +9,7 @@ import pytest
 from veil.cluster.asgi import Forwarded, Head, call_app
 from veil.cluster.keys import KeyStore
 from veil.cluster.metrics import ClusterMetrics, merge
-from veil.cluster.routing import pinned_replica, session_prefix
+from veil.cluster.routing import opens_session, pinned_replica, session_prefix
 from veil.server.metrics import Metrics
 from veil.server.sessions import SessionStore
 from veil.server.tenants import TenantStore
@@ -29,6 +29,24 @@ def test_session_ids_carry_the_prefix():
     s = store.create("alice", "plaintext", lambda sid: None)
     assert s.id.startswith("r1.") and pinned_replica(f"/v1/sessions/{s.id}/steps") == "r1"
     assert store.get(s.id, "alice") is s and store.get(s.id, "bob") is None
+
+
+def test_a_session_opening_names_its_path_and_nothing_else_does():
+    assert opens_session("POST", "/v1/sessions", b'{"path": "protected", "keys_id": "x"}') == "protected"
+    assert opens_session("POST", "/v1/sessions", b'{"path": "plaintext"}') == "plaintext"
+    # whatever else the body holds is one "other" path: a client cannot make the router count more
+    for body in (b"", b"[1]", b"not json", b'{"path": 3}', b'{"path": "made-up"}', b'{"path": ["protected"]}'):
+        assert opens_session("POST", "/v1/sessions", body) == "other", body
+    for method, path in (("GET", "/v1/sessions"), ("POST", "/v1/sessions/r.x/steps"), ("POST", "/v1/completions")):
+        assert opens_session(method, path, b'{"path": "plaintext"}') is None
+
+
+def test_a_replica_reports_its_live_sessions_per_path():
+    store = SessionStore(60, 8)
+    made = [store.create("alice", path, lambda sid: None) for path in ("plaintext", "protected", "protected")]
+    assert store.per_path() == {"plaintext": 1, "protected": 2}
+    store.delete(made[1].id, "alice")
+    assert store.per_path() == {"plaintext": 1, "protected": 1}
 
 
 def test_key_store_limits_lifetime_and_idempotence():
