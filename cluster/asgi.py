@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -24,11 +25,24 @@ class Forwarded:
     path: str
     query: bytes
     headers: tuple[tuple[bytes, bytes], ...]
-    body: bytes
+    body: bytes | bytearray  # bytearray only where the ingress read it: unpickled, bytes
     client: tuple[str, int] | None = None
 
     def header(self, name: bytes) -> str | None:
         return next((v.decode("latin-1") for k, v in self.headers if k.lower() == name), None)
+
+    def __reduce_ex__(self, protocol):
+        # The body goes out of band where the pickler takes buffers (Ray does): a key upload of
+        # up to 1 GB then goes into Ray's object store straight from the ingress's bytes. In
+        # band, Ray pickled it into a buffer of its own first (the ingress peaked at 4 times
+        # the body; benchmarks/results/2026-12-08-key-upload-copies).
+        body = pickle.PickleBuffer(self.body) if protocol >= 5 else self.body
+        return _forwarded, (self.method, self.path, self.query, self.headers, body, self.client)
+
+
+def _forwarded(method, path, query, headers, body, client) -> Forwarded:
+    """A ``Forwarded`` unpickled: its body as bytes, whatever buffer it arrived in."""
+    return Forwarded(method, path, query, headers, bytes(body), client)
 
 
 @dataclass(frozen=True)

@@ -183,4 +183,4 @@ def ingress_app(ing: Ingress) -> FastAPI:
 def _forwarded(scope: dict, body: bytes | bytearray) -> Forwarded:
     client = tuple(scope["client"]) if scope.get("client") else None
     return Forwarded(scope["method"], scope["path"], scope.get("query_string", b""),
-                     tuple((bytes(k), bytes(v)) for k, v in scope["headers"]), bytes(body), client)  # bytes: as sent
+                     tuple((bytes(k), bytes(v)) for k, v in scope["headers"]), body, client)  # bytes at the replica

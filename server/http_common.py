@@ -39,30 +39,36 @@ async def read_body(request: Request, limit: int, held: Held | None = None) -> b
     """The body, at most ``limit`` bytes (413 above); ``held`` counts it as it arrives (its
     declared length at once), and may refuse it (429). A body of declared length is read into
     one buffer of that size, not joined from its pieces (which held it twice: 1.9 GB of server
-    memory for a 900 MB key upload, benchmarks/results/2026-12-06-fuzz)."""
+    memory for a 900 MB key upload, benchmarks/results/2026-12-06-fuzz); one that arrives in a
+    single piece (a cluster replica's forwarded request) is that piece, not a copy of it."""
     declared = request.headers.get("content-length")
     declared = int(declared) if declared is not None and declared.isdigit() else None
     if declared is not None and declared > limit:
         raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
     if held is not None and declared is not None:
         held.add(declared)
-    buf = bytearray(declared) if declared is not None else None
-    chunks, size = [], 0
+    buf, chunks, size = None, [], 0
     async for chunk in request.stream():
+        if not chunk:
+            continue
         if size + len(chunk) > (limit if declared is None else declared):
             raise ApiError(413, "body_too_large", f"body exceeds max_body_bytes={limit}")
-        if buf is not None:
-            buf[size:size + len(chunk)] = chunk
-        else:
+        if declared is None:
             if held is not None:
                 held.add(len(chunk))
             chunks.append(chunk)
+        elif size == 0 and len(chunk) == declared:
+            buf = chunk  # whole: nothing can follow it (413 above)
+        else:
+            if buf is None:
+                buf = bytearray(declared)
+            buf[size:size + len(chunk)] = chunk
         size += len(chunk)
-    if buf is None:
+    if declared is None:
         return b"".join(chunks)
     if size != declared:
         raise ApiError(400, "bad_request", f"the body ended after {size} of its {declared} bytes")
-    return buf
+    return buf if buf is not None else b""
 
 
 class Arriving:
