@@ -37,10 +37,10 @@ class Forwarded:
         # band, Ray pickled it into a buffer of its own first (the ingress peaked at 4 times
         # the body; benchmarks/results/2026-12-08-key-upload-copies).
         body = pickle.PickleBuffer(self.body) if protocol >= 5 else self.body
-        return _forwarded, (self.method, self.path, self.query, self.headers, body, self.client)
+        return _rebuilt, (self.method, self.path, self.query, self.headers, body, self.client)
 
 
-def _forwarded(method, path, query, headers, body, client) -> Forwarded:
+def _rebuilt(method, path, query, headers, body, client) -> Forwarded:
     """A ``Forwarded`` unpickled: its body as bytes, whatever buffer it arrived in."""
     return Forwarded(method, path, query, headers, bytes(body), client)
 

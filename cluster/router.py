@@ -75,8 +75,8 @@ def _publish(ids) -> None:
         router._running = tuple(sorted(ids))
 
 
-def _drop_expired(times: deque[float], now: float) -> None:
-    while times and now - times[0] > PENDING_WINDOW_S:
+def _drop_expired(times: deque[float], now: float, window_s: float) -> None:
+    while times and now - times[0] > window_s:
         times.popleft()
 
 
@@ -103,15 +103,13 @@ class SessionAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         """Requests this router has put on a replica that the replica has not finished. A replica
         without a count in Ray's cache (none yet, or none for 10 s: idle) counts as empty."""
         chosen = self._chosen[replica_id]
-        _drop_expired(chosen, time.monotonic())
+        _drop_expired(chosen, time.monotonic(), PENDING_WINDOW_S)
         return (self.replica_queue_len_cache.get(replica_id) or 0) + len(chosen)
 
     def sessions(self, replica: RunningReplica, path: str) -> int:
         """Live sessions on ``path`` at ``replica``: its last report, plus those opened since."""
         opened = self._opened[(replica.replica_id, path)]
-        now = time.monotonic()
-        while opened and now - opened[0] > OPENED_WINDOW_S:
-            opened.popleft()
+        _drop_expired(opened, time.monotonic(), OPENED_WINDOW_S)
         reported = (replica.routing_stats or {}).get("sessions", {}).get(path, 0)
         return reported + len(opened)
 
@@ -162,7 +160,7 @@ class SessionAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         super().on_send_request(replica_id)
         now = time.monotonic()
         chosen = self._chosen[replica_id]
-        _drop_expired(chosen, now)
+        _drop_expired(chosen, now, PENDING_WINDOW_S)
         if chosen:
             chosen.popleft()  # now counted in the cache
         self._unanswered[replica_id].append(now)
@@ -170,7 +168,7 @@ class SessionAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     def on_new_queue_len_info(self, replica_id, num_ongoing_requests: int) -> None:
         # One send is answered; which one does not matter, only how many are still waiting.
         waiting = self._unanswered[replica_id]
-        _drop_expired(waiting, time.monotonic())
+        _drop_expired(waiting, time.monotonic(), PENDING_WINDOW_S)
         if waiting:
             waiting.popleft()
         super().on_new_queue_len_info(replica_id, num_ongoing_requests + len(waiting))

@@ -18,6 +18,7 @@ import math
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,5 +201,4 @@ class SessionStore:
     def per_path(self) -> dict[str, int]:
         """Live sessions by path; a cluster replica reports them to the router that places new ones."""
         with self._lock:
-            paths = [s.path for s in self._sessions.values()]
-        return {p: paths.count(p) for p in set(paths)}
+            return dict(Counter(s.path for s in self._sessions.values()))

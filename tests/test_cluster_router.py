@@ -208,11 +208,13 @@ def test_sessions_opened_in_a_row_split_evenly_and_then_count_as_reported(monkey
         a.routing_stats = {"sessions": {"plaintext": 3}}
         b.routing_stats = {"sessions": {"plaintext": 1}}  # two of b's were closed
         c.routing_stats = {"sessions": {"plaintext": 3}}
+        counted = [r.sessions(x, "plaintext") for x in (a, b, c)]  # the openings of the burst forgotten
         after = _names([await _route(r, _request(opens="plaintext")) for _ in range(2)])
-        return burst, after
+        return burst, counted, after
 
-    burst, after = asyncio.run(go())
+    burst, counted, after = asyncio.run(go())
     assert sorted(burst) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert counted == [3, 1, 3]
     assert after == ["b", "b"]
 
 
